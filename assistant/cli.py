@@ -1,0 +1,53 @@
+"""The ``diffu`` command line: a thin dispatcher over ``assistant.commands``.
+
+Exit codes: 0 success, 1 an unexpected internal failure, 2 a usage or input error (bad flag, bad
+model directory, prompt too long, ...), reported as one ``diffu: error: ...`` line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Sub-command modules, imported when the parser is built. Keep them light at import time: heavy
+# imports (jax, textual, pygls) happen inside each command's ``func``.
+COMMAND_MODULES = (
+    "assistant.commands.generate",
+)
+
+
+class UsageError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="diffu",
+        description="A local code assistant on DiffuCoder, a masked-diffusion code model.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"diffu: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("diffu: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

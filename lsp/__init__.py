@@ -1,0 +1,1 @@
+"""diffu language server (pygls): infill completions for editors. Built in the lsp issue."""

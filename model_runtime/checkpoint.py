@@ -1,0 +1,236 @@
+"""Finding a checkpoint, reading its safetensors, and the one name map from HF tensors to our parameters.
+
+Safetensors only: ``.bin``/``.pt``/``.pkl`` weights are refused because unpickling runs code. Files are
+memory-mapped and each tensor is converted to the target dtype and placed on the device on its own, so
+the host never holds a second full copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from model_runtime.config import DreamConfig
+from model_runtime.errors import ModelError, WeightsError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+_DTYPES = {
+    "F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F64": np.dtype(np.float64),
+}
+# What a published DiffuCoder directory holds besides weights; fetched from the hub with them.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "*.jinja"]
+
+
+def resolve_model_dir(model: str | os.PathLike, *, progress: Callable[[str], None] | None = None) -> Path:
+    """A local directory as is; otherwise a hub id (``apple/DiffuCoder-7B-Instruct``) downloaded to the
+    hub cache. Offline, or with no such id, the error names the id and how to pass a local path."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    text = str(model)
+    if path.exists():
+        raise ModelError(f"{text} is a file; --model takes a checkpoint directory (with config.json) or a hub id")
+    if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
+        raise ModelError(f"model directory {text} does not exist")
+    if progress:
+        progress(f"downloading {text} from the Hugging Face hub")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(text, allow_patterns=_HUB_PATTERNS))
+    except Exception as exc:  # offline, unknown repo, gated repo, ... all end the same way for the user
+        raise ModelError(
+            f"cannot fetch {text!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"Download it on a machine with access (huggingface-cli download {text} --local-dir DIR) "
+            "and pass --model DIR"
+        ) from None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    file: Path
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise ModelError(f"{path.name}: truncated safetensors file (no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > 100_000_000:
+                raise ModelError(f"{path.name}: safetensors header of {n} bytes is implausible; file corrupt?")
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        raise ModelError(f"{path.name}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ModelError(f"{path.name}: the safetensors header is not valid JSON; file corrupt?") from None
+    return header, 8 + n
+
+
+def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint: from ``model.safetensors.index.json`` shards, else one file.
+
+    A tensor listed twice (in two shards, or in the index but found elsewhere) is an error naming it.
+    """
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    index_path = model_dir / "model.safetensors.index.json"
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ModelError(f"{index_path.name}: expected a JSON object with a weight_map") from None
+        files = sorted(set(weight_map.values()))
+    elif (model_dir / "model.safetensors").is_file():
+        weight_map, files = None, ["model.safetensors"]
+    else:
+        if pickles:
+            raise ModelError(f"{model_dir} has only pickle-based weights ({', '.join(pickles)}); they are refused "
+                             "because unpickling runs arbitrary code. Convert them to safetensors first.")
+        raise ModelError(f"no weights in {model_dir}: expected model.safetensors or model.safetensors.index.json")
+    tensors: dict[str, TensorInfo] = {}
+    for fname in files:
+        path = model_dir / fname
+        if not path.is_file():
+            raise ModelError(f"weight file {fname} (named in the index) is missing from {model_dir}")
+        header, base = _read_header(path)
+        size = path.stat().st_size
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            if name in tensors:
+                raise WeightsError(name, f"appears twice (in {tensors[name].file.name} and {fname})")
+            if weight_map is not None and weight_map.get(name) != fname:
+                raise WeightsError(name, f"is in {fname} but the index says {weight_map.get(name)!r}")
+            try:
+                dtype = _DTYPES[meta["dtype"]]
+                start, end = (base + int(o) for o in meta["data_offsets"])
+                shape = tuple(int(s) for s in meta["shape"])
+            except KeyError:
+                raise WeightsError(name, f"unsupported or missing dtype {meta.get('dtype')!r} in {fname}") from None
+            except (TypeError, ValueError):
+                raise WeightsError(name, f"malformed header entry in {fname}") from None
+            if end > size or end - start != dtype.itemsize * int(np.prod(shape)):
+                raise WeightsError(name, f"data in {fname} does not match its shape {shape} / dtype; file truncated?")
+            tensors[name] = TensorInfo(name, path, dtype, shape, start, end)
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            if name not in tensors:
+                raise WeightsError(name, f"listed in the index (in {fname}) but not found in that file")
+    return tensors
+
+
+def read_tensors(tensors: dict[str, TensorInfo]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (name, array) one at a time; arrays are read-only views of memory-mapped files."""
+    by_file: dict[Path, list[TensorInfo]] = {}
+    for info in tensors.values():
+        by_file.setdefault(info.file, []).append(info)
+    for path, infos in by_file.items():
+        # np.memmap ties the mapping's lifetime to the arrays viewing it, so a consumer may keep one.
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        for info in sorted(infos, key=lambda i: i.start):
+            yield info.name, raw[info.start:info.end].view(info.dtype).reshape(info.shape)
+        del raw
+
+
+# -- the name map ---------------------------------------------------------------------------------------
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a checkpoint tensor goes: parameter path, expected HF shape, and the layout change both ways."""
+
+    path: Path_
+    hf_shape: tuple[int, ...]
+    convert: Callable[[np.ndarray], np.ndarray]  # HF layout -> ours
+    invert: Callable[[np.ndarray], np.ndarray]  # ours -> HF layout
+
+
+def name_map(cfg: DreamConfig) -> dict[str, Target]:
+    """HF tensor name -> Target, for exactly the tensors a checkpoint of ``cfg`` must have."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, k, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    same = lambda w: w
+    t = lambda w: w.T  # PyTorch Linear weights are [out, in]; our kernels are [in, out]
+
+    def heads_in(n: int) -> tuple[Callable, Callable]:  # q/k/v: [N*E, D] <-> [D, N, E]
+        return (lambda w: w.T.reshape(d, n, e)), (lambda w: w.reshape(d, n * e).T)
+
+    def bias(n: int) -> tuple[Callable, Callable]:  # [N*E] <-> [N, E]
+        return (lambda w: w.reshape(n, e)), (lambda w: w.reshape(n * e))
+
+    o_in, o_out = (lambda w: w.T.reshape(h, e, d)), (lambda w: w.reshape(h * e, d).T)  # [D, H*E] <-> [H, E, D]
+    m: dict[str, Target] = {
+        "model.embed_tokens.weight": Target(("embed",), (v, d), same, same),
+        "model.norm.weight": Target(("norm", "weight"), (d,), same, same),
+    }
+    if not cfg.tie_word_embeddings:
+        m["lm_head.weight"] = Target(("lm_head",), (v, d), t, t)
+    for n in range(cfg.num_hidden_layers):
+        p = f"model.layers.{n}."
+        a: Path_ = ("layers", n, "attn")
+        mlp: Path_ = ("layers", n, "mlp")
+        m |= {
+            p + "input_layernorm.weight": Target(("layers", n, "input_layernorm", "weight"), (d,), same, same),
+            p + "post_attention_layernorm.weight": Target(("layers", n, "post_attention_layernorm", "weight"),
+                                                          (d,), same, same),
+            p + "self_attn.q_proj.weight": Target(a + ("q_kernel",), (h * e, d), *heads_in(h)),
+            p + "self_attn.q_proj.bias": Target(a + ("q_bias",), (h * e,), *bias(h)),
+            p + "self_attn.k_proj.weight": Target(a + ("k_kernel",), (k * e, d), *heads_in(k)),
+            p + "self_attn.k_proj.bias": Target(a + ("k_bias",), (k * e,), *bias(k)),
+            p + "self_attn.v_proj.weight": Target(a + ("v_kernel",), (k * e, d), *heads_in(k)),
+            p + "self_attn.v_proj.bias": Target(a + ("v_bias",), (k * e,), *bias(k)),
+            p + "self_attn.o_proj.weight": Target(a + ("o_kernel",), (d, h * e), o_in, o_out),
+            p + "mlp.gate_proj.weight": Target(mlp + ("gate_kernel",), (f, d), t, t),
+            p + "mlp.up_proj.weight": Target(mlp + ("up_kernel",), (f, d), t, t),
+            p + "mlp.down_proj.weight": Target(mlp + ("down_kernel",), (d, f), t, t),
+        }
+    return m
+
+
+def check_names(cfg: DreamConfig, tensors: dict[str, TensorInfo]) -> dict[str, Target]:
+    """Fail loudly on unknown, missing or mis-shaped tensors, naming the first offender."""
+    targets = name_map(cfg)
+    for name, info in tensors.items():
+        target = targets.get(name)
+        if target is None:
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # a non-persistent buffer some exporters still write; it is recomputed
+            raise WeightsError(name, "unknown tensor: not part of a Dream model with this config.json")
+        if info.shape != target.hf_shape:
+            raise WeightsError(name, f"shape {list(info.shape)} does not match config.json, "
+                                     f"expected {list(target.hf_shape)}")
+    missing = [n for n in targets if n not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(missing[0], f"missing from the checkpoint{more}")
+    return targets
+
+
+def hf_state_dict(params: dict[Path_, np.ndarray], cfg: DreamConfig) -> dict[str, np.ndarray]:
+    """The inverse map: our parameters back to HF tensor names and layouts (to export checkpoints)."""
+    out: dict[str, np.ndarray] = {}
+    for name, target in name_map(cfg).items():
+        w = target.invert(np.asarray(params[target.path]))
+        if w.shape != target.hf_shape:
+            raise WeightsError(name, f"export produced shape {list(w.shape)}, expected {list(target.hf_shape)}")
+        out[name] = np.ascontiguousarray(w)
+    return out

@@ -1,0 +1,348 @@
+"""Loading a checkpoint and running the denoising loop: ``load(...)`` and ``Runtime.run(...)``.
+
+The step is one jitted pure function of (graphdef, state, canvas, ...). Shapes are bucketed: a batch is
+left-padded to a (batch, length) bucket, which leaves every real row's result unchanged (pads are masked
+out as keys and do not shift real positions, dream-reference.md 2.2), so another prompt length inside a
+bucket reuses the compiled program. Programs are compiled ahead of time per bucket and sampler switch,
+timed, and also stored in JAX's persistent compilation cache.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from model_runtime import compile_cache
+from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
+from model_runtime.config import DreamConfig, load_config
+from model_runtime.errors import InputError, ModelError
+from model_runtime.model import DreamModel, shift_logits
+from model_runtime.params import DoneEvent, GenerationStats, SamplingParams, StepEvent
+from model_runtime.sampling import (
+    SamplerSpec,
+    commit_by_confidence,
+    commit_origin,
+    sample_tokens,
+    transfer_counts,
+    transfer_ratios,
+)
+from model_runtime.tokenizer import DreamTokenizer, load_tokenizer
+
+DEFAULT_LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
+# Dream's README: "the context length (input+output) of Dream currently is 2048"; max_position_embeddings
+# (131072) is inherited from Qwen2.5 and untested, so we cap at 2048 unless told otherwise.
+DEFAULT_MAX_CONTEXT = 2048
+
+Hook = Callable[[jax.Array | None, jax.Array, jax.Array | None], jax.Array]
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class CanvasRow:
+    """One row of a batch: its token ids (prompt and masks, no padding) and the region to report.
+
+    For plain generation the region is the ``max_new_tokens`` masks appended after the prompt; for
+    infill it is the masks between prefix and suffix. ``chat`` picks the stop tokens of the answer.
+    """
+
+    ids: tuple[int, ...]
+    region: tuple[int, int]
+    chat: bool = False
+
+
+def default_dtype() -> str:
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def _dtype(name: str | None) -> jnp.dtype:
+    name = name or default_dtype()
+    table = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
+             "float16": jnp.float16, "fp16": jnp.float16}
+    if name not in table:
+        raise InputError(f"dtype: expected one of float32, bfloat16, float16; got {name!r}")
+    return table[name]
+
+
+def _pick(buckets: Sequence[int], n: int) -> int | None:
+    return next((b for b in sorted(buckets) if b >= n), None)
+
+
+class Runtime:
+    """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
+
+    def __init__(self, cfg: DreamConfig, tokenizer: DreamTokenizer, graphdef: nnx.GraphDef, state: nnx.State,
+                 *, model_name: str, model_dir: Path, dtype: jnp.dtype, max_context: int | None = None,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> None:
+        self.config = cfg
+        self.tokenizer = tokenizer
+        self.graphdef = graphdef
+        self.state = state
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.dtype = jnp.dtype(dtype).name
+        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
+        lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
+        self.length_buckets = tuple(lengths)
+        self.batch_buckets = tuple(sorted(set(batch_buckets)))
+        devices = jax.devices()
+        self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
+        self._programs: dict[tuple, jax.stages.Compiled] = {}
+        self._step = jax.jit(
+            _denoise_step,
+            static_argnames=("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook"),
+            donate_argnames=("x",),
+        )
+        self.compile_seconds_total = 0.0
+
+    # -- building rows --------------------------------------------------------------------------
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        try:
+            return self.tokenizer.encode_chat(messages)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+
+    def make_row(self, prompt_ids: Sequence[int], max_new_tokens: int, *, chat: bool) -> CanvasRow:
+        ids = tuple(int(i) for i in prompt_ids) + (self.tokenizer.mask_id,) * max_new_tokens
+        return CanvasRow(ids, (len(prompt_ids), len(ids)), chat)
+
+    def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow:
+        """``prefix + <|mask|> * canvas_tokens + suffix``: the model fills the middle (spec 3.4)."""
+        if canvas_tokens < 1:
+            raise InputError(f"canvas_tokens: must be >= 1, got {canvas_tokens}")
+        pre, suf = self.tokenizer.encode(prefix), self.tokenizer.encode(suffix)
+        ids = tuple(pre) + (self.tokenizer.mask_id,) * canvas_tokens + tuple(suf)
+        return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), chat=False)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool,
+                 **hooks: Hook | None) -> Iterator[StepEvent | DoneEvent]:
+        """Left-padded batch generation: one StepEvent per step, then a DoneEvent."""
+        rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        return self.run(rows, params, **hooks)
+
+    def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
+               ) -> Iterator[StepEvent | DoneEvent]:
+        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+
+    # -- compiling ------------------------------------------------------------------------------
+    def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
+        if length > self.max_context:
+            raise InputError(f"the prompt and canvas need {length} tokens, more than the context of "
+                             f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens")
+        b = _pick(self.batch_buckets, batch)
+        if b is None:
+            raise InputError(f"a batch of {batch} rows is larger than the largest batch bucket "
+                             f"{self.batch_buckets[-1]}")
+        return b, _pick(self.length_buckets, length)
+
+    def _program(self, shape: tuple[int, int], spec: SamplerSpec, logits_hook: Hook | None,
+                 tokens_hook: Hook | None) -> tuple[jax.stages.Compiled, float, int, int]:
+        """The compiled step for a bucket; returns (program, compile seconds, fresh compiles, cache hits)."""
+        key = (shape, spec, logits_hook, tokens_hook)
+        program = self._programs.get(key)
+        if program is not None:
+            return program, 0.0, 0, 0
+        b, n = shape
+        f32 = jax.ShapeDtypeStruct((), jnp.float32)
+        # Positional, in _denoise_step's order: the compiled program is called the same way.
+        args = (
+            jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_),  # x, attn
+            f32, jax.ShapeDtypeStruct((), jnp.bool_),  # ratio, is_last
+            jax.eval_shape(lambda: jax.random.key(0)), jax.ShapeDtypeStruct((), jnp.int32),  # key, step_index
+            f32, f32, f32,  # temperature, top_p, alg_temp
+        )
+        requests0, hits0 = compile_cache.counters()
+        t0 = time.perf_counter()
+        program = self._step.lower(self.state, *args, graphdef=self.graphdef, spec=spec,
+                                   mask_id=self.config.mask_token_id, logits_hook=logits_hook,
+                                   tokens_hook=tokens_hook).compile()
+        seconds = time.perf_counter() - t0
+        requests1, hits1 = compile_cache.counters()
+        self._programs[key] = program
+        self.compile_seconds_total += seconds
+        hits = hits1 - hits0
+        return program, seconds, (requests1 - requests0) - hits, hits
+
+    def warmup(self, params: SamplingParams, progress: Callable[[int, int, str], None] | None = None,
+               shapes: Sequence[tuple[int, int]] | None = None) -> float:
+        """Compile the step for every bucket (or ``shapes``); returns the seconds spent."""
+        spec = SamplerSpec.from_params(params)
+        shapes = list(shapes or self.buckets)
+        total = 0.0
+        for i, shape in enumerate(shapes):
+            if progress:
+                progress(i, len(shapes), f"compiling batch {shape[0]} x {shape[1]} tokens")
+            total += self._program(tuple(shape), spec, None, None)[1]
+        if progress:
+            progress(len(shapes), len(shapes), "compiled")
+        return total
+
+    # -- running --------------------------------------------------------------------------------
+    def step_canvas(self, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams) -> np.ndarray:
+        """Apply denoising step ``step`` of ``params.steps`` to an arbitrary ``[B, L]`` canvas.
+
+        The same compiled program ``run`` uses, at the canvas's exact shape; for parity checks that feed
+        a reference's canvas in and compare what each side commits.
+        """
+        x = np.asarray(x, np.int32)
+        attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
+        program = self._program(x.shape, SamplerSpec.from_params(params), None, None)[0]
+        ratio = transfer_ratios(params.steps, params.eps)[step]
+        out = program(self.state, jnp.asarray(x), jnp.asarray(attn), jnp.float32(ratio),
+                      jnp.bool_(step == params.steps - 1), jax.random.fold_in(jax.random.key(params.seed), step),
+                      jnp.int32(step), jnp.float32(params.temperature), jnp.float32(params.effective_top_p),
+                      jnp.float32(params.alg_temp or 1.0))
+        return np.asarray(out)
+
+    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, logits_hook: Hook | None = None,
+            tokens_hook: Hook | None = None) -> Iterator[StepEvent | DoneEvent]:
+        """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here."""
+        if not rows:
+            raise InputError("no rows to generate")
+        longest = max(len(r.ids) for r in rows)
+        shape = self.bucket_for(len(rows), longest)
+        for r in rows:
+            if r.region[1] <= r.region[0]:
+                raise InputError("a row has an empty generation region")
+        return self._run(list(rows), params, shape, logits_hook, tokens_hook)
+
+    def _run(self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int],
+             logits_hook: Hook | None, tokens_hook: Hook | None) -> Iterator[StepEvent | DoneEvent]:
+        spec = SamplerSpec.from_params(params)
+        program, compile_s, compiled, hits = self._program(shape, spec, logits_hook, tokens_hook)
+        b, n = shape
+        mask_id, pad_id = self.config.mask_token_id, self.config.pad_token_id
+        # Right-align every row in the bucket (left padding); spare batch rows are all padding, with no
+        # masks, so they commit nothing.
+        x_host = np.full((b, n), pad_id, np.int32)
+        attn_host = np.zeros((b, n), bool)
+        offsets = []
+        for i, r in enumerate(rows):
+            off = n - len(r.ids)
+            x_host[i, off:] = r.ids
+            attn_host[i, off:] = True
+            offsets.append(off)
+        x = jnp.asarray(x_host)
+        attn = jnp.asarray(attn_host)
+        if tokens_hook is not None:
+            x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
+        ratios = transfer_ratios(params.steps, params.eps)
+        base_key = jax.random.key(params.seed)
+        temperature = jnp.float32(params.temperature)
+        top_p = jnp.float32(params.effective_top_p)
+        alg_temp = jnp.float32(params.alg_temp or 1.0)
+        prev = np.asarray(x)
+        t_start = time.perf_counter()
+        for i in range(params.steps):
+            t0 = time.perf_counter()
+            x = program(self.state, x, attn, jnp.float32(ratios[i]), jnp.bool_(i == params.steps - 1),
+                        jax.random.fold_in(base_key, i), jnp.int32(i), temperature, top_p, alg_temp)
+            cur = np.asarray(x)  # the one host transfer per step that streaming needs
+            seconds = time.perf_counter() - t0
+            canvas, unmasked, left = [], [], []
+            for j, r in enumerate(rows):
+                lo, hi = offsets[j] + r.region[0], offsets[j] + r.region[1]
+                region = cur[j, lo:hi]
+                canvas.append(region.tolist())
+                unmasked.append(np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist())
+                left.append(int(np.sum(cur[j, offsets[j]:] == mask_id)))
+            prev = cur
+            yield StepEvent(step=i, steps=params.steps, canvas=canvas, unmasked=unmasked, seconds=seconds,
+                            masks_left=left, content=[cur[j, offsets[j]:].tolist() for j in range(len(rows))])
+        elapsed = time.perf_counter() - t_start
+        longest = max(len(r.ids) for r in rows)
+        sequences, generated, texts = [], [], []
+        for j, r in enumerate(rows):
+            content = prev[j, offsets[j]:].tolist()
+            sequences.append([pad_id] * (longest - len(content)) + content)
+            region = content[r.region[0]:r.region[1]]
+            generated.append(region)
+            texts.append(self.tokenizer.postprocess(region, chat=r.chat))
+        new_tokens = sum(r.region[1] - r.region[0] for r in rows)
+        stats = GenerationStats(
+            steps=params.steps, new_tokens=new_tokens, batch_size=len(rows), compile_seconds=compile_s,
+            generate_seconds=elapsed, tokens_per_second=new_tokens / elapsed if elapsed > 0 else 0.0,
+            compiled_programs=compiled, cache_hits=hits, bucket=shape,
+        )
+        yield DoneEvent(texts=texts, sequences=sequences, generated=generated,
+                        prompt_lengths=[r.region[0] for r in rows], stats=stats)
+
+
+def _denoise_step(state: nnx.State, x: jax.Array, attn: jax.Array, ratio: jax.Array, is_last: jax.Array,
+                  key: jax.Array, step_index: jax.Array, temperature: jax.Array, top_p: jax.Array,
+                  alg_temp: jax.Array, *, graphdef: nnx.GraphDef, spec: SamplerSpec, mask_id: int,
+                  logits_hook: Hook | None, tokens_hook: Hook | None) -> jax.Array:
+    """One step of ``_sample`` (dream-reference.md 2.4) on a ``[B, L]`` canvas; returns the new canvas."""
+    model = nnx.merge(graphdef, state)
+    mask_index = x == mask_id  # [B, L], the whole canvas: masks inside the prompt are denoised too
+    logits = shift_logits(model(x, attn))  # [B, L, V]
+    if logits_hook is not None:
+        logits = logits_hook(step_index, x, logits)
+    k_sample, k_commit = jax.random.split(key)
+    confidence, x0 = sample_tokens(logits, k_sample, spec, temperature, top_p)
+    if spec.alg == "origin":
+        new = commit_origin(x, mask_index, x0, ratio, k_commit)
+    else:
+        counts = transfer_counts(jnp.sum(mask_index, axis=-1), ratio, is_last)
+        new = commit_by_confidence(x, mask_index, x0, confidence, counts, k_commit, spec, alg_temp)
+    if tokens_hook is not None:
+        new = tokens_hook(step_index, new, logits)
+    return new
+
+
+def load(model: str | os.PathLike | None = None, *, dtype: str | None = None, max_context: int | None = None,
+         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+         progress: Progress | None = None, cache_dir: str | os.PathLike | None = None) -> Runtime:
+    """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device.
+
+    Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
+    CPU, bfloat16 on accelerators by default) and placed; no code from the model directory runs.
+    """
+    compile_cache.enable(cache_dir)
+    if model is None:
+        raise ModelError("no model given: pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)")
+    report = progress or (lambda stage, frac: None)
+    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
+    report("reading config", 0.0)
+    cfg = load_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id,
+                               eos_id=cfg.eos_token_id)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelError(f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
+                         f"{cfg.vocab_size}")
+    tensors = list_tensors(model_dir)
+    targets = check_names(cfg, tensors)
+    jdtype = _dtype(dtype)
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    pure = nnx.to_pure_dict(state)
+    total = sum(int(np.prod(t.shape)) for t in tensors.values())
+    done = 0
+    for name, array in read_tensors(tensors):
+        target = targets.get(name)
+        if target is None:
+            continue  # a recomputed buffer (rotary inv_freq)
+        node = pure
+        for part in target.path[:-1]:
+            node = node[part]
+        # Convert this tensor alone: layout change and dtype cast on the host, then onto the device.
+        node[target.path[-1]] = jax.device_put(np.asarray(target.convert(array), dtype=jdtype))
+        done += int(np.prod(array.shape))
+        report("loading weights", done / total)
+    nnx.replace_by_pure_dict(state, pure)
+    report("ready", 1.0)
+    return Runtime(cfg, tokenizer, graphdef, state, model_name=str(model), model_dir=model_dir, dtype=jdtype,
+                   max_context=max_context, length_buckets=length_buckets, batch_buckets=batch_buckets)

@@ -1,0 +1,153 @@
+"""The Dream / DiffuCoder transformer in Flax NNX: a Qwen2 decoder stack with bidirectional attention.
+
+Shapes: B batch, L canvas length, D hidden, H query heads, K kv heads, G = H // K query heads per kv head,
+E head dim, F MLP hidden, V vocabulary. Parameters are kept in the layout the einsums want
+(``[D, H, E]`` for q), so the checkpoint converter transposes/reshapes PyTorch's ``[out, in]`` once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model_runtime.config import DreamConfig
+
+
+def shift_logits(logits: jax.Array) -> jax.Array:
+    """Dream's one-position logit shift: the prediction for position i is the output at i - 1.
+
+    Dream was adapted from an autoregressive model and kept next-token prediction (dream-reference.md
+    1.5); position 0 reuses its own output (it is always a prompt token, never a mask).
+    """
+    return jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+
+
+def positions_and_mask(attention_mask: jax.Array) -> jax.Array:
+    """Position ids for a left-padded batch as the reference computes them (``tok_idx``).
+
+    Real tokens count 0, 1, 2, ... from the first non-pad token; pads get position 1.
+    """
+    m = attention_mask.astype(jnp.int32)
+    pos = jnp.cumsum(m, axis=-1) - 1
+    return jnp.where(attention_mask, pos, 1)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs | None = None) -> None:
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # As Qwen2RMSNorm: normalise in float32, cast back to the input dtype, *then* scale (a bf16 x bf16
+        # product for bf16 weights). Scaling before the cast would round differently.
+        h = x.astype(jnp.float32)
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * h.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Half-split (not interleaved) rotary embedding; ``x`` is ``[B, L, N, E]``."""
+    e = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))  # [E/2]
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, E/2], float32 as the reference
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, L, 1, E]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    half = e // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        d, h, k, e = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        init = nnx.initializers.normal(0.02)
+        self.q_kernel = nnx.Param(init(rngs.params(), (d, h, e), dtype))
+        self.q_bias = nnx.Param(jnp.zeros((h, e), dtype))
+        self.k_kernel = nnx.Param(init(rngs.params(), (d, k, e), dtype))
+        self.k_bias = nnx.Param(jnp.zeros((k, e), dtype))
+        self.v_kernel = nnx.Param(init(rngs.params(), (d, k, e), dtype))
+        self.v_bias = nnx.Param(jnp.zeros((k, e), dtype))
+        self.o_kernel = nnx.Param(init(rngs.params(), (h, e, d), dtype))  # no o_proj bias in Qwen2
+        self.theta = cfg.rope_theta
+        self.groups = cfg.num_groups
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        b, l, _ = x.shape
+        q = jnp.einsum("bld,dhe->blhe", x, self.q_kernel[...]) + self.q_bias[...]
+        k = jnp.einsum("bld,dke->blke", x, self.k_kernel[...]) + self.k_bias[...]
+        v = jnp.einsum("bld,dke->blke", x, self.v_kernel[...]) + self.v_bias[...]
+        q, k = rope(q, positions, self.theta), rope(k, positions, self.theta)
+        # GQA: query head h uses kv head h // G (repeat_kv repeats each kv head G times consecutively).
+        q = q.reshape(b, l, k.shape[2], self.groups, q.shape[-1])  # [B, L, K, G, E]
+        scale = q.shape[-1] ** -0.5
+        scores = jnp.einsum("blkge,bmke->bkglm", q, k, preferred_element_type=jnp.float32) * scale
+        # mask: [B, L, L], True = may attend. Bidirectional: no causal term anywhere.
+        valid = mask[:, None, None, :, :]
+        scores = jnp.where(valid, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        # A pad query row is fully masked; PyTorch's safe softmax gives it zeros, and so do we (instead of
+        # the uniform average finfo.min would give). NaN must never reach the V mixing (spec pitfall 5).
+        probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
+        out = jnp.einsum("bkglm,bmke->blkge", probs, v).reshape(b, l, -1, q.shape[-1])  # [B, L, H, E]
+        return jnp.einsum("blhe,hed->bld", out, self.o_kernel[...])
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        init = nnx.initializers.normal(0.02)
+        self.gate_kernel = nnx.Param(init(rngs.params(), (d, f), dtype))
+        self.up_kernel = nnx.Param(init(rngs.params(), (d, f), dtype))
+        self.down_kernel = nnx.Param(init(rngs.params(), (f, d), dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = jax.nn.silu(jnp.einsum("bld,df->blf", x, self.gate_kernel[...]))
+        up = jnp.einsum("bld,df->blf", x, self.up_kernel[...])
+        return jnp.einsum("blf,fd->bld", gate * up, self.down_kernel[...])
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.attn = Attention(cfg, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.attn(self.input_layernorm(x), positions, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DreamModel(nnx.Module):
+    """Embedding, ``num_hidden_layers`` pre-norm blocks, final norm, untied ``lm_head``."""
+
+    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.hidden_size),
+                                                             dtype))
+        self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(),
+                                                                   (cfg.hidden_size, cfg.vocab_size), dtype))
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """Unshifted logits ``[B, L, V]`` in the parameter dtype (the reference does not upcast).
+
+        ``attention_mask`` is the 2-D ``[B, L]`` padding mask (True = real token); it is made symmetric,
+        ``m[i] & m[j]``, as in ``_sample``. ``positions`` defaults to the reference's ``tok_idx`` rule.
+        """
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, dtype=bool)
+        attention_mask = attention_mask.astype(bool)
+        if positions is None:
+            positions = positions_and_mask(attention_mask)
+        mask = attention_mask[:, :, None] & attention_mask[:, None, :]  # [B, L, L]
+        x = jnp.take(self.embed[...], input_ids, axis=0)  # [B, L, D]
+        for layer in self.layers:
+            x = layer(x, positions, mask)
+        x = self.norm(x)
+        head = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return jnp.einsum("bld,dv->blv", x, head)

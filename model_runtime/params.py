@@ -1,0 +1,158 @@
+"""Sampling parameters and engine events: plain Python, no JAX.
+
+Clients (daemon request parsing, the CLI, a fake engine in tests) import this module without paying for
+a JAX import, so it must stay free of ``jax`` and ``numpy``-on-device code.
+
+The names follow the reference ``DreamGenerationConfig`` (dream-reference.md 2.1): ``steps``,
+``max_new_tokens``, ``alg``, ``alg_temp``, ``temperature``, ``top_p``, ``top_k``, ``eps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+# The published sampler inherits transformers' PretrainedConfig generation default top_k=50 when the
+# caller leaves top_k unset (dream-reference.md, note before section 1). We reproduce it; 0 disables it.
+DEFAULT_TOP_K = 50
+
+
+class ParamError(ValueError):
+    """A sampling parameter is out of range; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """One generation's knobs, validated on construction.
+
+    ``top_k=None`` means "as the reference", i.e. 50; ``top_k=0`` switches top-k filtering off.
+    ``top_p=None`` or ``1.0`` switches nucleus filtering off. ``alg_temp`` of ``None``/0 picks the
+    most confident positions; > 0 samples positions from ``softmax(confidence / alg_temp)``.
+    """
+
+    max_new_tokens: int = 128
+    steps: int = 128
+    alg: str = "entropy"
+    alg_temp: float | None = None
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    eps: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def check(cond: bool, name: str, msg: str) -> None:
+            if not cond:
+                raise ParamError(name, msg)
+
+        for name in ("max_new_tokens", "steps", "seed"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
+        check(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        check(self.alg in ALGS, "alg", f"must be one of {', '.join(ALGS)}; got {self.alg!r}")
+        for name in ("temperature", "eps"):
+            value = getattr(self, name)
+            check(_is_number(value), name, f"must be a number, got {value!r}")
+        check(self.temperature >= 0 and math.isfinite(self.temperature), "temperature",
+              f"must be >= 0, got {self.temperature}")
+        check(0 < self.eps < 1, "eps", f"must be in (0, 1), got {self.eps}")
+        if self.alg_temp is not None:
+            check(_is_number(self.alg_temp) and self.alg_temp >= 0 and math.isfinite(self.alg_temp),
+                  "alg_temp", f"must be a number >= 0, got {self.alg_temp!r}")
+        if self.top_p is not None:
+            check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
+                  f"must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None:
+            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+                  "top_k", f"must be an integer >= 0, got {self.top_k!r}")
+
+    @property
+    def effective_top_k(self) -> int:
+        """The top-k the sampler applies: 50 when unset (reference quirk), 0 = off."""
+        return DEFAULT_TOP_K if self.top_k is None else self.top_k
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else float(self.top_p)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        """Build from a JSON-like mapping; unknown keys are an error naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ParamError(unknown[0], f"unknown sampling parameter (known: {', '.join(sorted(names))})")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One denoising step of a batch.
+
+    ``canvas`` holds, per row, the generated region's token ids after this step (masks included);
+    ``unmasked`` the positions (relative to the generated region) committed in this step.
+    """
+
+    step: int
+    steps: int
+    canvas: list[list[int]]
+    unmasked: list[list[int]]
+    seconds: float
+    masks_left: list[int] = field(default_factory=list)
+    # Each row's whole content after this step (prompt and region, without padding), for full histories.
+    content: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    steps: int
+    new_tokens: int
+    batch_size: int
+    compile_seconds: float
+    generate_seconds: float
+    tokens_per_second: float
+    compiled_programs: int = 0
+    cache_hits: int = 0
+    bucket: tuple[int, int] = (0, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["bucket"] = list(self.bucket)
+        return d
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The end of a generation: the decoded answers and the raw canvases.
+
+    ``sequences`` are the full canvases as the reference returns them (left pads, prompt, generated
+    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings.
+    """
+
+    texts: list[str]
+    sequences: list[list[int]]
+    generated: list[list[int]]
+    prompt_lengths: list[int]
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+    kind: str = "error"

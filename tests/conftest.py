@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny checkpoints in the published layout, one loaded runtime, an isolated JAX cache.
+
+Everything expensive is session-scoped: the suite must stay well under 15 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# One persistent JAX compilation cache for the whole run, shared with subprocesses (CLI, daemon), in a
+# temp dir so runs never see a developer's cache. Set before anything imports the runtime.
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="diffu-tests-"))
+os.environ.setdefault("DIFFU_JAX_CACHE_DIR", str(_SESSION_TMP / "jax-cache"))
+os.environ.setdefault("DIFFU_CODE_EXECUTED_MARKER", str(_SESSION_TMP / "custom-code-executed"))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session")
+def code_marker() -> Path:
+    """A file the decoy custom-code modules in tiny checkpoints write if anyone imports them."""
+    return Path(os.environ["DIFFU_CODE_EXECUTED_MARKER"])
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random DiffuCoder-layout checkpoint (2 shards, float32, Instruct-style special tokens)."""
+    from model_runtime.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "DiffuCoder-tiny")
+
+
+@pytest.fixture(scope="session")
+def runtime(tiny_dir: Path):
+    import model_runtime
+
+    return model_runtime.load(tiny_dir, length_buckets=(32, 64, 128), batch_buckets=(1, 2, 4))
