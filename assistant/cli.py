@@ -15,6 +15,9 @@ from collections.abc import Sequence
 # imports (jax, textual, pygls) happen inside each command's ``func``.
 COMMAND_MODULES = (
     "assistant.commands.generate",
+    "assistant.commands.serve",
+    "assistant.commands.daemon",
+    "assistant.commands.config",
 )
 
 
@@ -50,4 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module so exception classes are the ones the commands import.
+    from assistant.cli import main as _main
+
+    sys.exit(_main())

@@ -25,7 +25,9 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 _DTYPES = {
-    "F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
     "F64": np.dtype(np.float64),
 }
 # What a published DiffuCoder directory holds besides weights; fetched from the hub with them.
@@ -40,7 +42,9 @@ def resolve_model_dir(model: str | os.PathLike, *, progress: Callable[[str], Non
         return path
     text = str(model)
     if path.exists():
-        raise ModelError(f"{text} is a file; --model takes a checkpoint directory (with config.json) or a hub id")
+        raise ModelError(
+            f"{text} is a file; --model takes a checkpoint directory (with config.json) or a hub id"
+        )
     if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
         raise ModelError(f"model directory {text} does not exist")
     if progress:
@@ -75,7 +79,9 @@ def _read_header(path: Path) -> tuple[dict, int]:
                 raise ModelError(f"{path.name}: truncated safetensors file (no header)")
             (n,) = struct.unpack("<Q", head)
             if n > 100_000_000:
-                raise ModelError(f"{path.name}: safetensors header of {n} bytes is implausible; file corrupt?")
+                raise ModelError(
+                    f"{path.name}: safetensors header of {n} bytes is implausible; file corrupt?"
+                )
             header = json.loads(f.read(n))
     except OSError as exc:
         raise ModelError(f"{path.name}: cannot read ({exc.strerror})") from None
@@ -101,9 +107,13 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
         weight_map, files = None, ["model.safetensors"]
     else:
         if pickles:
-            raise ModelError(f"{model_dir} has only pickle-based weights ({', '.join(pickles)}); they are refused "
-                             "because unpickling runs arbitrary code. Convert them to safetensors first.")
-        raise ModelError(f"no weights in {model_dir}: expected model.safetensors or model.safetensors.index.json")
+            raise ModelError(
+                f"{model_dir} has only pickle-based weights ({', '.join(pickles)}); they are refused "
+                "because unpickling runs arbitrary code. Convert them to safetensors first."
+            )
+        raise ModelError(
+            f"no weights in {model_dir}: expected model.safetensors or model.safetensors.index.json"
+        )
     tensors: dict[str, TensorInfo] = {}
     for fname in files:
         path = model_dir / fname
@@ -123,11 +133,15 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
                 start, end = (base + int(o) for o in meta["data_offsets"])
                 shape = tuple(int(s) for s in meta["shape"])
             except KeyError:
-                raise WeightsError(name, f"unsupported or missing dtype {meta.get('dtype')!r} in {fname}") from None
+                raise WeightsError(
+                    name, f"unsupported or missing dtype {meta.get('dtype')!r} in {fname}"
+                ) from None
             except (TypeError, ValueError):
                 raise WeightsError(name, f"malformed header entry in {fname}") from None
             if end > size or end - start != dtype.itemsize * int(np.prod(shape)):
-                raise WeightsError(name, f"data in {fname} does not match its shape {shape} / dtype; file truncated?")
+                raise WeightsError(
+                    name, f"data in {fname} does not match its shape {shape} / dtype; file truncated?"
+                )
             tensors[name] = TensorInfo(name, path, dtype, shape, start, end)
     if weight_map is not None:
         for name, fname in weight_map.items():
@@ -145,7 +159,7 @@ def read_tensors(tensors: dict[str, TensorInfo]) -> Iterator[tuple[str, np.ndarr
         # np.memmap ties the mapping's lifetime to the arrays viewing it, so a consumer may keep one.
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         for info in sorted(infos, key=lambda i: i.start):
-            yield info.name, raw[info.start:info.end].view(info.dtype).reshape(info.shape)
+            yield info.name, raw[info.start : info.end].view(info.dtype).reshape(info.shape)
         del raw
 
 
@@ -177,7 +191,10 @@ def name_map(cfg: DreamConfig) -> dict[str, Target]:
     def bias(n: int) -> tuple[Callable, Callable]:  # [N*E] <-> [N, E]
         return (lambda w: w.reshape(n, e)), (lambda w: w.reshape(n * e))
 
-    o_in, o_out = (lambda w: w.T.reshape(h, e, d)), (lambda w: w.reshape(h * e, d).T)  # [D, H*E] <-> [H, E, D]
+    o_in, o_out = (
+        (lambda w: w.T.reshape(h, e, d)),
+        (lambda w: w.reshape(h * e, d).T),
+    )  # [D, H*E] <-> [H, E, D]
     m: dict[str, Target] = {
         "model.embed_tokens.weight": Target(("embed",), (v, d), same, same),
         "model.norm.weight": Target(("norm", "weight"), (d,), same, same),
@@ -189,9 +206,12 @@ def name_map(cfg: DreamConfig) -> dict[str, Target]:
         a: Path_ = ("layers", n, "attn")
         mlp: Path_ = ("layers", n, "mlp")
         m |= {
-            p + "input_layernorm.weight": Target(("layers", n, "input_layernorm", "weight"), (d,), same, same),
-            p + "post_attention_layernorm.weight": Target(("layers", n, "post_attention_layernorm", "weight"),
-                                                          (d,), same, same),
+            p + "input_layernorm.weight": Target(
+                ("layers", n, "input_layernorm", "weight"), (d,), same, same
+            ),
+            p + "post_attention_layernorm.weight": Target(
+                ("layers", n, "post_attention_layernorm", "weight"), (d,), same, same
+            ),
             p + "self_attn.q_proj.weight": Target(a + ("q_kernel",), (h * e, d), *heads_in(h)),
             p + "self_attn.q_proj.bias": Target(a + ("q_bias",), (h * e,), *bias(h)),
             p + "self_attn.k_proj.weight": Target(a + ("k_kernel",), (k * e, d), *heads_in(k)),
@@ -216,8 +236,9 @@ def check_names(cfg: DreamConfig, tensors: dict[str, TensorInfo]) -> dict[str, T
                 continue  # a non-persistent buffer some exporters still write; it is recomputed
             raise WeightsError(name, "unknown tensor: not part of a Dream model with this config.json")
         if info.shape != target.hf_shape:
-            raise WeightsError(name, f"shape {list(info.shape)} does not match config.json, "
-                                     f"expected {list(target.hf_shape)}")
+            raise WeightsError(
+                name, f"shape {list(info.shape)} does not match config.json, expected {list(target.hf_shape)}"
+            )
     missing = [n for n in targets if n not in tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -231,6 +252,8 @@ def hf_state_dict(params: dict[Path_, np.ndarray], cfg: DreamConfig) -> dict[str
     for name, target in name_map(cfg).items():
         w = target.invert(np.asarray(params[target.path]))
         if w.shape != target.hf_shape:
-            raise WeightsError(name, f"export produced shape {list(w.shape)}, expected {list(target.hf_shape)}")
+            raise WeightsError(
+                name, f"export produced shape {list(w.shape)}, expected {list(target.hf_shape)}"
+            )
         out[name] = np.ascontiguousarray(w)
     return out

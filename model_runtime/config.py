@@ -85,9 +85,9 @@ class DreamConfig:
             raise ConfigError("<root>", f"expected a JSON object, got {type(raw).__name__}")
         model_type = raw.get("model_type")
         if model_type is None:
-            raise ConfigError("model_type", "missing (a DiffuCoder/Dream checkpoint has \"Dream\")")
+            raise ConfigError("model_type", 'missing (a DiffuCoder/Dream checkpoint has "Dream")')
         if model_type != "Dream":
-            raise ConfigError("model_type", f"expected \"Dream\", got {model_type!r}")
+            raise ConfigError("model_type", f'expected "Dream", got {model_type!r}')
         values: dict[str, Any] = {"model_type": model_type}
         for key, kind in _REQUIRED.items():
             if key not in raw:
@@ -98,17 +98,23 @@ class DreamConfig:
                 values[key] = _typed(key, raw[key], int)
         if "hidden_act" in raw:
             if raw["hidden_act"] != "silu":
-                raise ConfigError("hidden_act", f"only \"silu\" is supported, got {raw['hidden_act']!r}")
+                raise ConfigError("hidden_act", f'only "silu" is supported, got {raw["hidden_act"]!r}')
         if "tie_word_embeddings" in raw:
             if not isinstance(raw["tie_word_embeddings"], bool):
-                raise ConfigError("tie_word_embeddings", f"must be true or false, got {raw['tie_word_embeddings']!r}")
+                raise ConfigError(
+                    "tie_word_embeddings", f"must be true or false, got {raw['tie_word_embeddings']!r}"
+                )
             values["tie_word_embeddings"] = raw["tie_word_embeddings"]
         if raw.get("rope_scaling") is not None:
-            raise ConfigError("rope_scaling", f"only the default RoPE (null) is supported, got {raw['rope_scaling']!r}")
+            raise ConfigError(
+                "rope_scaling", f"only the default RoPE (null) is supported, got {raw['rope_scaling']!r}"
+            )
         if raw.get("use_mrope"):
             raise ConfigError("use_mrope", "multimodal RoPE is not supported")
         if raw.get("use_sliding_window"):
-            raise ConfigError("use_sliding_window", "sliding-window attention is not supported by Dream models")
+            raise ConfigError(
+                "use_sliding_window", "sliding-window attention is not supported by Dream models"
+            )
         if "attention_dropout" in raw:
             values["attention_dropout"] = _typed("attention_dropout", raw["attention_dropout"], float)
         if isinstance(raw.get("torch_dtype"), str):
@@ -118,18 +124,29 @@ class DreamConfig:
         return cfg
 
     def _check(self) -> None:
-        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "vocab_size", "max_position_embeddings"):
+        for key in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be >= 1, got {getattr(self, key)}")
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError("num_attention_heads",
-                              f"{self.num_attention_heads} does not divide hidden_size {self.hidden_size}")
+            raise ConfigError(
+                "num_attention_heads",
+                f"{self.num_attention_heads} does not divide hidden_size {self.hidden_size}",
+            )
         if self.head_dim % 2:
             raise ConfigError("num_attention_heads", f"head_dim {self.head_dim} must be even for RoPE")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError("num_key_value_heads", f"{self.num_key_value_heads} does not divide "
-                              f"num_attention_heads {self.num_attention_heads}")
+            raise ConfigError(
+                "num_key_value_heads",
+                f"{self.num_key_value_heads} does not divide num_attention_heads {self.num_attention_heads}",
+            )
         if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
             raise ConfigError("rms_norm_eps", f"must be > 0, got {self.rms_norm_eps}")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):

@@ -65,8 +65,14 @@ def default_dtype() -> str:
 
 def _dtype(name: str | None) -> jnp.dtype:
     name = name or default_dtype()
-    table = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
-             "float16": jnp.float16, "fp16": jnp.float16}
+    table = {
+        "float32": jnp.float32,
+        "fp32": jnp.float32,
+        "bfloat16": jnp.bfloat16,
+        "bf16": jnp.bfloat16,
+        "float16": jnp.float16,
+        "fp16": jnp.float16,
+    }
     if name not in table:
         raise InputError(f"dtype: expected one of float32, bfloat16, float16; got {name!r}")
     return table[name]
@@ -79,10 +85,20 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
 class Runtime:
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
 
-    def __init__(self, cfg: DreamConfig, tokenizer: DreamTokenizer, graphdef: nnx.GraphDef, state: nnx.State,
-                 *, model_name: str, model_dir: Path, dtype: jnp.dtype, max_context: int | None = None,
-                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> None:
+    def __init__(
+        self,
+        cfg: DreamConfig,
+        tokenizer: DreamTokenizer,
+        graphdef: nnx.GraphDef,
+        state: nnx.State,
+        *,
+        model_name: str,
+        model_dir: Path,
+        dtype: jnp.dtype,
+        max_context: int | None = None,
+        length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    ) -> None:
         self.config = cfg
         self.tokenizer = tokenizer
         self.graphdef = graphdef
@@ -127,29 +143,35 @@ class Runtime:
         ids = tuple(pre) + (self.tokenizer.mask_id,) * canvas_tokens + tuple(suf)
         return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), chat=False)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool,
-                 **hooks: Hook | None) -> Iterator[StepEvent | DoneEvent]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool, **hooks: Hook | None
+    ) -> Iterator[StepEvent | DoneEvent]:
         """Left-padded batch generation: one StepEvent per step, then a DoneEvent."""
         rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
         return self.run(rows, params, **hooks)
 
-    def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
-               ) -> Iterator[StepEvent | DoneEvent]:
+    def infill(
+        self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
+    ) -> Iterator[StepEvent | DoneEvent]:
         return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
     # -- compiling ------------------------------------------------------------------------------
     def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
         if length > self.max_context:
-            raise InputError(f"the prompt and canvas need {length} tokens, more than the context of "
-                             f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens")
+            raise InputError(
+                f"the prompt and canvas need {length} tokens, more than the context of "
+                f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens"
+            )
         b = _pick(self.batch_buckets, batch)
         if b is None:
-            raise InputError(f"a batch of {batch} rows is larger than the largest batch bucket "
-                             f"{self.batch_buckets[-1]}")
+            raise InputError(
+                f"a batch of {batch} rows is larger than the largest batch bucket {self.batch_buckets[-1]}"
+            )
         return b, _pick(self.length_buckets, length)
 
-    def _program(self, shape: tuple[int, int], spec: SamplerSpec, logits_hook: Hook | None,
-                 tokens_hook: Hook | None) -> tuple[jax.stages.Compiled, float, int, int]:
+    def _program(
+        self, shape: tuple[int, int], spec: SamplerSpec, logits_hook: Hook | None, tokens_hook: Hook | None
+    ) -> tuple[jax.stages.Compiled, float, int, int]:
         """The compiled step for a bucket; returns (program, compile seconds, fresh compiles, cache hits)."""
         key = (shape, spec, logits_hook, tokens_hook)
         program = self._programs.get(key)
@@ -159,16 +181,27 @@ class Runtime:
         f32 = jax.ShapeDtypeStruct((), jnp.float32)
         # Positional, in _denoise_step's order: the compiled program is called the same way.
         args = (
-            jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_),  # x, attn
-            f32, jax.ShapeDtypeStruct((), jnp.bool_),  # ratio, is_last
-            jax.eval_shape(lambda: jax.random.key(0)), jax.ShapeDtypeStruct((), jnp.int32),  # key, step_index
-            f32, f32, f32,  # temperature, top_p, alg_temp
+            jax.ShapeDtypeStruct((b, n), jnp.int32),
+            jax.ShapeDtypeStruct((b, n), jnp.bool_),  # x, attn
+            f32,
+            jax.ShapeDtypeStruct((), jnp.bool_),  # ratio, is_last
+            jax.eval_shape(lambda: jax.random.key(0)),
+            jax.ShapeDtypeStruct((), jnp.int32),  # key, step_index
+            f32,
+            f32,
+            f32,  # temperature, top_p, alg_temp
         )
         requests0, hits0 = compile_cache.counters()
         t0 = time.perf_counter()
-        program = self._step.lower(self.state, *args, graphdef=self.graphdef, spec=spec,
-                                   mask_id=self.config.mask_token_id, logits_hook=logits_hook,
-                                   tokens_hook=tokens_hook).compile()
+        program = self._step.lower(
+            self.state,
+            *args,
+            graphdef=self.graphdef,
+            spec=spec,
+            mask_id=self.config.mask_token_id,
+            logits_hook=logits_hook,
+            tokens_hook=tokens_hook,
+        ).compile()
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()
         self._programs[key] = program
@@ -176,8 +209,12 @@ class Runtime:
         hits = hits1 - hits0
         return program, seconds, (requests1 - requests0) - hits, hits
 
-    def warmup(self, params: SamplingParams, progress: Callable[[int, int, str], None] | None = None,
-               shapes: Sequence[tuple[int, int]] | None = None) -> float:
+    def warmup(
+        self,
+        params: SamplingParams,
+        progress: Callable[[int, int, str], None] | None = None,
+        shapes: Sequence[tuple[int, int]] | None = None,
+    ) -> float:
         """Compile the step for every bucket (or ``shapes``); returns the seconds spent."""
         spec = SamplerSpec.from_params(params)
         shapes = list(shapes or self.buckets)
@@ -191,7 +228,9 @@ class Runtime:
         return total
 
     # -- running --------------------------------------------------------------------------------
-    def step_canvas(self, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams) -> np.ndarray:
+    def step_canvas(
+        self, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams
+    ) -> np.ndarray:
         """Apply denoising step ``step`` of ``params.steps`` to an arbitrary ``[B, L]`` canvas.
 
         The same compiled program ``run`` uses, at the canvas's exact shape; for parity checks that feed
@@ -201,14 +240,28 @@ class Runtime:
         attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
         program = self._program(x.shape, SamplerSpec.from_params(params), None, None)[0]
         ratio = transfer_ratios(params.steps, params.eps)[step]
-        out = program(self.state, jnp.asarray(x), jnp.asarray(attn), jnp.float32(ratio),
-                      jnp.bool_(step == params.steps - 1), jax.random.fold_in(jax.random.key(params.seed), step),
-                      jnp.int32(step), jnp.float32(params.temperature), jnp.float32(params.effective_top_p),
-                      jnp.float32(params.alg_temp or 1.0))
+        out = program(
+            self.state,
+            jnp.asarray(x),
+            jnp.asarray(attn),
+            jnp.float32(ratio),
+            jnp.bool_(step == params.steps - 1),
+            jax.random.fold_in(jax.random.key(params.seed), step),
+            jnp.int32(step),
+            jnp.float32(params.temperature),
+            jnp.float32(params.effective_top_p),
+            jnp.float32(params.alg_temp or 1.0),
+        )
         return np.asarray(out)
 
-    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, logits_hook: Hook | None = None,
-            tokens_hook: Hook | None = None) -> Iterator[StepEvent | DoneEvent]:
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+    ) -> Iterator[StepEvent | DoneEvent]:
         """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here."""
         if not rows:
             raise InputError("no rows to generate")
@@ -219,8 +272,14 @@ class Runtime:
                 raise InputError("a row has an empty generation region")
         return self._run(list(rows), params, shape, logits_hook, tokens_hook)
 
-    def _run(self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int],
-             logits_hook: Hook | None, tokens_hook: Hook | None) -> Iterator[StepEvent | DoneEvent]:
+    def _run(
+        self,
+        rows: list[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        logits_hook: Hook | None,
+        tokens_hook: Hook | None,
+    ) -> Iterator[StepEvent | DoneEvent]:
         spec = SamplerSpec.from_params(params)
         program, compile_s, compiled, hits = self._program(shape, spec, logits_hook, tokens_hook)
         b, n = shape
@@ -248,8 +307,18 @@ class Runtime:
         t_start = time.perf_counter()
         for i in range(params.steps):
             t0 = time.perf_counter()
-            x = program(self.state, x, attn, jnp.float32(ratios[i]), jnp.bool_(i == params.steps - 1),
-                        jax.random.fold_in(base_key, i), jnp.int32(i), temperature, top_p, alg_temp)
+            x = program(
+                self.state,
+                x,
+                attn,
+                jnp.float32(ratios[i]),
+                jnp.bool_(i == params.steps - 1),
+                jax.random.fold_in(base_key, i),
+                jnp.int32(i),
+                temperature,
+                top_p,
+                alg_temp,
+            )
             cur = np.asarray(x)  # the one host transfer per step that streaming needs
             seconds = time.perf_counter() - t0
             canvas, unmasked, left = [], [], []
@@ -258,33 +327,65 @@ class Runtime:
                 region = cur[j, lo:hi]
                 canvas.append(region.tolist())
                 unmasked.append(np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist())
-                left.append(int(np.sum(cur[j, offsets[j]:] == mask_id)))
+                left.append(int(np.sum(cur[j, offsets[j] :] == mask_id)))
             prev = cur
-            yield StepEvent(step=i, steps=params.steps, canvas=canvas, unmasked=unmasked, seconds=seconds,
-                            masks_left=left, content=[cur[j, offsets[j]:].tolist() for j in range(len(rows))])
+            yield StepEvent(
+                step=i,
+                steps=params.steps,
+                canvas=canvas,
+                unmasked=unmasked,
+                seconds=seconds,
+                masks_left=left,
+                content=[cur[j, offsets[j] :].tolist() for j in range(len(rows))],
+            )
         elapsed = time.perf_counter() - t_start
         longest = max(len(r.ids) for r in rows)
         sequences, generated, texts = [], [], []
         for j, r in enumerate(rows):
-            content = prev[j, offsets[j]:].tolist()
+            content = prev[j, offsets[j] :].tolist()
             sequences.append([pad_id] * (longest - len(content)) + content)
-            region = content[r.region[0]:r.region[1]]
+            region = content[r.region[0] : r.region[1]]
             generated.append(region)
             texts.append(self.tokenizer.postprocess(region, chat=r.chat))
         new_tokens = sum(r.region[1] - r.region[0] for r in rows)
         stats = GenerationStats(
-            steps=params.steps, new_tokens=new_tokens, batch_size=len(rows), compile_seconds=compile_s,
-            generate_seconds=elapsed, tokens_per_second=new_tokens / elapsed if elapsed > 0 else 0.0,
-            compiled_programs=compiled, cache_hits=hits, bucket=shape,
+            steps=params.steps,
+            new_tokens=new_tokens,
+            batch_size=len(rows),
+            compile_seconds=compile_s,
+            generate_seconds=elapsed,
+            tokens_per_second=new_tokens / elapsed if elapsed > 0 else 0.0,
+            compiled_programs=compiled,
+            cache_hits=hits,
+            bucket=shape,
         )
-        yield DoneEvent(texts=texts, sequences=sequences, generated=generated,
-                        prompt_lengths=[r.region[0] for r in rows], stats=stats)
+        yield DoneEvent(
+            texts=texts,
+            sequences=sequences,
+            generated=generated,
+            prompt_lengths=[r.region[0] for r in rows],
+            stats=stats,
+        )
 
 
-def _denoise_step(state: nnx.State, x: jax.Array, attn: jax.Array, ratio: jax.Array, is_last: jax.Array,
-                  key: jax.Array, step_index: jax.Array, temperature: jax.Array, top_p: jax.Array,
-                  alg_temp: jax.Array, *, graphdef: nnx.GraphDef, spec: SamplerSpec, mask_id: int,
-                  logits_hook: Hook | None, tokens_hook: Hook | None) -> jax.Array:
+def _denoise_step(
+    state: nnx.State,
+    x: jax.Array,
+    attn: jax.Array,
+    ratio: jax.Array,
+    is_last: jax.Array,
+    key: jax.Array,
+    step_index: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    alg_temp: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SamplerSpec,
+    mask_id: int,
+    logits_hook: Hook | None,
+    tokens_hook: Hook | None,
+) -> jax.Array:
     """One step of ``_sample`` (dream-reference.md 2.4) on a ``[B, L]`` canvas; returns the new canvas."""
     model = nnx.merge(graphdef, state)
     mask_index = x == mask_id  # [B, L], the whole canvas: masks inside the prompt are denoised too
@@ -303,9 +404,16 @@ def _denoise_step(state: nnx.State, x: jax.Array, attn: jax.Array, ratio: jax.Ar
     return new
 
 
-def load(model: str | os.PathLike | None = None, *, dtype: str | None = None, max_context: int | None = None,
-         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
-         progress: Progress | None = None, cache_dir: str | os.PathLike | None = None) -> Runtime:
+def load(
+    model: str | os.PathLike | None = None,
+    *,
+    dtype: str | None = None,
+    max_context: int | None = None,
+    length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+    batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    progress: Progress | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Runtime:
     """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device.
 
     Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
@@ -313,16 +421,20 @@ def load(model: str | os.PathLike | None = None, *, dtype: str | None = None, ma
     """
     compile_cache.enable(cache_dir)
     if model is None:
-        raise ModelError("no model given: pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)")
+        raise ModelError(
+            "no model given: pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
+        )
     report = progress or (lambda stage, frac: None)
     model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
     report("reading config", 0.0)
     cfg = load_config(model_dir)
-    tokenizer = load_tokenizer(model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id,
-                               eos_id=cfg.eos_token_id)
+    tokenizer = load_tokenizer(
+        model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
+    )
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ModelError(f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
-                         f"{cfg.vocab_size}")
+        raise ModelError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is {cfg.vocab_size}"
+        )
     tensors = list_tensors(model_dir)
     targets = check_names(cfg, tensors)
     jdtype = _dtype(dtype)
@@ -344,5 +456,15 @@ def load(model: str | os.PathLike | None = None, *, dtype: str | None = None, ma
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
     report("ready", 1.0)
-    return Runtime(cfg, tokenizer, graphdef, state, model_name=str(model), model_dir=model_dir, dtype=jdtype,
-                   max_context=max_context, length_buckets=length_buckets, batch_buckets=batch_buckets)
+    return Runtime(
+        cfg,
+        tokenizer,
+        graphdef,
+        state,
+        model_name=str(model),
+        model_dir=model_dir,
+        dtype=jdtype,
+        max_context=max_context,
+        length_buckets=length_buckets,
+        batch_buckets=batch_buckets,
+    )

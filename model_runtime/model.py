@@ -73,13 +73,13 @@ class Attention(nnx.Module):
         self.groups = cfg.num_groups
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        b, l, _ = x.shape
+        b, n, _ = x.shape
         q = jnp.einsum("bld,dhe->blhe", x, self.q_kernel[...]) + self.q_bias[...]
         k = jnp.einsum("bld,dke->blke", x, self.k_kernel[...]) + self.k_bias[...]
         v = jnp.einsum("bld,dke->blke", x, self.v_kernel[...]) + self.v_bias[...]
         q, k = rope(q, positions, self.theta), rope(k, positions, self.theta)
         # GQA: query head h uses kv head h // G (repeat_kv repeats each kv head G times consecutively).
-        q = q.reshape(b, l, k.shape[2], self.groups, q.shape[-1])  # [B, L, K, G, E]
+        q = q.reshape(b, n, k.shape[2], self.groups, q.shape[-1])  # [B, L, K, G, E]
         scale = q.shape[-1] ** -0.5
         scores = jnp.einsum("blkge,bmke->bkglm", q, k, preferred_element_type=jnp.float32) * scale
         # mask: [B, L, L], True = may attend. Bidirectional: no causal term anywhere.
@@ -89,7 +89,7 @@ class Attention(nnx.Module):
         # A pad query row is fully masked; PyTorch's safe softmax gives it zeros, and so do we (instead of
         # the uniform average finfo.min would give). NaN must never reach the V mixing (spec pitfall 5).
         probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
-        out = jnp.einsum("bkglm,bmke->blkge", probs, v).reshape(b, l, -1, q.shape[-1])  # [B, L, H, E]
+        out = jnp.einsum("bkglm,bmke->blkge", probs, v).reshape(b, n, -1, q.shape[-1])  # [B, L, H, E]
         return jnp.einsum("blhe,hed->bld", out, self.o_kernel[...])
 
 
@@ -124,16 +124,22 @@ class DreamModel(nnx.Module):
 
     def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs) -> None:
         self.cfg = cfg
-        self.embed = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.hidden_size),
-                                                             dtype))
+        self.embed = nnx.Param(
+            nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype)
+        )
         self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(),
-                                                                   (cfg.hidden_size, cfg.vocab_size), dtype))
+            self.lm_head = nnx.Param(
+                nnx.initializers.normal(0.02)(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype)
+            )
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
-                 positions: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
         """Unshifted logits ``[B, L, V]`` in the parameter dtype (the reference does not upcast).
 
         ``attention_mask`` is the 2-D ``[B, L]`` padding mask (True = real token); it is made symmetric,

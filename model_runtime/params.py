@@ -55,25 +55,41 @@ class SamplingParams:
 
         for name in ("max_new_tokens", "steps", "seed"):
             value = getattr(self, name)
-            check(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
+            check(
+                isinstance(value, int) and not isinstance(value, bool),
+                name,
+                f"must be an integer, got {value!r}",
+            )
         check(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         check(self.alg in ALGS, "alg", f"must be one of {', '.join(ALGS)}; got {self.alg!r}")
         for name in ("temperature", "eps"):
             value = getattr(self, name)
             check(_is_number(value), name, f"must be a number, got {value!r}")
-        check(self.temperature >= 0 and math.isfinite(self.temperature), "temperature",
-              f"must be >= 0, got {self.temperature}")
+        check(
+            self.temperature >= 0 and math.isfinite(self.temperature),
+            "temperature",
+            f"must be >= 0, got {self.temperature}",
+        )
         check(0 < self.eps < 1, "eps", f"must be in (0, 1), got {self.eps}")
         if self.alg_temp is not None:
-            check(_is_number(self.alg_temp) and self.alg_temp >= 0 and math.isfinite(self.alg_temp),
-                  "alg_temp", f"must be a number >= 0, got {self.alg_temp!r}")
+            check(
+                _is_number(self.alg_temp) and self.alg_temp >= 0 and math.isfinite(self.alg_temp),
+                "alg_temp",
+                f"must be a number >= 0, got {self.alg_temp!r}",
+            )
         if self.top_p is not None:
-            check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p",
-                  f"must be in (0, 1], got {self.top_p!r}")
+            check(
+                _is_number(self.top_p) and 0 < self.top_p <= 1,
+                "top_p",
+                f"must be in (0, 1], got {self.top_p!r}",
+            )
         if self.top_k is not None:
-            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
-                  "top_k", f"must be an integer >= 0, got {self.top_k!r}")
+            check(
+                isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+                "top_k",
+                f"must be an integer >= 0, got {self.top_k!r}",
+            )
 
     @property
     def effective_top_k(self) -> int:

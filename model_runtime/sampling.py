@@ -114,8 +114,9 @@ class SamplerSpec:
         )
 
 
-def sample_tokens(logits: jax.Array, key: jax.Array, spec: SamplerSpec, temperature: jax.Array,
-                  top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
+def sample_tokens(
+    logits: jax.Array, key: jax.Array, spec: SamplerSpec, temperature: jax.Array, top_p: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Proposed token and confidence per position, ``logits`` ``[..., V]`` -> two ``[...]`` arrays.
 
     Everything stays in the logits dtype (bf16 for real checkpoints), as the reference computes
@@ -140,16 +141,25 @@ def sample_tokens(logits: jax.Array, key: jax.Array, spec: SamplerSpec, temperat
         top2 = jax.lax.top_k(probs, 2)[0]
         confidence = top2[..., 0] - top2[..., 1]
     elif spec.alg == "entropy":
-        confidence = jnp.sum((probs * jnp.log(probs + jnp.asarray(1e-10, dtype))).astype(jnp.float32),
-                             axis=-1).astype(dtype)
+        confidence = jnp.sum(
+            (probs * jnp.log(probs + jnp.asarray(1e-10, dtype))).astype(jnp.float32), axis=-1
+        ).astype(dtype)
     return confidence, x0.astype(jnp.int32)
 
 
 # -- committing ------------------------------------------------------------------------------------------
 
 
-def commit_by_confidence(x: jax.Array, mask_index: jax.Array, x0: jax.Array, confidence: jax.Array,
-                         counts: jax.Array, key: jax.Array, spec: SamplerSpec, alg_temp: jax.Array) -> jax.Array:
+def commit_by_confidence(
+    x: jax.Array,
+    mask_index: jax.Array,
+    x0: jax.Array,
+    confidence: jax.Array,
+    counts: jax.Array,
+    key: jax.Array,
+    spec: SamplerSpec,
+    alg_temp: jax.Array,
+) -> jax.Array:
     """Commit, per row, the ``counts[b]`` masked positions with the highest confidence (maskgit_plus,
     topk_margin, entropy), or a sample of them without replacement from ``softmax(conf / alg_temp)``."""
     score = jnp.where(mask_index, confidence.astype(jnp.float32), -jnp.inf)  # [B, L]
@@ -165,7 +175,9 @@ def commit_by_confidence(x: jax.Array, mask_index: jax.Array, x0: jax.Array, con
     return jnp.where(chosen, x0, x)
 
 
-def commit_origin(x: jax.Array, mask_index: jax.Array, x0: jax.Array, ratio: jax.Array, key: jax.Array) -> jax.Array:
+def commit_origin(
+    x: jax.Array, mask_index: jax.Array, x0: jax.Array, ratio: jax.Array, key: jax.Array
+) -> jax.Array:
     """``origin``: every masked position is revealed independently with probability ``1 - s/t``."""
     chosen = (jax.random.uniform(key, x.shape) < ratio) & mask_index
     return jnp.where(chosen, x0, x)

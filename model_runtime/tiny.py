@@ -46,7 +46,10 @@ def tiny_config(vocab_size: int, eos_id: int, mask_id: int, **overrides: object)
     cfg = {
         "architectures": ["DreamModel"],
         "attention_dropout": 0.0,
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "auto_map": {
+            "AutoConfig": "configuration_dream.DreamConfig",
+            "AutoModel": "modeling_dream.DreamModel",
+        },
         "bos_token_id": eos_id,
         "eos_token_id": eos_id,
         "hidden_act": "silu",
@@ -77,8 +80,14 @@ def tiny_config(vocab_size: int, eos_id: int, mask_id: int, **overrides: object)
     return cfg
 
 
-def write_checkpoint(out_dir: str | Path, cfg_dict: dict, tensors: dict[str, np.ndarray], *,
-                     shards: int = 2, dtype: str = "float32") -> Path:
+def write_checkpoint(
+    out_dir: str | Path,
+    cfg_dict: dict,
+    tensors: dict[str, np.ndarray],
+    *,
+    shards: int = 2,
+    dtype: str = "float32",
+) -> Path:
     """Write ``tensors`` (HF names and layouts) as sharded safetensors with an index, plus config.json."""
     from safetensors.numpy import save_file
 
@@ -93,7 +102,7 @@ def write_checkpoint(out_dir: str | Path, cfg_dict: dict, tensors: dict[str, np.
     per = math.ceil(len(names) / shards)
     weight_map, total = {}, 0
     for s in range(shards):
-        chunk = names[s * per:(s + 1) * per]
+        chunk = names[s * per : (s + 1) * per]
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
         arrays = {n: np.ascontiguousarray(tensors[n]).astype(np_dtype) for n in chunk}
         if np_dtype is not np.float32 and np_dtype is not np.float16:
@@ -116,7 +125,11 @@ def _save_bf16(path: Path, arrays: dict[str, np.ndarray]) -> None:
     header, offset, blobs = {}, 0, []
     for name, arr in arrays.items():
         data = arr.tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         offset += len(data)
         blobs.append(data)
     header["__metadata__"] = {"format": "pt"}
@@ -152,9 +165,17 @@ def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[
     return out
 
 
-def write_tiny_checkpoint(out_dir: str | Path, *, seed: int = 0, vocab: int = 600, shards: int = 2,
-                          dtype: str = "float32", corpus: Iterable[str] | None = None,
-                          instruct: bool = True, **config_overrides: object) -> Path:
+def write_tiny_checkpoint(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    vocab: int = 600,
+    shards: int = 2,
+    dtype: str = "float32",
+    corpus: Iterable[str] | None = None,
+    instruct: bool = True,
+    **config_overrides: object,
+) -> Path:
     """A complete tiny DiffuCoder-layout directory (tokenizer, config, sharded weights, decoy code)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,16 +183,31 @@ def write_tiny_checkpoint(out_dir: str | Path, *, seed: int = 0, vocab: int = 60
     save_published_layout(tok, out)
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
     vocab_size = int(math.ceil(n_tokens / 64) * 64)  # padded like the real 152064-row embedding
-    cfg_dict = tiny_config(vocab_size, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>"),
-                           **config_overrides)
+    cfg_dict = tiny_config(
+        vocab_size, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>"), **config_overrides
+    )
     cfg = DreamConfig.from_dict(cfg_dict)
     write_checkpoint(out, cfg_dict, random_tensors(cfg, seed), shards=shards, dtype=dtype)
-    gen = {"_from_model_config": True, "bos_token_id": cfg.eos_token_id, "eos_token_id": cfg.eos_token_id,
-           "pad_token_id": cfg.pad_token_id, "transformers_version": "4.51.3"}
+    gen = {
+        "_from_model_config": True,
+        "bos_token_id": cfg.eos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "transformers_version": "4.51.3",
+    }
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({
-        "bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "mask_token": "<|mask|>",
-        "pad_token": "<|endoftext|>"}, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|beginoftext|>",
+                "eos_token": "<|endoftext|>",
+                "mask_token": "<|mask|>",
+                "pad_token": "<|endoftext|>",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     for name in _CUSTOM_CODE:
         (out / name).write_text(_TRAP)
     return out

@@ -28,16 +28,37 @@ PRETOKENIZE_REGEX = (
 
 # Qwen2.5's 22 added tokens (ids 151643..151664 in the real vocabulary), then Dream's additions.
 QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
-    "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 DREAM_SPECIAL_TOKENS = ("<|beginoftext|>", "<|mask|>")
 INSTRUCT_SPECIAL_TOKENS = ("<|dlm_pad|>",)
 # Qwen2 marks these two as plain added tokens (special=False); everything else is special.
-_NON_SPECIAL = {"<tool_call>", "</tool_call>"} | {t for t in QWEN_SPECIAL_TOKENS if t.startswith("<|fim")} | {
-    "<|repo_name|>", "<|file_sep|>"}
+_NON_SPECIAL = (
+    {"<tool_call>", "</tool_call>"}
+    | {t for t in QWEN_SPECIAL_TOKENS if t.startswith("<|fim")}
+    | {"<|repo_name|>", "<|file_sep|>"}
+)
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -131,10 +152,12 @@ class DreamTokenizer:
 
 def _byte_level_pipeline(tok: Tokenizer) -> Tokenizer:
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -156,7 +179,9 @@ def _added_tokens(model_dir: Path) -> dict[str, tuple[int, bool]]:
             try:
                 added[str(entry["content"])] = (int(key), bool(entry.get("special", True)))
             except (KeyError, TypeError, ValueError):
-                raise ModelError(f"tokenizer_config.json: added_tokens_decoder[{key!r}] is malformed") from None
+                raise ModelError(
+                    f"tokenizer_config.json: added_tokens_decoder[{key!r}] is malformed"
+                ) from None
     path = model_dir / "added_tokens.json"
     if path.is_file():
         data = _read_json(path)
@@ -183,8 +208,10 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
         vocab_path, merges_path = model_dir / "vocab.json", model_dir / "merges.txt"
         for p in (vocab_path, merges_path):
             if not p.is_file():
-                raise ModelError(f"no tokenizer in {model_dir}: {p.name} is missing "
-                                 "(expected vocab.json + merges.txt, or tokenizer.json)")
+                raise ModelError(
+                    f"no tokenizer in {model_dir}: {p.name} is missing "
+                    "(expected vocab.json + merges.txt, or tokenizer.json)"
+                )
         vocab = _read_json(vocab_path)
         if not isinstance(vocab, dict):
             raise ModelError("vocab.json: expected an object mapping tokens to ids")
@@ -204,12 +231,18 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
             vocab[content] = token_id
         bpe = models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False)
         tok = _byte_level_pipeline(Tokenizer(bpe))
-        tok.add_special_tokens([AddedToken(c, special=s, normalized=False)
-                                for c, (_, s) in sorted(added.items(), key=lambda kv: kv[1][0])])
+        tok.add_special_tokens(
+            [
+                AddedToken(c, special=s, normalized=False)
+                for c, (_, s) in sorted(added.items(), key=lambda kv: kv[1][0])
+            ]
+        )
         for content, (token_id, _) in added.items():
             if tok.token_to_id(content) != token_id:
-                raise ModelError(f"added token {content!r}: expected id {token_id}, "
-                                 f"the vocabulary gives {tok.token_to_id(content)}")
+                raise ModelError(
+                    f"added token {content!r}: expected id {token_id}, "
+                    f"the vocabulary gives {tok.token_to_id(content)}"
+                )
     for name, token_id in (("mask_token_id", mask_id), ("pad_token_id", pad_id), ("eos_token_id", eos_id)):
         if tok.id_to_token(token_id) is None:
             raise ModelError(f"config.json {name}={token_id} is not a token of the tokenizer")
@@ -225,8 +258,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, instruct: bool = True) -
     tok = _byte_level_pipeline(Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False)))
     specials = QWEN_SPECIAL_TOKENS + DREAM_SPECIAL_TOKENS + (INSTRUCT_SPECIAL_TOKENS if instruct else ())
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(specials), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+        vocab_size=vocab_size - len(specials),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
     )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens([AddedToken(c, special=c not in _NON_SPECIAL, normalized=False) for c in specials])
@@ -244,10 +279,19 @@ def save_published_layout(tok: Tokenizer, out_dir: str | Path, *, model_max_leng
     (out_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     (out_dir / "added_tokens.json").write_text(
         json.dumps({c: i for c, (i, _) in sorted(added.items(), key=lambda kv: kv[1][0])}, indent=2) + "\n",
-        encoding="utf-8")
-    decoder = {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
-                        "single_word": False, "special": s}
-               for c, (i, s) in sorted(added.items(), key=lambda kv: kv[1][0])}
+        encoding="utf-8",
+    )
+    decoder = {
+        str(i): {
+            "content": c,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": s,
+        }
+        for c, (i, s) in sorted(added.items(), key=lambda kv: kv[1][0])
+    }
     cfg = {
         "add_bos_token": False,
         "add_prefix_space": False,

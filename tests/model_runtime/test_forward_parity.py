@@ -44,19 +44,20 @@ def test_left_padded_batch_matches_reference_and_unpadded_rows(runtime, referenc
     ids = np.full((3, n), cfg.pad_token_id)
     attn = np.zeros((3, n), bool)
     for b, length in enumerate(lengths):
-        ids[b, n - length:] = rng.integers(0, cfg.vocab_size - 64, size=length)
-        attn[b, n - length:] = True
+        ids[b, n - length :] = rng.integers(0, cfg.vocab_size - 64, size=length)
+        attn[b, n - length :] = True
     # The reference's own preparation: symmetric bool [B,1,L,L] mask, tok_idx with pads at position 1.
-    _, mask4, tok_idx = dream_torch.prepare(torch.tensor(ids), torch.tensor(attn.astype(np.int64)), 0,
-                                            cfg.mask_token_id)
+    _, mask4, tok_idx = dream_torch.prepare(
+        torch.tensor(ids), torch.tensor(attn.astype(np.int64)), 0, cfg.mask_token_id
+    )
     ref = reference(torch.tensor(ids), mask4, tok_idx).detach().numpy()
     ours = our_logits(runtime, ids, attn)
     assert not np.isnan(ours).any(), "fully masked pad rows must give zeros, never NaN"
     assert rel_err(ours, ref) < 1e-4
     np.testing.assert_array_equal(np.asarray(positions_and_mask(jnp.asarray(attn))), tok_idx.numpy())
     for b, length in enumerate(lengths):
-        alone = our_logits(runtime, ids[b:b + 1, n - length:])
-        assert rel_err(ours[b, n - length:], alone[0]) < 1e-5
+        alone = our_logits(runtime, ids[b : b + 1, n - length :])
+        assert rel_err(ours[b, n - length :], alone[0]) < 1e-5
 
 
 def test_pad_rows_attend_to_nothing(runtime):

@@ -15,6 +15,7 @@ import torch
 from model_runtime import SamplingParams
 from model_runtime.sampling import schedule_counts, timesteps
 from tests.reference import dream_torch
+from tests.reference.parity import assert_step_matches
 
 
 @pytest.fixture(scope="module")
@@ -27,28 +28,9 @@ def left_padded(runtime, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarr
     ids = np.full((len(prompts), n), runtime.config.pad_token_id, np.int64)
     attn = np.zeros((len(prompts), n), np.int64)
     for b, p in enumerate(prompts):
-        ids[b, n - len(p):] = p
-        attn[b, n - len(p):] = 1
+        ids[b, n - len(p) :] = p
+        attn[b, n - len(p) :] = 1
     return ids, attn
-
-
-def assert_step_matches(prev, ours, ref, conf, mask_id, what):
-    """Committed sets equal up to ties at the boundary of the reference's top-k; tokens equal."""
-    for b in range(prev.shape[0]):
-        was_mask = prev[b] == mask_id
-        ours_set = set(np.flatnonzero(was_mask & (ours[b] != mask_id)))
-        ref_set = set(np.flatnonzero(was_mask & (ref[b] != mask_id)))
-        assert len(ours_set) == len(ref_set), f"{what} row {b}: committed {len(ours_set)} vs reference {len(ref_set)}"
-        assert not np.any(ours[b][~was_mask] != prev[b][~was_mask]), f"{what} row {b}: a committed token changed"
-        if ours_set != ref_set:
-            kth = min(conf[b, p] for p in ref_set)
-            tol = 1e-4 * max(1.0, abs(kth))
-            for p in ours_set ^ ref_set:
-                assert abs(conf[b, p] - kth) <= tol, (
-                    f"{what} row {b}: position {p} (confidence {conf[b, p]:.6g}) differs from the reference, "
-                    f"whose boundary confidence is {kth:.6g}: not a tie")
-        for p in ours_set & ref_set:
-            assert ours[b, p] == ref[b, p], f"{what} row {b} position {p}: token {ours[b, p]} vs {ref[b, p]}"
 
 
 CASES = [
@@ -69,16 +51,30 @@ def test_greedy_steps_follow_reference_with_left_padding(runtime, reference, alg
     new, steps = 12, 8
     params = SamplingParams(max_new_tokens=new, steps=steps, alg=alg, temperature=0.0, **extra)
     ids, attn = left_padded(runtime, prompts)
-    x, mask4, tok_idx = dream_torch.prepare(torch.tensor(ids), torch.tensor(attn), new, runtime.config.mask_token_id)
+    x, mask4, tok_idx = dream_torch.prepare(
+        torch.tensor(ids), torch.tensor(attn), new, runtime.config.mask_token_id
+    )
     attn_full = np.concatenate([attn, np.ones((len(prompts), new), np.int64)], axis=1).astype(bool)
     ref_top_k = dream_torch.INHERITED_TOP_K if params.top_k is None else (params.top_k or None)
     canvas = x.numpy()
     for i in range(steps):
-        ref, conf, _ = dream_torch.step(reference, torch.tensor(canvas), mask4, tok_idx, i, steps=steps, alg=alg,
-                                        temperature=0.0, top_p=params.top_p, top_k=ref_top_k,
-                                        mask_id=runtime.config.mask_token_id)
+        ref, conf, _ = dream_torch.step(
+            reference,
+            torch.tensor(canvas),
+            mask4,
+            tok_idx,
+            i,
+            steps=steps,
+            alg=alg,
+            temperature=0.0,
+            top_p=params.top_p,
+            top_k=ref_top_k,
+            mask_id=runtime.config.mask_token_id,
+        )
         ours = runtime.step_canvas(canvas, attn_full, i, params)
-        assert_step_matches(canvas, ours, ref.numpy(), conf.numpy(), runtime.config.mask_token_id, f"step {i}")
+        assert_step_matches(
+            canvas, ours, ref.numpy(), conf.numpy(), runtime.config.mask_token_id, f"step {i}"
+        )
         canvas = ours  # continue along our own trajectory
     assert not np.any(canvas == runtime.config.mask_token_id)
 
@@ -94,14 +90,19 @@ def test_generate_history_follows_reference_sampler(runtime, reference):
     x, mask4, tok_idx = dream_torch.prepare(torch.tensor([prompt]), None, 32, runtime.config.mask_token_id)
     prev = x.numpy()
     for i, canvas in enumerate(history):
-        ref, conf, k = dream_torch.step(reference, torch.tensor(prev), mask4, tok_idx, i, steps=32,
-                                        mask_id=runtime.config.mask_token_id)
-        assert_step_matches(prev, canvas, ref.numpy(), conf.numpy(), runtime.config.mask_token_id, f"step {i}")
+        ref, conf, k = dream_torch.step(
+            reference, torch.tensor(prev), mask4, tok_idx, i, steps=32, mask_id=runtime.config.mask_token_id
+        )
+        assert_step_matches(
+            prev, canvas, ref.numpy(), conf.numpy(), runtime.config.mask_token_id, f"step {i}"
+        )
         prev = canvas
     assert events[-1].sequences[0] == history[-1][0].tolist()
 
 
-@pytest.mark.parametrize("n,steps", [(32, 32), (64, 64), (256, 256), (512, 512), (256, 128), (100, 7), (16, 3)])
+@pytest.mark.parametrize(
+    "n,steps", [(32, 32), (64, 64), (256, 256), (512, 512), (256, 128), (100, 7), (16, 3)]
+)
 def test_schedule_counts_match_reference_formula(n, steps):
     counts = schedule_counts(n, steps, 1e-3)
     assert counts == dream_torch.transfer_counts(n, steps)

@@ -65,8 +65,14 @@ class Layer(nn.Module):
         g = self.h // self.k  # repeat_kv: each kv head repeated g times consecutively
         k = k[:, :, None].expand(b, self.k, g, n, self.e).reshape(b, self.h, n, self.e)
         v = v[:, :, None].expand(b, self.k, g, n, self.e).reshape(b, self.h, n, self.e)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if isinstance(mask, torch.Tensor) else None,
-                                           dropout_p=0.0, is_causal=False)
+        a = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask if isinstance(mask, torch.Tensor) else None,
+            dropout_p=0.0,
+            is_causal=False,
+        )
         x = x + self.o_proj(a.transpose(1, 2).reshape(b, n, self.h * self.e))
         r = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(r)) * self.up_proj(r))
@@ -115,6 +121,7 @@ class DreamReference(nn.Module):
 
 # -- the published sampler -----------------------------------------------------------------------------
 
+
 def top_p_logits(logits, top_p):
     sorted_logits, sorted_indices = torch.sort(logits, descending=True)
     cumulative_probs = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
@@ -132,7 +139,9 @@ def top_k_logits(logits, top_k):
     return logits.masked_fill(indices_to_remove, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits, temperature=0.0, top_p=None, top_k=None, margin_confidence=False, neg_entropy=False):
+def sample_tokens(
+    logits, temperature=0.0, top_p=None, top_k=None, margin_confidence=False, neg_entropy=False
+):
     if temperature > 0:
         logits = logits / temperature
     if top_p is not None and top_p < 1:
@@ -164,16 +173,31 @@ def prepare(input_ids, attention_mask, max_new_tokens, mask_id):
         attention_mask = F.pad(attention_mask, (0, max_length - attention_mask.shape[1]), value=1.0)
         tok_idx = attention_mask.long().cumsum(-1) - 1
         tok_idx.masked_fill_(attention_mask == 0, 1)
-        attention_mask = torch.logical_and(attention_mask.unsqueeze(1).unsqueeze(-2),
-                                           attention_mask.unsqueeze(1).unsqueeze(-1))
+        attention_mask = torch.logical_and(
+            attention_mask.unsqueeze(1).unsqueeze(-2), attention_mask.unsqueeze(1).unsqueeze(-1)
+        )
     else:
         tok_idx, attention_mask = None, "full"
     return x, attention_mask, tok_idx
 
 
 @torch.no_grad()
-def step(model, x, attention_mask, tok_idx, i, *, steps, eps=1e-3, alg="entropy", temperature=0.0, top_p=None,
-         top_k=INHERITED_TOP_K, alg_temp=None, mask_id):
+def step(
+    model,
+    x,
+    attention_mask,
+    tok_idx,
+    i,
+    *,
+    steps,
+    eps=1e-3,
+    alg="entropy",
+    temperature=0.0,
+    top_p=None,
+    top_k=INHERITED_TOP_K,
+    alg_temp=None,
+    mask_id,
+):
     """One iteration of the published loop on canvas ``x``; returns (new x, full_confidence, count)."""
     x = x.clone().long()
     timesteps = torch.linspace(1, eps, steps + 1)
@@ -187,11 +211,16 @@ def step(model, x, attention_mask, tok_idx, i, *, steps, eps=1e-3, alg="entropy"
         p_transfer = 1 - s / t if i < steps - 1 else 1
         x0 = torch.zeros_like(x[mask_index], dtype=torch.long) + mask_id
         transfer_index_t_s = torch.rand(*x0.shape) < p_transfer
-        _, x0[transfer_index_t_s] = sample_tokens(mask_logits[transfer_index_t_s], temperature=temperature,
-                                                  top_p=top_p, top_k=top_k)
+        _, x0[transfer_index_t_s] = sample_tokens(
+            mask_logits[transfer_index_t_s], temperature=temperature, top_p=top_p, top_k=top_k
+        )
         x[mask_index] = x0.clone()
     else:
-        kw = {"maskgit_plus": {}, "topk_margin": {"margin_confidence": True}, "entropy": {"neg_entropy": True}}
+        kw = {
+            "maskgit_plus": {},
+            "topk_margin": {"margin_confidence": True},
+            "entropy": {"neg_entropy": True},
+        }
         if alg not in kw:
             raise RuntimeError(f"Unknown alg: {alg}")
         confidence, x0 = sample_tokens(mask_logits, temperature, top_p=top_p, top_k=top_k, **kw[alg])

@@ -1,0 +1,7 @@
+"""``python -m assistant``: the same as the ``diffu`` command."""
+
+import sys
+
+from assistant.cli import main
+
+sys.exit(main())

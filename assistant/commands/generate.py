@@ -1,0 +1,217 @@
+"""``diffu generate``: run the model in-process on one prompt or a left-padded batch of prompts.
+
+Without ``--json`` the denoising is shown live (rich): masked positions dim, tokens committed in the
+current step highlighted; then the answer. With ``--json`` one object is printed: ``prompt_ids``,
+``sequences`` (full canvases as the reference returns them), ``text``, ``stats`` and, with
+``--history``, one entry per step holding every prompt's full canvas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from model_runtime.params import ALGS, DEFAULT_TOP_K, ParamError, SamplingParams
+
+MASK_GLYPH = "░"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with the model in this process",
+        description="Denoise a canvas of <|mask|> tokens after the prompt, or between --prompt and --suffix.",
+    )
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
+    p.add_argument(
+        "--prompt", action="append", required=True, help="prompt text; repeat it for a left-padded batch"
+    )
+    p.add_argument(
+        "--raw", action="store_true", help="use the prompt as is, without the Instruct chat template"
+    )
+    p.add_argument(
+        "--suffix", default=None, help="code after the hole: fill the middle between prompt and suffix"
+    )
+    p.add_argument(
+        "--infill-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="size of the hole with --suffix (default: --max-new-tokens)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128, help="canvas length to generate (default 128)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: max new tokens)")
+    p.add_argument("--alg", choices=ALGS, default="entropy", help="unmasking order (default entropy)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus filtering (default off)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"top-k filtering; unset means {DEFAULT_TOP_K}, as the published sampler inherits "
+        "it from transformers' generation defaults; 0 switches it off",
+    )
+    p.add_argument(
+        "--alg-temp", type=float, default=None, help="sample positions by confidence at this temperature"
+    )
+    p.add_argument("--eps", type=float, default=1e-3, help="final noise level of the schedule (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
+    p.set_defaults(func=run)
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    from assistant.cli import UsageError
+
+    max_new = args.infill_tokens if args.suffix is not None and args.infill_tokens else args.max_new_tokens
+    try:
+        return SamplingParams(
+            max_new_tokens=max_new,
+            steps=args.steps if args.steps is not None else max_new,
+            alg=args.alg,
+            alg_temp=args.alg_temp,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            eps=args.eps,
+            seed=args.seed,
+        )
+    except ParamError as exc:
+        raise UsageError(f"--{exc.field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from assistant.cli import UsageError
+
+    if args.history and not args.json:
+        raise UsageError("--history needs --json")
+    if args.infill_tokens is not None and args.suffix is None:
+        raise UsageError("--infill-tokens needs --suffix")
+    if args.suffix is not None and len(args.prompt) != 1:
+        raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
+    params = _params(args)
+    model = args.model or os.environ.get("DIFFU_MODEL")
+
+    from model_runtime.errors import DiffuError
+
+    try:
+        rt = _load(model, args.dtype)
+        if args.suffix is not None:
+            rows = [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
+        else:
+            chat = not args.raw
+            prompts = [
+                rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
+                for p in args.prompt
+            ]
+            rows = [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        events = rt.run(rows, params)
+        if args.json:
+            out = _collect_json(rt, rows, events, args.history)
+            print(json.dumps(out))
+        else:
+            done = _live(rt, events)
+            for i, text in enumerate(done.texts):
+                if len(done.texts) > 1:
+                    print(f"--- [{i}]")
+                print(text)
+            _report_stats(done.stats)
+    except DiffuError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+def _load(model: str | None, dtype: str | None):
+    """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import model_runtime
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("loading model", total=1.0)
+
+        def report(stage: str, fraction: float) -> None:
+            progress.update(task, description=stage, completed=fraction)
+
+        return model_runtime.load(model, dtype=dtype, progress=report)
+
+
+def _collect_json(rt, rows, events, with_history: bool) -> dict[str, Any]:
+    history = []
+    done = None
+    longest = max(len(r.ids) for r in rows)
+    pad = rt.config.pad_token_id
+    for event in events:
+        if hasattr(event, "texts"):
+            done = event
+        elif with_history:
+            history.append([[pad] * (longest - len(c)) + c for c in event.content])
+    _report_stats(done.stats, stream=sys.stderr)
+    out: dict[str, Any] = {
+        "prompt_ids": [list(r.ids[: r.region[0]]) for r in rows],
+        "sequences": done.sequences,
+        "text": done.texts,
+        "stats": done.stats.to_dict(),
+    }
+    if with_history:
+        out["history"] = history
+    return out
+
+
+def _report_stats(stats, stream=None) -> None:
+    print(
+        f"{stats.new_tokens} tokens in {stats.steps} steps, {stats.generate_seconds:.2f}s "
+        f"({stats.tokens_per_second:.1f} tokens/s); compiled {stats.compiled_programs} new program(s), "
+        f"{stats.cache_hits} loaded from the compilation cache, {stats.compile_seconds:.2f}s",
+        file=stream or sys.stderr,
+    )
+
+
+def _live(rt, events):
+    """Draw every row's canvas as it denoises: masks dim, this step's tokens highlighted."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console()
+    tok = rt.tokenizer
+    done = None
+    with Live(console=console, refresh_per_second=30, transient=False) as live:
+        for event in events:
+            if hasattr(event, "texts"):
+                done = event
+                break
+            panels = [Text(f"step {event.step + 1}/{event.steps}", style="bold")]
+            for canvas, fresh in zip(event.canvas, event.unmasked, strict=True):
+                text = Text()
+                fresh_set = set(fresh)
+                for pos, (tid, piece) in enumerate(zip(canvas, tok.token_strings(canvas), strict=True)):
+                    if tid == tok.mask_id:
+                        text.append(MASK_GLYPH, style="dim")
+                    elif pos in fresh_set:
+                        text.append(piece, style="bold black on bright_green")
+                    else:
+                        text.append(piece)
+                panels.append(text)
+            live.update(Group(*panels))
+    return done

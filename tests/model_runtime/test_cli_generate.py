@@ -1,0 +1,275 @@
+"""``diffu generate`` end to end: the acceptance command, the compilation cache, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from assistant.cli import main
+from tests.reference import dream_torch
+from tests.reference.parity import assert_step_matches
+
+ACCEPTANCE = [
+    "generate",
+    "--raw",
+    "--prompt",
+    "def add(a, b):",
+    "--max-new-tokens",
+    "32",
+    "--steps",
+    "32",
+    "--temperature",
+    "0",
+    "--json",
+    "--history",
+]
+
+
+def diffu(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "assistant", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def test_acceptance_command_prints_reference_history_and_second_run_compiles_nothing(tiny_dir, tmp_path):
+    env = {"DIFFU_JAX_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    first = diffu(*ACCEPTANCE, "--model", str(tiny_dir), env=env)
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert set(out) == {"prompt_ids", "sequences", "text", "stats", "history"}
+    assert len(out["history"]) == 32 and all(len(h) == 1 for h in out["history"])
+    prompt = out["prompt_ids"][0]
+    assert out["sequences"][0][: len(prompt)] == prompt and len(out["sequences"][0]) == len(prompt) + 32
+    assert out["history"][-1][0] == out["sequences"][0]
+    assert out["stats"]["compiled_programs"] >= 1
+
+    # The history follows the published sampler: each step, replayed by the reference from our previous
+    # canvas, commits the same positions (up to ties) and tokens.
+    ref_model = dream_torch.DreamReference.from_dir(tiny_dir)
+    mask_id = json.loads((tiny_dir / "config.json").read_text())["mask_token_id"]
+    prev, mask4, tok_idx = dream_torch.prepare(torch.tensor([prompt]), None, 32, mask_id)
+    prev = prev.numpy()
+    masks_left = []
+    for i, canvas in enumerate(out["history"]):
+        canvas = np.array(canvas)
+        ref, conf, _ = dream_torch.step(
+            ref_model, torch.tensor(prev), mask4, tok_idx, i, steps=32, mask_id=mask_id
+        )
+        assert_step_matches(prev, canvas, ref.numpy(), conf.numpy(), mask_id, f"step {i}")
+        masks_left.append(int((canvas == mask_id).sum()))
+        prev = canvas
+    assert masks_left[0] == 32 and masks_left[1] == 31 and masks_left[-2] == 2 and masks_left[-1] == 0
+
+    second = diffu(*ACCEPTANCE, "--model", str(tiny_dir), env=env)
+    assert second.returncode == 0, second.stderr
+    stats = json.loads(second.stdout)["stats"]
+    assert stats["compiled_programs"] == 0 and stats["cache_hits"] >= 1
+    assert "compiled 0 new program(s)" in second.stderr
+    assert json.loads(second.stdout)["sequences"] == out["sequences"]
+
+
+def test_batch_of_prompts_is_left_padded(tiny_dir, capsys):
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tiny_dir),
+                "--raw",
+                "--prompt",
+                "import os",
+                "--prompt",
+                "def main():\n    x = 1",
+                "--max-new-tokens",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    short, long_ = out["prompt_ids"]
+    assert len(out["sequences"][0]) == len(out["sequences"][1]) == len(long_) + 8
+    pad = json.loads((tiny_dir / "config.json").read_text())["pad_token_id"]
+    assert out["sequences"][0][: len(long_) - len(short)] == [pad] * (len(long_) - len(short))
+    assert len(out["text"]) == 2
+
+
+def test_infill_fills_the_middle_only(tiny_dir, capsys):
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tiny_dir),
+                "--prompt",
+                "def f(x):\n    return ",
+                "--suffix",
+                "\n\nprint(f(2))\n",
+                "--infill-tokens",
+                "6",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    seq = out["sequences"][0]
+    prefix = out["prompt_ids"][0]
+    assert seq[: len(prefix)] == prefix and len(seq) > len(prefix) + 6  # the suffix stays after the hole
+    assert out["stats"]["new_tokens"] == 6
+
+
+def test_live_view_prints_the_answer(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "hello", "--max-new-tokens", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "step 8/8" in captured.out
+    assert "8 tokens in 8 steps" in captured.err
+
+
+# -- errors: one clear line, exit code 2, no traceback ----------------------------------------------------
+
+
+def broken_copy(tiny_dir: Path, tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(tiny_dir, dst)
+    return dst
+
+
+def edit_index(model_dir: Path, fn) -> None:
+    path = model_dir / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    fn(index["weight_map"])
+    path.write_text(json.dumps(index))
+
+
+def rewrite_shard(model_dir: Path, fn) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    shard = model_dir / "model-00001-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    fn(tensors)
+    save_file(tensors, str(shard))
+
+
+def make_missing_file(d):
+    (d / "model-00002-of-00002.safetensors").unlink()
+
+
+def make_unknown_tensor(d):
+    rewrite_shard(
+        d, lambda t: t.__setitem__("model.layers.0.self_attn.extra.weight", np.zeros((2, 2), np.float32))
+    )
+    edit_index(
+        d,
+        lambda m: m.__setitem__("model.layers.0.self_attn.extra.weight", "model-00001-of-00002.safetensors"),
+    )
+
+
+def make_shape_mismatch(d):
+    def shrink(t):
+        name = next(n for n in t if n.endswith("q_proj.weight"))
+        t[name] = t[name][:-1]
+        shrink.name = name
+
+    rewrite_shard(d, shrink)
+
+
+def make_pickle_only(d):
+    for f in list(d.glob("*.safetensors")) + [d / "model.safetensors.index.json"]:
+        f.unlink()
+    (d / "pytorch_model.bin").write_bytes(pickle.dumps({"x": 1}))
+
+
+def make_bad_config(d):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_key_value_heads"] = "four"
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def make_missing_config_key(d):
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["rope_theta"]
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    "breaker,expected",
+    [
+        (make_missing_file, "model-00002-of-00002.safetensors"),
+        (make_unknown_tensor, "model.layers.0.self_attn.extra.weight: unknown tensor"),
+        (make_shape_mismatch, "q_proj.weight: shape"),
+        (make_pickle_only, "unpickling runs arbitrary code"),
+        (make_bad_config, "num_key_value_heads: must be an integer"),
+        (make_missing_config_key, "rope_theta: missing"),
+    ],
+)
+def test_broken_checkpoints_give_one_clear_error(tiny_dir, tmp_path, capsys, breaker, expected):
+    d = broken_copy(tiny_dir, tmp_path, breaker.__name__)
+    breaker(d)
+    code = main(["generate", "--model", str(d), "--raw", "--prompt", "x", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err and err.startswith("diffu: error: ")
+    assert "Traceback" not in err
+
+
+def test_duplicate_tensor_is_named(tiny_dir, tmp_path, capsys):
+    d = broken_copy(tiny_dir, tmp_path, "dup")
+    from safetensors.numpy import load_file, save_file
+
+    second = d / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(second))
+    tensors["model.embed_tokens.weight"] = load_file(str(d / "model-00001-of-00002.safetensors"))[
+        "model.embed_tokens.weight"
+    ]
+    save_file(tensors, str(second))
+    assert main(["generate", "--model", str(d), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
+    assert "model.embed_tokens.weight: appears twice" in capsys.readouterr().err
+
+
+def test_prompt_longer_than_context_is_refused(tiny_dir, capsys):
+    code = main(
+        ["generate", "--model", str(tiny_dir), "--raw", "--prompt", "word " * 3000, "--max-new-tokens", "4"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "more than the context of" in err
+
+
+def test_bad_sampling_flag_names_it(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "x", "--steps", "0"]) == 2
+    assert "--steps: must be >= 1" in capsys.readouterr().err
+
+
+def test_missing_directory_and_offline_hub_id(capsys, tmp_path):
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    offline = diffu(
+        "generate",
+        "--model",
+        "apple/DiffuCoder-7B-Instruct",
+        "--prompt",
+        "x",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert offline.returncode == 2
+    assert "apple/DiffuCoder-7B-Instruct" in offline.stderr and "--model DIR" in offline.stderr
+    assert "Traceback" not in offline.stderr
+
+
+def test_loading_never_executes_model_directory_code(runtime, code_marker):
+    # The tiny checkpoint ships configuration_dream.py etc. that write this marker when imported.
+    assert not code_marker.exists()
