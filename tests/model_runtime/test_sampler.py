@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model_runtime import SamplingParams
-from model_runtime.sampling import SamplerSpec, sample_tokens, top_k_logits, top_p_logits
+from model_runtime.sampling import SamplerSpec, sample_tokens, top_p_logits
 from tests.reference import dream_torch
 
 
@@ -20,18 +20,28 @@ def sample_many(logits: np.ndarray, spec: SamplerSpec, temperature=1.0, top_p=1.
     return np.asarray(f(keys, batch))
 
 
-def test_filters_match_the_reference_functions():
+def test_top_p_filter_matches_the_reference_function():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((6, 300)).astype(np.float32) * 3
     for p in (0.1, 0.5, 0.9, 0.99):
         ours = np.asarray(top_p_logits(jnp.asarray(logits), jnp.float32(p)))
         ref = dream_torch.top_p_logits(torch.tensor(logits), p).numpy()
         np.testing.assert_array_equal(ours, ref)
-    for k in (1, 5, 50, 300, 1000):
-        np.testing.assert_array_equal(
-            np.asarray(top_k_logits(jnp.asarray(logits), k)),
-            dream_torch.top_k_logits(torch.tensor(logits), k).numpy(),
-        )
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+@pytest.mark.parametrize("top_p,top_k", [(None, 50), (0.9, 50), (0.5, 5), (None, 0), (0.8, 0), (None, 2)])
+def test_greedy_proposals_and_confidences_match_the_reference(alg, top_p, top_k):
+    """Both code paths (top-k on k values, and the full-vocabulary one) against ``sample_tokens``."""
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal((40, 500)) * rng.uniform(0.5, 4, (40, 1))).astype(np.float32)
+    spec = SamplerSpec(alg=alg, use_top_p=top_p is not None, top_k=top_k)
+    conf, x0 = sample_tokens(jnp.asarray(logits), jax.random.key(0), spec, jnp.float32(0),
+                             jnp.float32(top_p or 1.0))
+    kw = {"topk_margin": {"margin_confidence": True}, "entropy": {"neg_entropy": True}}.get(alg, {})
+    ref_conf, ref_x0 = dream_torch.sample_tokens(torch.tensor(logits), 0.0, top_p=top_p, top_k=top_k or None, **kw)
+    np.testing.assert_array_equal(np.asarray(x0), ref_x0.numpy())
+    np.testing.assert_allclose(np.asarray(conf), ref_conf.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_temperature_sampling_follows_the_filtered_distribution():
