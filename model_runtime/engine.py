@@ -113,11 +113,13 @@ class Runtime:
         devices = jax.devices()
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
         self._programs: dict[tuple, jax.stages.Compiled] = {}
-        self._step = jax.jit(
-            _denoise_step,
-            static_argnames=("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook"),
-            donate_argnames=("x",),
-        )
+        static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook")
+        self._jitted = {
+            # One denoising step per call: for streaming, where every canvas goes to the host anyway.
+            "step": jax.jit(_denoise_step, static_argnames=static, donate_argnames=("x",)),
+            # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
+            "all": jax.jit(_denoise_all, static_argnames=static, donate_argnames=("x",)),
+        }
         self.compile_seconds_total = 0.0
 
     # -- building rows --------------------------------------------------------------------------
@@ -144,11 +146,17 @@ class Runtime:
         return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), chat=False)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool, **hooks: Hook | None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        chat: bool,
+        stream: bool = True,
+        **hooks: Hook | None,
     ) -> Iterator[StepEvent | DoneEvent]:
         """Left-padded batch generation: one StepEvent per step, then a DoneEvent."""
         rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
-        return self.run(rows, params, **hooks)
+        return self.run(rows, params, stream=stream, **hooks)
 
     def infill(
         self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
@@ -170,38 +178,58 @@ class Runtime:
         return b, _pick(self.length_buckets, length)
 
     def _program(
-        self, shape: tuple[int, int], spec: SamplerSpec, logits_hook: Hook | None, tokens_hook: Hook | None
+        self,
+        kind: str,
+        shape: tuple[int, int],
+        spec: SamplerSpec,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+        n_ratios: int = 0,
     ) -> tuple[jax.stages.Compiled, float, int, int]:
-        """The compiled step for a bucket; returns (program, compile seconds, fresh compiles, cache hits)."""
-        key = (shape, spec, logits_hook, tokens_hook)
+        """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
+        schedule padded to ``n_ratios`` entries). Returns (program, compile seconds, fresh compiles,
+        persistent-cache hits); the last three are zero when the program was already in memory."""
+        key = (kind, shape, spec, logits_hook, tokens_hook, n_ratios)
         program = self._programs.get(key)
         if program is not None:
             return program, 0.0, 0, 0
         b, n = shape
-        f32 = jax.ShapeDtypeStruct((), jnp.float32)
-        # Positional, in _denoise_step's order: the compiled program is called the same way.
-        args = (
-            jax.ShapeDtypeStruct((b, n), jnp.int32),
-            jax.ShapeDtypeStruct((b, n), jnp.bool_),  # x, attn
-            f32,
-            jax.ShapeDtypeStruct((), jnp.bool_),  # ratio, is_last
-            jax.eval_shape(lambda: jax.random.key(0)),
-            jax.ShapeDtypeStruct((), jnp.int32),  # key, step_index
-            f32,
-            f32,
-            f32,  # temperature, top_p, alg_temp
-        )
+        f32, i32 = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
+        canvas = (jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_))  # x, attn
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        knobs = (f32, f32, f32)  # temperature, top_p, alg_temp
+        if kind == "step":  # positional, in _denoise_step's order: the program is called the same way
+            args = (
+                *canvas,
+                f32,
+                jax.ShapeDtypeStruct((), jnp.bool_),
+                rng,
+                i32,
+                *knobs,
+            )  # ratio, is_last, key, i
+        else:
+            args = (
+                *canvas,
+                jax.ShapeDtypeStruct((n_ratios,), jnp.float32),
+                i32,
+                rng,
+                *knobs,
+            )  # ratios, steps, key
         requests0, hits0 = compile_cache.counters()
         t0 = time.perf_counter()
-        program = self._step.lower(
-            self.state,
-            *args,
-            graphdef=self.graphdef,
-            spec=spec,
-            mask_id=self.config.mask_token_id,
-            logits_hook=logits_hook,
-            tokens_hook=tokens_hook,
-        ).compile()
+        program = (
+            self._jitted[kind]
+            .lower(
+                self.state,
+                *args,
+                graphdef=self.graphdef,
+                spec=spec,
+                mask_id=self.config.mask_token_id,
+                logits_hook=logits_hook,
+                tokens_hook=tokens_hook,
+            )
+            .compile()
+        )
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()
         self._programs[key] = program
@@ -214,15 +242,23 @@ class Runtime:
         params: SamplingParams,
         progress: Callable[[int, int, str], None] | None = None,
         shapes: Sequence[tuple[int, int]] | None = None,
+        *,
+        stream: bool = True,
     ) -> float:
-        """Compile the step for every bucket (or ``shapes``); returns the seconds spent."""
+        """Compile every bucket (or ``shapes``) for ``params``'s sampler switches; returns the seconds.
+
+        ``stream`` picks the per-step program (what the daemon's streaming routes use) or the fused one.
+        """
         spec = SamplerSpec.from_params(params)
         shapes = list(shapes or self.buckets)
         total = 0.0
         for i, shape in enumerate(shapes):
             if progress:
                 progress(i, len(shapes), f"compiling batch {shape[0]} x {shape[1]} tokens")
-            total += self._program(tuple(shape), spec, None, None)[1]
+            if stream:
+                total += self._program("step", tuple(shape), spec)[1]
+            else:
+                total += self._program("all", tuple(shape), spec, n_ratios=_ratio_bucket(params.steps))[1]
         if progress:
             progress(len(shapes), len(shapes), "compiled")
         return total
@@ -238,7 +274,7 @@ class Runtime:
         """
         x = np.asarray(x, np.int32)
         attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
-        program = self._program(x.shape, SamplerSpec.from_params(params), None, None)[0]
+        program = self._program("step", x.shape, SamplerSpec.from_params(params))[0]
         ratio = transfer_ratios(params.steps, params.eps)[step]
         out = program(
             self.state,
@@ -248,9 +284,7 @@ class Runtime:
             jnp.bool_(step == params.steps - 1),
             jax.random.fold_in(jax.random.key(params.seed), step),
             jnp.int32(step),
-            jnp.float32(params.temperature),
-            jnp.float32(params.effective_top_p),
-            jnp.float32(params.alg_temp or 1.0),
+            *_knobs(params),
         )
         return np.asarray(out)
 
@@ -259,10 +293,15 @@ class Runtime:
         rows: Sequence[CanvasRow],
         params: SamplingParams,
         *,
+        stream: bool = True,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
     ) -> Iterator[StepEvent | DoneEvent]:
-        """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here."""
+        """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here.
+
+        With ``stream`` (default) every step yields a StepEvent; without it the whole loop runs as one
+        compiled program and only the DoneEvent comes back (same result, no per-step host sync).
+        """
         if not rows:
             raise InputError("no rows to generate")
         longest = max(len(r.ids) for r in rows)
@@ -270,18 +309,22 @@ class Runtime:
         for r in rows:
             if r.region[1] <= r.region[0]:
                 raise InputError("a row has an empty generation region")
-        return self._run(list(rows), params, shape, logits_hook, tokens_hook)
+        return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
 
     def _run(
         self,
         rows: list[CanvasRow],
         params: SamplingParams,
         shape: tuple[int, int],
+        stream: bool,
         logits_hook: Hook | None,
         tokens_hook: Hook | None,
     ) -> Iterator[StepEvent | DoneEvent]:
         spec = SamplerSpec.from_params(params)
-        program, compile_s, compiled, hits = self._program(shape, spec, logits_hook, tokens_hook)
+        n_ratios = 0 if stream else _ratio_bucket(params.steps)
+        program, compile_s, compiled, hits = self._program(
+            "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios
+        )
         b, n = shape
         mask_id, pad_id = self.config.mask_token_id, self.config.pad_token_id
         # Right-align every row in the bucket (left padding); spare batch rows are all padding, with no
@@ -300,44 +343,49 @@ class Runtime:
             x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
         ratios = transfer_ratios(params.steps, params.eps)
         base_key = jax.random.key(params.seed)
-        temperature = jnp.float32(params.temperature)
-        top_p = jnp.float32(params.effective_top_p)
-        alg_temp = jnp.float32(params.alg_temp or 1.0)
-        prev = np.asarray(x)
+        knobs = _knobs(params)
         t_start = time.perf_counter()
-        for i in range(params.steps):
-            t0 = time.perf_counter()
-            x = program(
-                self.state,
-                x,
-                attn,
-                jnp.float32(ratios[i]),
-                jnp.bool_(i == params.steps - 1),
-                jax.random.fold_in(base_key, i),
-                jnp.int32(i),
-                temperature,
-                top_p,
-                alg_temp,
+        if not stream:
+            padded = np.ones(n_ratios, np.float32)
+            padded[: params.steps] = ratios
+            prev = np.asarray(
+                program(self.state, x, attn, jnp.asarray(padded), jnp.int32(params.steps), base_key, *knobs)
             )
-            cur = np.asarray(x)  # the one host transfer per step that streaming needs
-            seconds = time.perf_counter() - t0
-            canvas, unmasked, left = [], [], []
-            for j, r in enumerate(rows):
-                lo, hi = offsets[j] + r.region[0], offsets[j] + r.region[1]
-                region = cur[j, lo:hi]
-                canvas.append(region.tolist())
-                unmasked.append(np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist())
-                left.append(int(np.sum(cur[j, offsets[j] :] == mask_id)))
-            prev = cur
-            yield StepEvent(
-                step=i,
-                steps=params.steps,
-                canvas=canvas,
-                unmasked=unmasked,
-                seconds=seconds,
-                masks_left=left,
-                content=[cur[j, offsets[j] :].tolist() for j in range(len(rows))],
-            )
+        else:
+            prev = np.asarray(x)
+            for i in range(params.steps):
+                t0 = time.perf_counter()
+                x = program(
+                    self.state,
+                    x,
+                    attn,
+                    jnp.float32(ratios[i]),
+                    jnp.bool_(i == params.steps - 1),
+                    jax.random.fold_in(base_key, i),
+                    jnp.int32(i),
+                    *knobs,
+                )
+                cur = np.asarray(x)  # the one host transfer per step that streaming needs
+                seconds = time.perf_counter() - t0
+                canvas, unmasked, left = [], [], []
+                for j, r in enumerate(rows):
+                    lo, hi = offsets[j] + r.region[0], offsets[j] + r.region[1]
+                    region = cur[j, lo:hi]
+                    canvas.append(region.tolist())
+                    unmasked.append(
+                        np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist()
+                    )
+                    left.append(int(np.sum(cur[j, offsets[j] :] == mask_id)))
+                prev = cur
+                yield StepEvent(
+                    step=i,
+                    steps=params.steps,
+                    canvas=canvas,
+                    unmasked=unmasked,
+                    seconds=seconds,
+                    masks_left=left,
+                    content=[cur[j, offsets[j] :].tolist() for j in range(len(rows))],
+                )
         elapsed = time.perf_counter() - t_start
         longest = max(len(r.ids) for r in rows)
         sequences, generated, texts = [], [], []
@@ -366,6 +414,20 @@ class Runtime:
             prompt_lengths=[r.region[0] for r in rows],
             stats=stats,
         )
+
+
+def _knobs(params: SamplingParams) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The traced sampling values: changing them never recompiles."""
+    return (
+        jnp.float32(params.temperature),
+        jnp.float32(params.effective_top_p),
+        jnp.float32(params.alg_temp or 1.0),
+    )
+
+
+def _ratio_bucket(steps: int) -> int:
+    """Length of the schedule array the fused program takes: a power of two, so steps share programs."""
+    return max(64, 1 << (steps - 1).bit_length())
 
 
 def _denoise_step(
@@ -402,6 +464,47 @@ def _denoise_step(
     if tokens_hook is not None:
         new = tokens_hook(step_index, new, logits)
     return new
+
+
+def _denoise_all(
+    state: nnx.State,
+    x: jax.Array,
+    attn: jax.Array,
+    ratios: jax.Array,
+    steps: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    alg_temp: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SamplerSpec,
+    mask_id: int,
+    logits_hook: Hook | None,
+    tokens_hook: Hook | None,
+) -> jax.Array:
+    """All ``steps`` steps in one program; per-step keys as the streaming path, so results agree."""
+
+    def body(i: jax.Array, x: jax.Array) -> jax.Array:
+        return _denoise_step(
+            state,
+            x,
+            attn,
+            ratios[i],
+            i == steps - 1,
+            jax.random.fold_in(key, i),
+            i,
+            temperature,
+            top_p,
+            alg_temp,
+            graphdef=graphdef,
+            spec=spec,
+            mask_id=mask_id,
+            logits_hook=logits_hook,
+            tokens_hook=tokens_hook,
+        )
+
+    return jax.lax.fori_loop(0, steps, body, x)
 
 
 def load(

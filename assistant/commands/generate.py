@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 for p in args.prompt
             ]
             rows = [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
-        events = rt.run(rows, params)
+        # Without a live view or a history nobody needs the steps: run the loop as one program.
+        events = rt.run(rows, params, stream=not args.json or args.history)
         if args.json:
             out = _collect_json(rt, rows, events, args.history)
             print(json.dumps(out))

@@ -169,6 +169,7 @@ class Trainer:
             "ema": jax.device_put(jax.tree.map(jnp.copy, params), self.replicated),
         }
         self.step = 0
+        self.train_seconds = 0.0  # wall time spent in steps, summed over resumed invocations
         self._train_step = jax.jit(self._step_fn, donate_argnums=(0,))
         self._manager = None
 
@@ -213,6 +214,13 @@ class Trainer:
             return
         self.manager.save(self.step, args=ocp.args.StandardSave(leaves))
         self.manager.wait_until_finished()
+        timing = self._timing()
+        timing[str(self.step)] = round(self.train_seconds, 3)
+        (self.run_dir / "timing.json").write_text(json.dumps(timing) + "\n", encoding="utf-8")
+
+    def _timing(self) -> dict[str, float]:
+        path = self.run_dir / "timing.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
     def restore_latest(self) -> bool:
         """Load the newest checkpoint, if any; returns whether one was found."""
@@ -226,6 +234,7 @@ class Trainer:
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
         self.state = jax.tree.unflatten(treedef, list(restored))
         self.step = int(step)
+        self.train_seconds = float(self._timing().get(str(self.step), 0.0))
         return True
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -254,11 +263,13 @@ class Trainer:
             with progress:
                 t_last, n_last = time.perf_counter(), self.step
                 while self.step < cfg.steps:
+                    t0 = time.perf_counter()
                     batch = self.shards.batch(cfg.seed, self.step, cfg.batch_size)
                     batch = jax.device_put(batch, self.data_sharding)
                     self.state, metrics = self._train_step(self.state, batch, jnp.int32(self.step))
                     self.step += 1
-                    m = {k: float(v) for k, v in metrics.items()}
+                    m = {k: float(v) for k, v in metrics.items()}  # waits for the step to finish
+                    self.train_seconds += time.perf_counter() - t0
                     if not math.isfinite(m["loss"]):
                         raise FloatingPointError(
                             f"the loss became {m['loss']} at step {self.step}; "

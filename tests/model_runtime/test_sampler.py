@@ -231,3 +231,19 @@ def test_invalid_sampling_parameters_are_named():
     with pytest.raises(ParamError, match="bogus: unknown sampling parameter"):
         SamplingParams.from_dict({"bogus": 1})
     assert SamplingParams().effective_top_k == 50 and SamplingParams(top_k=0).effective_top_k == 0
+
+
+@pytest.mark.parametrize("extra", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 4}, {"alg": "origin", "seed": 2}])
+def test_fused_loop_gives_the_streamed_result(runtime, extra):
+    """The one-program loop (no per-step host sync) and the per-step path produce the same canvases."""
+    rt = runtime
+    prompts = [rt.tokenizer.encode("def f(x):"), rt.tokenizer.encode("import re")]
+    params = SamplingParams(max_new_tokens=16, steps=8, **extra)
+    streamed = list(rt.generate(prompts, params, chat=False))
+    fused = list(rt.generate(prompts, params, chat=False, stream=False))
+    assert len(fused) == 1 and len(streamed) == 9
+    assert fused[0].sequences == streamed[-1].sequences
+    # Another step count in the same schedule bucket reuses the fused program.
+    before = len(rt._programs)
+    list(rt.generate(prompts, SamplingParams(max_new_tokens=16, steps=12, **extra), chat=False, stream=False))
+    assert len(rt._programs) == before

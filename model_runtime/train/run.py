@@ -1,0 +1,308 @@
+"""One training run end to end: tokenizer -> corpus -> train (resumable) -> evaluate -> export.
+
+A run lives in one directory; every stage is skipped when its output is already there, so running the
+same command again after a crash (or after it finished) resumes instead of starting over::
+
+    RUN/tokenizer/      tokenizer files (trained here for a from-scratch model, copied with --init-from)
+    RUN/corpus/         memory-mapped token shards and the held-out split (corpus.py)
+    RUN/run.json        the model config and TrainConfig; a resumed run must ask for the same
+    RUN/checkpoints/    orbax checkpoints of the full training state
+    RUN/metrics.jsonl   one line per logged step and per periodic evaluation
+    RUN/model/          the exported model in the published layout, with metrics.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from model_runtime.config import DreamConfig
+from model_runtime.errors import InputError
+from model_runtime.tiny import tiny_config
+from model_runtime.tokenizer import DreamTokenizer, load_tokenizer, save_published_layout, train_bpe
+from model_runtime.train import corpus as corpus_lib
+from model_runtime.train.evaluate import build_eval_set, evaluate
+from model_runtime.train.export import export_model
+from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer, init_params, run_config_dict
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of a from-scratch model (ignored with ``init_from``)."""
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    suffixes: tuple[str, ...] = corpus_lib.DEFAULT_SUFFIXES
+    excludes: tuple[str, ...] = corpus_lib.DEFAULT_EXCLUDES
+    max_file_bytes: int = corpus_lib.DEFAULT_MAX_FILE_BYTES
+    heldout_permille: int = 20
+
+
+@dataclass
+class RunOptions:
+    """Evaluation and export settings, and where messages go."""
+
+    eval_windows: int = 256
+    eval_infill_cases: int = 256
+    periodic_eval_windows: int = 32
+    periodic_eval_infill_cases: int = 32
+    export_dtype: str = "bfloat16"
+    log: Callable[[str], None] = print
+    loop: LoopOptions = field(default_factory=LoopOptions)
+
+
+def prepare_tokenizer(
+    run_dir: Path, source: Path, copts: CorpusOptions, *, shape: ModelShape, init_from: Path | None
+) -> tuple[Path, list[tuple[str, str]], list[tuple[str, str]]]:
+    """RUN/tokenizer (trained or copied) and the split sources; the split is only read if needed."""
+    tok_dir = run_dir / "tokenizer"
+    files = corpus_lib.find_source_files(
+        source, suffixes=copts.suffixes, excludes=copts.excludes, max_file_bytes=copts.max_file_bytes
+    )
+    if not files:
+        raise InputError(f"no {'/'.join(copts.suffixes)} files under {source}")
+    sources = list(corpus_lib.read_sources(source, files))
+    train, heldout = corpus_lib.split_sources(sources, copts.heldout_permille)
+    if not (tok_dir / "added_tokens.json").is_file():
+        tmp = run_dir / "tokenizer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if init_from is not None:
+            for name in corpus_lib.TOKENIZER_FILES:
+                if (init_from / name).is_file():
+                    shutil.copyfile(init_from / name, tmp / name)
+        else:
+            # Only the training split trains the tokenizer: held-out files stay unseen in every sense.
+            tok = train_bpe((text for _, text in train), shape.vocab_size, instruct=True)
+            save_published_layout(tok, tmp)
+        tmp.rename(tok_dir)
+    return tok_dir, train, heldout
+
+
+def _load_tok(tok_dir: Path, cfg: DreamConfig) -> DreamTokenizer:
+    return load_tokenizer(
+        tok_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
+    )
+
+
+def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
+    """config.json of a from-scratch model: DiffuCoder's keys, our sizes, the vocabulary padded to 64."""
+    probe = load_tokenizer(tok_dir, mask_id=0, pad_id=0, eos_id=0)
+    eos, mask = probe.token_to_id("<|endoftext|>"), probe.token_to_id("<|mask|>")
+    vocab = int(math.ceil(probe.vocab_size / 64) * 64)  # padded like the real 152064-row embedding
+    return tiny_config(
+        vocab,
+        eos,
+        mask,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        max_window_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        rope_theta=shape.rope_theta,
+        torch_dtype="float32",
+    )
+
+
+def train_model(
+    run_dir: str | os.PathLike,
+    source: str | os.PathLike,
+    *,
+    init_from: str | os.PathLike | None = None,
+    shape: ModelShape = ModelShape(),
+    copts: CorpusOptions = CorpusOptions(),
+    cfg: TrainConfig | None = None,
+    ropts: RunOptions | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a training run in ``run_dir`` on the source files under ``source``.
+
+    Returns the final held-out metrics, also written to ``RUN/model/metrics.json``.
+    """
+    ropts = ropts or RunOptions()
+    cfg = cfg or TrainConfig()
+    log = ropts.log
+    run_dir, source = Path(run_dir), Path(source)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = None
+    if init_from is not None:
+        from model_runtime.checkpoint import resolve_model_dir
+        from model_runtime.engine import load
+
+        init_dir = resolve_model_dir(init_from)
+        log(f"loading {init_dir} to fine-tune")
+        base = load(init_dir, dtype="float32")
+        cfg_dict = json.loads((init_dir / "config.json").read_text(encoding="utf-8"))
+    corpus_dir = run_dir / "corpus"
+    have_corpus = (corpus_dir / "meta.json").is_file() and (run_dir / "tokenizer").is_dir()
+    if have_corpus:
+        train_src = heldout_src = None
+    else:
+        log(f"reading source files under {source}")
+        tok_dir, train_src, heldout_src = prepare_tokenizer(
+            run_dir, source, copts, shape=shape, init_from=base.model_dir if base else None
+        )
+    tok_dir = run_dir / "tokenizer"
+    if base is None:
+        cfg_dict = scratch_config(tok_dir, shape)
+    model_cfg = DreamConfig.from_dict(cfg_dict)
+    tok = _load_tok(tok_dir, model_cfg)
+    tok_id = corpus_lib.tokenizer_fingerprint(tok_dir)
+    if not have_corpus:
+        log(f"tokenizing {len(train_src)} training and {len(heldout_src)} held-out files")
+        shutil.rmtree(corpus_dir, ignore_errors=True)
+        corpus_lib.build_corpus(
+            corpus_dir,
+            tok,
+            train_src,
+            heldout_src,
+            source=str(source),
+            heldout_permille=copts.heldout_permille,
+            tokenizer_id=tok_id,
+        )
+    meta = corpus_lib.load_meta(corpus_dir)
+    if meta["tokenizer"] != tok_id:
+        raise InputError(f"{corpus_dir} was tokenized with another tokenizer; delete it to rebuild")
+    shards = corpus_lib.open_shards(corpus_dir, cfg.seq_len)
+    log(
+        f"corpus: {meta['train_files']} files, {meta['train_tokens']:,} training tokens; "
+        f"{len(meta['heldout_files'])} held-out files, {meta['heldout_tokens']:,} tokens"
+    )
+
+    # A resumed run must compute the same thing: refuse silently changed settings.
+    record = run_config_dict(
+        cfg_dict, cfg, init_from=str(init_from) if init_from else None, corpus=asdict(copts)
+    )
+    record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
+    run_json = run_dir / "run.json"
+    if run_json.is_file():
+        old = json.loads(run_json.read_text(encoding="utf-8"))
+        diff = _diff(old, record)
+        if diff:
+            raise InputError(
+                f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
+                "use a new --out directory or repeat the original flags"
+            )
+    else:
+        run_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    if base is not None:
+        graphdef, params = base.graphdef, base.state
+    else:
+        graphdef, params = init_params(model_cfg, cfg.seed)
+    counts = shards.counts(model_cfg.vocab_size)
+    top_token = int(np.argmax(counts))
+    held_tokens = corpus_lib.heldout_tokens(corpus_dir)
+    held_texts = corpus_lib.heldout_texts(corpus_dir)
+
+    def eval_set(windows: int, cases: int) -> Any:
+        return build_eval_set(
+            tok,
+            held_tokens,
+            held_texts,
+            seq_len=cfg.seq_len,
+            top_token=top_token,
+            top_line=meta["most_frequent_line"],
+            max_windows=windows,
+            n_cases=cases,
+        )
+
+    loop = ropts.loop
+    if loop.eval_every and loop.evaluate is None and held_tokens.size:
+        small = eval_set(ropts.periodic_eval_windows, ropts.periodic_eval_infill_cases)
+        loop.evaluate = lambda step, p: evaluate(graphdef, p, small, tok, eps=cfg.eps)
+    trainer = Trainer(run_dir, model_cfg, cfg, shards, graphdef=graphdef, params=params, options=loop)
+    try:
+        if trainer.restore_latest():
+            log(f"resumed from the checkpoint at step {trainer.step}")
+        n_dev = len(jax.devices())
+        log(
+            f"model: {model_cfg.param_count() / 1e6:.2f}M parameters; training {cfg.steps} steps of "
+            f"{cfg.batch_size}x{cfg.seq_len} tokens on {n_dev} {jax.devices()[0].platform} device(s)"
+        )
+        trainer.run()
+        final = evaluate(
+            graphdef,
+            trainer.ema_params(),
+            eval_set(ropts.eval_windows, ropts.eval_infill_cases),
+            tok,
+            eps=cfg.eps,
+            return_samples=8,
+        )
+        trainer._log({"step": trainer.step, "final_eval": final})
+        facts = {
+            "heldout": final,
+            "weights": f"EMA of the training weights (decay {cfg.ema_decay:g})",
+            "model": {
+                "parameters": model_cfg.param_count(),
+                "hidden_size": model_cfg.hidden_size,
+                "intermediate_size": model_cfg.intermediate_size,
+                "num_hidden_layers": model_cfg.num_hidden_layers,
+                "num_attention_heads": model_cfg.num_attention_heads,
+                "num_key_value_heads": model_cfg.num_key_value_heads,
+                "vocab_size": model_cfg.vocab_size,
+            },
+            "train": asdict(cfg)
+            | {
+                "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+                "seconds": round(trainer.train_seconds, 1),
+                "init_from": str(init_from) if init_from else None,
+            },
+            "corpus": {k: meta[k] for k in ("source", "train_files", "train_tokens", "train_bytes")}
+            | {"heldout_files": len(meta["heldout_files"]), "heldout_tokens": meta["heldout_tokens"]}
+            | asdict(copts),
+            "hardware": {
+                "devices": f"{n_dev} x {jax.devices()[0].device_kind}",
+                "cpu_count": os.cpu_count(),
+                "machine": platform.machine(),
+                "python": platform.python_version(),
+                "jax": jax.__version__,
+            },
+        }
+        out = export_model(
+            run_dir / "model",
+            cfg_dict,
+            trainer.ema_params(),
+            tok_dir,
+            dtype=ropts.export_dtype,
+            extra_files={"metrics.json": facts},
+        )
+        log(f"exported to {out}")
+        return facts
+    finally:
+        trainer.close()
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: was {old!r}, now {new!r}"]
+
+
+def elapsed(since: float) -> float:
+    return time.perf_counter() - since
