@@ -9,6 +9,7 @@ timed, and also stored in JAX's persistent compilation cache.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model_runtime import compile_cache
+from model_runtime import compile_cache, fast
 from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
@@ -119,6 +120,15 @@ class Runtime:
             "step": jax.jit(_denoise_step, static_argnames=static, donate_argnames=("x",)),
             # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
             "all": jax.jit(_denoise_all, static_argnames=static, donate_argnames=("x",)),
+            # The fast decoder's two fixed-shape programs.
+            "refresh": jax.jit(
+                fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
+            ),
+            "block": jax.jit(
+                fast.block_loop,
+                static_argnames=("graphdef", "spec", "mask_id"),
+                donate_argnames=("x",),
+            ),
         }
         self.compile_seconds_total = 0.0
 
@@ -215,27 +225,45 @@ class Runtime:
                 rng,
                 *knobs,
             )  # ratios, steps, key
+        statics = dict(mask_id=self.config.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook)
+        return self._compile(key, kind, args, spec, statics)
+
+    def _compile(self, key: tuple, kind: str, args: tuple, spec: object, statics: dict) -> tuple:
+        """Lower and compile ``self._jitted[kind]`` for abstract ``args``, timed and counted."""
         requests0, hits0 = compile_cache.counters()
         t0 = time.perf_counter()
-        program = (
-            self._jitted[kind]
-            .lower(
-                self.state,
-                *args,
-                graphdef=self.graphdef,
-                spec=spec,
-                mask_id=self.config.mask_token_id,
-                logits_hook=logits_hook,
-                tokens_hook=tokens_hook,
-            )
-            .compile()
-        )
+        lowered = self._jitted[kind].lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
+        program = lowered.compile()
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()
         self._programs[key] = program
         self.compile_seconds_total += seconds
         hits = hits1 - hits0
         return program, seconds, (requests1 - requests0) - hits, hits
+
+    def _fast_programs(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list, float, int, int]:
+        """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
+        b, n = shape
+        f32, i32 = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
+        canvas = (jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_))
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        cfg = self.config
+        kv = jax.ShapeDtypeStruct((b, n, cfg.num_key_value_heads, cfg.head_dim), jnp.dtype(self.dtype))
+        caches = [(kv, kv) for _ in range(cfg.num_hidden_layers)]
+        statics = dict(mask_id=cfg.mask_token_id)
+        out, seconds, compiled, hits = [], 0.0, 0, 0
+        for kind, args in (
+            ("refresh", (*canvas, i32, rng, f32, f32)),
+            ("block", (*canvas, caches, i32, rng, f32, f32, f32, f32)),
+        ):
+            key = (kind, shape, fspec)
+            if key in self._programs:
+                out.append(self._programs[key])
+                continue
+            program, s, c, h = self._compile(key, kind, args, fspec, statics)
+            out.append(program)
+            seconds, compiled, hits = seconds + s, compiled + c, hits + h
+        return out, seconds, compiled, hits
 
     def warmup(
         self,
@@ -309,7 +337,96 @@ class Runtime:
         for r in rows:
             if r.region[1] <= r.region[0]:
                 raise InputError("a row has an empty generation region")
+        if params.decoder == "fast":
+            layouts = {(len(r.ids) - r.region[0], len(r.ids) - r.region[1]) for r in rows}
+            if len(layouts) > 1:
+                raise InputError(
+                    "the fast decoder needs every row's region in the same columns (same "
+                    "length and the same number of tokens after it); run them separately"
+                )
+            if logits_hook is not None or tokens_hook is not None:
+                raise InputError("hooks are supported by the reference decoder only")
+            return self._run_fast(list(rows), params, shape, stream)
         return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+
+    def _canvas(
+        self, rows: list[CanvasRow], shape: tuple[int, int]
+    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Right-align every row in the bucket (left padding): canvas ids, padding mask, row offsets.
+
+        Spare batch rows are all padding, with no masks, so they commit nothing.
+        """
+        b, n = shape
+        x = np.full((b, n), self.config.pad_token_id, np.int32)
+        attn = np.zeros((b, n), bool)
+        offsets = []
+        for i, r in enumerate(rows):
+            off = n - len(r.ids)
+            x[i, off:] = r.ids
+            attn[i, off:] = True
+            offsets.append(off)
+        return x, attn, offsets
+
+    def _step_event(self, rows, offsets, prev, cur, step: int, steps: int, seconds: float) -> StepEvent:
+        mask_id = self.config.mask_token_id
+        canvas, unmasked, left = [], [], []
+        for j, r in enumerate(rows):
+            lo, hi = offsets[j] + r.region[0], offsets[j] + r.region[1]
+            region = cur[j, lo:hi]
+            canvas.append(region.tolist())
+            unmasked.append(np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist())
+            left.append(int(np.sum(cur[j, offsets[j] :] == mask_id)))
+        return StepEvent(
+            step=step,
+            steps=steps,
+            canvas=canvas,
+            unmasked=unmasked,
+            seconds=seconds,
+            masks_left=left,
+            content=[cur[j, offsets[j] :].tolist() for j in range(len(rows))],
+        )
+
+    def _done(
+        self,
+        rows,
+        offsets,
+        final,
+        shape,
+        *,
+        steps: int,
+        elapsed: float,
+        compile_s: float,
+        compiled: int,
+        hits: int,
+    ) -> DoneEvent:
+        pad_id = self.config.pad_token_id
+        longest = max(len(r.ids) for r in rows)
+        sequences, generated, texts = [], [], []
+        for j, r in enumerate(rows):
+            content = final[j, offsets[j] :].tolist()
+            sequences.append([pad_id] * (longest - len(content)) + content)
+            region = content[r.region[0] : r.region[1]]
+            generated.append(region)
+            texts.append(self.tokenizer.postprocess(region, chat=r.chat))
+        new_tokens = sum(r.region[1] - r.region[0] for r in rows)
+        stats = GenerationStats(
+            steps=steps,
+            new_tokens=new_tokens,
+            batch_size=len(rows),
+            compile_seconds=compile_s,
+            generate_seconds=elapsed,
+            tokens_per_second=new_tokens / elapsed if elapsed > 0 else 0.0,
+            compiled_programs=compiled,
+            cache_hits=hits,
+            bucket=shape,
+        )
+        return DoneEvent(
+            texts=texts,
+            sequences=sequences,
+            generated=generated,
+            prompt_lengths=[r.region[0] for r in rows],
+            stats=stats,
+        )
 
     def _run(
         self,
@@ -325,20 +442,8 @@ class Runtime:
         program, compile_s, compiled, hits = self._program(
             "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios
         )
-        b, n = shape
-        mask_id, pad_id = self.config.mask_token_id, self.config.pad_token_id
-        # Right-align every row in the bucket (left padding); spare batch rows are all padding, with no
-        # masks, so they commit nothing.
-        x_host = np.full((b, n), pad_id, np.int32)
-        attn_host = np.zeros((b, n), bool)
-        offsets = []
-        for i, r in enumerate(rows):
-            off = n - len(r.ids)
-            x_host[i, off:] = r.ids
-            attn_host[i, off:] = True
-            offsets.append(off)
-        x = jnp.asarray(x_host)
-        attn = jnp.asarray(attn_host)
+        x_host, attn_host, offsets = self._canvas(rows, shape)
+        x, attn = jnp.asarray(x_host), jnp.asarray(attn_host)
         if tokens_hook is not None:
             x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
         ratios = transfer_ratios(params.steps, params.eps)
@@ -366,53 +471,88 @@ class Runtime:
                     *knobs,
                 )
                 cur = np.asarray(x)  # the one host transfer per step that streaming needs
-                seconds = time.perf_counter() - t0
-                canvas, unmasked, left = [], [], []
-                for j, r in enumerate(rows):
-                    lo, hi = offsets[j] + r.region[0], offsets[j] + r.region[1]
-                    region = cur[j, lo:hi]
-                    canvas.append(region.tolist())
-                    unmasked.append(
-                        np.flatnonzero((prev[j, lo:hi] == mask_id) & (region != mask_id)).tolist()
-                    )
-                    left.append(int(np.sum(cur[j, offsets[j] :] == mask_id)))
+                yield self._step_event(rows, offsets, prev, cur, i, params.steps, time.perf_counter() - t0)
                 prev = cur
-                yield StepEvent(
-                    step=i,
-                    steps=params.steps,
-                    canvas=canvas,
-                    unmasked=unmasked,
-                    seconds=seconds,
-                    masks_left=left,
-                    content=[cur[j, offsets[j] :].tolist() for j in range(len(rows))],
-                )
-        elapsed = time.perf_counter() - t_start
-        longest = max(len(r.ids) for r in rows)
-        sequences, generated, texts = [], [], []
-        for j, r in enumerate(rows):
-            content = prev[j, offsets[j] :].tolist()
-            sequences.append([pad_id] * (longest - len(content)) + content)
-            region = content[r.region[0] : r.region[1]]
-            generated.append(region)
-            texts.append(self.tokenizer.postprocess(region, chat=r.chat))
-        new_tokens = sum(r.region[1] - r.region[0] for r in rows)
-        stats = GenerationStats(
+        yield self._done(
+            rows,
+            offsets,
+            prev,
+            shape,
             steps=params.steps,
-            new_tokens=new_tokens,
-            batch_size=len(rows),
-            compile_seconds=compile_s,
-            generate_seconds=elapsed,
-            tokens_per_second=new_tokens / elapsed if elapsed > 0 else 0.0,
-            compiled_programs=compiled,
-            cache_hits=hits,
-            bucket=shape,
+            elapsed=time.perf_counter() - t_start,
+            compile_s=compile_s,
+            compiled=compiled,
+            hits=hits,
         )
-        yield DoneEvent(
-            texts=texts,
-            sequences=sequences,
-            generated=generated,
-            prompt_lengths=[r.region[0] for r in rows],
-            stats=stats,
+
+    def _run_fast(
+        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int], stream: bool
+    ) -> Iterator[StepEvent | DoneEvent]:
+        """The fast decoder (model_runtime.fast): one StepEvent per block, early stop at end-of-text."""
+        n = shape[1]
+        x_host, attn_host, offsets = self._canvas(rows, shape)
+        lo = offsets[0] + rows[0].region[0]  # every row's region sits in the same columns (checked in run)
+        hi = offsets[0] + rows[0].region[1]
+        size = max(1, min(params.block_length, hi - lo, n - 1))
+        fspec = fast.FastSpec(
+            sampler=dataclasses.replace(
+                SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
+            ),
+            block_length=size,
+            use_factor=params.factor is not None,
+        )
+        (refresh, block), compile_s, compiled, hits = self._fast_programs(shape, fspec)
+        x, attn = jnp.asarray(x_host), jnp.asarray(attn_host)
+        temperature, top_p, _ = _knobs(params)
+        threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
+        base_key = jax.random.key(params.seed)
+        starts = list(range(lo, hi, size))
+        stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
+        mask_id = self.config.mask_token_id
+        forwards = 0
+        prev = x_host
+        t_start = time.perf_counter()
+        for b, start in enumerate(starts):
+            t0 = time.perf_counter()
+            key = jax.random.fold_in(base_key, b)
+            x, caches = refresh(
+                self.state, x, attn, jnp.int32(start), jax.random.fold_in(key, 0), temperature, top_p
+            )
+            window = min(start, hi - size)  # the last block may be short: slide the window back, not past hi
+            x, iters = block(
+                self.state,
+                x,
+                attn,
+                caches,
+                jnp.int32(window),
+                jax.random.fold_in(key, 1),
+                temperature,
+                top_p,
+                threshold,
+                factor,
+            )
+            cur = np.array(x)  # one host sync per block: the event, and the end-of-text check
+            forwards += 1 + int(iters)
+            done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
+            if done and b < len(starts) - 1:
+                # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
+                rest = cur[:, start + size : hi]
+                rest[rest == mask_id] = self.config.pad_token_id
+            if stream:
+                yield self._step_event(rows, offsets, prev, cur, b, len(starts), time.perf_counter() - t0)
+            prev = cur
+            if done:
+                break
+        yield self._done(
+            rows,
+            offsets,
+            prev,
+            shape,
+            steps=forwards,
+            elapsed=time.perf_counter() - t_start,
+            compile_s=compile_s,
+            compiled=compiled,
+            hits=hits,
         )
 
 

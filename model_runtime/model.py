@@ -13,6 +13,8 @@ from flax import nnx
 
 from model_runtime.config import DreamConfig
 
+KV = tuple[jax.Array, jax.Array]  # one layer's keys and values, [B, L, K, E] each, after RoPE
+
 
 def shift_logits(logits: jax.Array) -> jax.Array:
     """Dream's one-position logit shift: the prediction for position i is the output at i - 1.
@@ -72,25 +74,41 @@ class Attention(nnx.Module):
         self.theta = cfg.rope_theta
         self.groups = cfg.num_groups
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KV | None = None,
+        start: jax.Array | None = None,
+    ) -> tuple[jax.Array, KV]:
+        """Attention of the ``Lq`` queries in ``x`` over ``Lk`` keys; returns (output, (k, v) of all keys).
+
+        ``mask`` is ``[B, Lq, Lk]`` (True = may attend). With ``cache`` (keys/values ``[B, Lk, K, E]`` of the
+        whole canvas, after RoPE), this block's fresh k/v are written at ``start`` and the queries attend
+        over the updated cache: the DualCache step of the fast decoder.
+        """
         b, n, _ = x.shape
         q = jnp.einsum("bld,dhe->blhe", x, self.q_kernel[...]) + self.q_bias[...]
         k = jnp.einsum("bld,dke->blke", x, self.k_kernel[...]) + self.k_bias[...]
         v = jnp.einsum("bld,dke->blke", x, self.v_kernel[...]) + self.v_bias[...]
         q, k = rope(q, positions, self.theta), rope(k, positions, self.theta)
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, start, 0, 0))
+            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, start, 0, 0))
         # GQA: query head h uses kv head h // G (repeat_kv repeats each kv head G times consecutively).
-        q = q.reshape(b, n, k.shape[2], self.groups, q.shape[-1])  # [B, L, K, G, E]
+        q = q.reshape(b, n, k.shape[2], self.groups, q.shape[-1])  # [B, Lq, K, G, E]
         scale = q.shape[-1] ** -0.5
         scores = jnp.einsum("blkge,bmke->bkglm", q, k, preferred_element_type=jnp.float32) * scale
-        # mask: [B, L, L], True = may attend. Bidirectional: no causal term anywhere.
+        # Bidirectional: no causal term anywhere, only padding.
         valid = mask[:, None, None, :, :]
         scores = jnp.where(valid, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)
         # A pad query row is fully masked; PyTorch's safe softmax gives it zeros, and so do we (instead of
         # the uniform average finfo.min would give). NaN must never reach the V mixing (spec pitfall 5).
         probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
-        out = jnp.einsum("bkglm,bmke->blkge", probs, v).reshape(b, n, -1, q.shape[-1])  # [B, L, H, E]
-        return jnp.einsum("blhe,hed->bld", out, self.o_kernel[...])
+        out = jnp.einsum("bkglm,bmke->blkge", probs, v).reshape(b, n, -1, q.shape[-1])  # [B, Lq, H, E]
+        return jnp.einsum("blhe,hed->bld", out, self.o_kernel[...]), (k, v)
 
 
 class MLP(nnx.Module):
@@ -114,9 +132,17 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.attn(self.input_layernorm(x), positions, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KV | None = None,
+        start: jax.Array | None = None,
+    ) -> tuple[jax.Array, KV]:
+        h, kv = self.attn(self.input_layernorm(x), positions, mask, cache, start)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 class DreamModel(nnx.Module):
@@ -145,15 +171,44 @@ class DreamModel(nnx.Module):
         ``attention_mask`` is the 2-D ``[B, L]`` padding mask (True = real token); it is made symmetric,
         ``m[i] & m[j]``, as in ``_sample``. ``positions`` defaults to the reference's ``tok_idx`` rule.
         """
+        hidden, _ = self.hidden(input_ids, attention_mask, positions)
+        return self.head(hidden)
+
+    def hidden(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        *,
+        caches: list[KV] | None = None,
+        start: jax.Array | None = None,
+    ) -> tuple[jax.Array, list[KV]]:
+        """Final-norm hidden states of ``input_ids`` and every layer's (k, v) over the whole canvas.
+
+        Without ``caches`` the input is the whole canvas. With ``caches`` it is a block of the canvas
+        starting at ``start``: ``attention_mask`` and ``positions`` still describe the whole canvas, the
+        block's rows are sliced out of them, and its keys/values replace the cached ones in place.
+        """
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, dtype=bool)
         attention_mask = attention_mask.astype(bool)
         if positions is None:
             positions = positions_and_mask(attention_mask)
-        mask = attention_mask[:, :, None] & attention_mask[:, None, :]  # [B, L, L]
-        x = jnp.take(self.embed[...], input_ids, axis=0)  # [B, L, D]
-        for layer in self.layers:
-            x = layer(x, positions, mask)
-        x = self.norm(x)
-        head = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-        return jnp.einsum("bld,dv->blv", x, head)
+        if caches is None:
+            query_mask, query_pos = attention_mask, positions
+        else:
+            n = input_ids.shape[1]
+            query_mask = jax.lax.dynamic_slice_in_dim(attention_mask, start, n, axis=1)
+            query_pos = jax.lax.dynamic_slice_in_dim(positions, start, n, axis=1)
+        mask = query_mask[:, :, None] & attention_mask[:, None, :]  # [B, Lq, Lk]
+        x = jnp.take(self.embed[...], input_ids, axis=0)  # [B, Lq, D]
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, query_pos, mask, None if caches is None else caches[i], start)
+            new_caches.append(kv)
+        return self.norm(x), new_caches
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """``lm_head`` (or the tied embedding) over hidden states ``[..., D]`` -> logits ``[..., V]``."""
+        weight = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return jnp.einsum("...d,dv->...v", hidden, weight)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+DECODERS = ("reference", "fast")
 
 # The published sampler inherits transformers' PretrainedConfig generation default top_k=50 when the
 # caller leaves top_k unset (dream-reference.md, note before section 1). We reproduce it; 0 disables it.
@@ -47,13 +48,18 @@ class SamplingParams:
     top_k: int | None = None
     eps: float = 1e-3
     seed: int = 0
+    # The fast decoder (DualCache, block-wise, confidence threshold); the reference decoder ignores these.
+    decoder: str = "reference"
+    block_length: int = 32
+    threshold: float = 0.9
+    factor: float | None = None  # the factor rule instead of the threshold rule
 
     def __post_init__(self) -> None:
         def check(cond: bool, name: str, msg: str) -> None:
             if not cond:
                 raise ParamError(name, msg)
 
-        for name in ("max_new_tokens", "steps", "seed"):
+        for name in ("max_new_tokens", "steps", "seed", "block_length"):
             value = getattr(self, name)
             check(
                 isinstance(value, int) and not isinstance(value, bool),
@@ -63,6 +69,21 @@ class SamplingParams:
         check(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         check(self.alg in ALGS, "alg", f"must be one of {', '.join(ALGS)}; got {self.alg!r}")
+        check(
+            self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}"
+        )
+        check(self.block_length >= 1, "block_length", f"must be >= 1, got {self.block_length}")
+        check(
+            _is_number(self.threshold) and 0 < self.threshold <= 1,
+            "threshold",
+            f"must be in (0, 1], got {self.threshold!r}",
+        )
+        if self.factor is not None:
+            check(
+                _is_number(self.factor) and self.factor > 0,
+                "factor",
+                f"must be a number > 0, got {self.factor!r}",
+            )
         for name in ("temperature", "eps"):
             value = getattr(self, name)
             check(_is_number(value), name, f"must be a number, got {value!r}")

@@ -152,8 +152,9 @@ def _neg_entropy(probs: jax.Array) -> jax.Array:
     return jnp.sum(terms.astype(jnp.float32), axis=-1).astype(dtype)
 
 
-def _sample_top_k(logits: jax.Array, key: jax.Array, spec: SamplerSpec, top_p: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
+def _sample_top_k(
+    logits: jax.Array, key: jax.Array, spec: SamplerSpec, top_p: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """``sample_tokens`` when top-k filtering is on (the reference default, k = 50), on k values only.
 
     After top-k every other logit is ``finfo.min``, so its probability is exactly 0 and it contributes

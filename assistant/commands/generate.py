@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from model_runtime.params import ALGS, DEFAULT_TOP_K, ParamError, SamplingParams
+from model_runtime.params import ALGS, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
 
 MASK_GLYPH = "░"
 
@@ -59,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--eps", type=float, default=1e-3, help="final noise level of the schedule (default 1e-3)")
     p.add_argument("--seed", type=int, default=0)
+    add_decoder_options(p)
     p.add_argument(
         "--dtype",
         default=None,
@@ -68,6 +69,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
     p.set_defaults(func=run)
+
+
+def add_decoder_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default="reference",
+        help="reference: exact published sampler (default); fast: DualCache blocks with "
+        "confidence-threshold parallel unmasking",
+    )
+    p.add_argument("--block-length", type=int, default=32, help="fast decoder: block size (default 32)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.9,
+        help="fast decoder: commit every masked position at least this confident (default 0.9)",
+    )
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=None,
+        help="fast decoder: use the factor rule with this factor instead of the threshold",
+    )
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -85,6 +109,10 @@ def _params(args: argparse.Namespace) -> SamplingParams:
             top_k=args.top_k,
             eps=args.eps,
             seed=args.seed,
+            decoder=args.decoder,
+            block_length=args.block_length,
+            threshold=args.threshold,
+            factor=args.factor,
         )
     except ParamError as exc:
         raise UsageError(f"--{exc.field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from None

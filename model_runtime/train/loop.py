@@ -188,7 +188,7 @@ class Trainer:
         params = optax.apply_updates(state["params"], updates)
         d = ema_decay_at(step, cfg.ema_decay)
         ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, state["ema"], params)
-        metrics = dict(aux, loss=loss, grad_norm=optax.global_norm(grads), lr=schedule(cfg)(step))
+        metrics = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads), lr=schedule(cfg)(step))
         return {"params": params, "opt_state": opt_state, "ema": ema}, metrics
 
     # -- checkpoints ------------------------------------------------------------------------------

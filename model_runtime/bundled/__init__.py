@@ -1,0 +1,17 @@
+"""The bundled demo model: a small DiffuCoder-architecture model trained by ``diffu train``.
+
+It is a demonstration of the system, not DiffuCoder-7B: 3.2M parameters trained for about 45 minutes on
+two CPU cores on the Python standard library (``scripts/train_bundled.sh`` is the exact recipe; the
+held-out metrics are in ``model/metrics.json``). It ships inside the package so that ``diffu generate``,
+``chat``, ``serve`` and ``lsp`` work on a fresh clone with no download. The directory holds only data
+files in the published layout (config, safetensors, tokenizer); no Python code is read from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def bundled_model_dir() -> Path:
+    """The directory of the bundled model, loadable with ``model_runtime.load(path)``."""
+    return Path(__file__).resolve().parent / "model"

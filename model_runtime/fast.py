@@ -1,0 +1,133 @@
+"""The fast decoder: Fast-dLLM-style DualCache, block-wise decoding and confidence-threshold unmasking.
+
+The generation region is decoded in blocks of ``block_length`` positions, left to right. Per block:
+
+1. ``refresh``: one full forward over the whole canvas keeps every layer's keys/values (after RoPE; the
+   positions never move) and commits the block's first position from the output just before it.
+2. ``block_loop``: on device, until the block has no mask left: a forward of the block's positions only,
+   attending over the cached keys/values of the whole canvas, with the block's fresh keys/values written
+   into the cache (DualCache); logits are computed for the block positions only; every masked position
+   whose confidence reaches ``threshold`` is committed, and always at least the most confident one.
+
+Both programs have fixed shapes (the bucket and the block length); the in-block loop is a
+``lax.while_loop``, so a block costs one dispatch. The cache is approximate (the prompt and the rest of
+the canvas are not re-encoded while a block changes), which is why outputs can differ from the reference
+decoder; spec performance.md 2.1-2.2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model_runtime.model import KV
+from model_runtime.sampling import SamplerSpec, sample_tokens
+
+
+@dataclass(frozen=True)
+class FastSpec:
+    """Static switches of the fast decoder's programs."""
+
+    sampler: SamplerSpec  # how a proposal and its confidence are drawn (max-probability confidence)
+    block_length: int = 32
+    use_factor: bool = False  # the factor rule instead of the plain threshold
+
+
+def refresh(
+    state: nnx.State,
+    x: jax.Array,
+    attn: jax.Array,
+    start: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: FastSpec,
+    mask_id: int,
+) -> tuple[jax.Array, list[KV]]:
+    """Full forward: every layer's (k, v) for the canvas, and position ``start`` committed if masked.
+
+    Dream predicts position i from the output at i - 1, so the block's first position is the one
+    prediction a block-only forward cannot make; the refresh makes it (as Fast-dLLM does).
+    """
+    model = nnx.merge(graphdef, state)
+    hidden, caches = model.hidden(x, attn)  # [B, L, D]
+    before = jax.lax.dynamic_slice_in_dim(hidden, start - 1, 1, axis=1)  # [B, 1, D]
+    _, x0 = sample_tokens(
+        no_mask(model.head(before), mask_id), key, spec.sampler, temperature, top_p
+    )  # [B, 1]
+    first = jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)
+    x = jax.lax.dynamic_update_slice_in_dim(x, jnp.where(first == mask_id, x0, first), start, axis=1)
+    return x, caches
+
+
+def no_mask(logits: jax.Array, mask_id: int) -> jax.Array:
+    """Never propose ``<|mask|>`` itself: committing it would leave the position masked and stall the
+    block loop (dInfer excludes it the same way). The reference decoder keeps the reference's behaviour."""
+    return logits.at[..., mask_id].set(jnp.finfo(logits.dtype).min)
+
+
+def commit_mask(
+    confidence: jax.Array, threshold: jax.Array, factor: jax.Array, use_factor: bool
+) -> jax.Array:
+    """Which positions to commit, branch-free; ``confidence`` is ``-inf`` where nothing may be committed.
+
+    Threshold rule (dInfer): commit ``conf >= min(max(conf) - 1e-5, threshold)``, which always includes
+    the row's most confident position. Factor rule (Fast-dLLM): with confidences sorted descending,
+    commit the longest prefix where ``c_(i) >= 1 - factor / (i + 1)``, at least one.
+    """
+    if use_factor:
+        ranked = -jnp.sort(-confidence, axis=-1)  # [B, N], descending
+        i = jnp.arange(1, ranked.shape[-1] + 1, dtype=jnp.float32)
+        ok = ranked >= 1.0 - factor / (i + 1.0)
+        n = jnp.maximum(jnp.sum(jnp.cumprod(ok, axis=-1), axis=-1), 1)  # [B]
+        thr = jnp.take_along_axis(ranked, (n - 1)[:, None], axis=-1)
+    else:
+        thr = jnp.minimum(jnp.max(confidence, axis=-1, keepdims=True) - 1e-5, threshold)
+    return (confidence >= thr) & (confidence > -jnp.inf)
+
+
+def block_loop(
+    state: nnx.State,
+    x: jax.Array,
+    attn: jax.Array,
+    caches: list[KV],
+    window: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    threshold: jax.Array,
+    factor: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: FastSpec,
+    mask_id: int,
+) -> tuple[jax.Array, jax.Array]:
+    """Decode the ``block_length`` positions from ``window`` until none is masked; returns (x, forwards)."""
+    model = nnx.merge(graphdef, state)
+    size = spec.block_length
+    block = jax.lax.dynamic_slice_in_dim(x, window, size, axis=1)  # [B, N]
+
+    def cond(carry: tuple) -> jax.Array:
+        block, _, it = carry
+        return jnp.any(block == mask_id) & (it < size)
+
+    def body(carry: tuple) -> tuple:
+        block, caches, it = carry
+        hidden, caches = model.hidden(block, attn, caches=caches, start=window)  # [B, N, D]
+        # Shift inside the block: position j is predicted by output j - 1. The window's first position is
+        # never a mask here (committed by the refresh, or decoded earlier), so its own output is unused.
+        logits = no_mask(model.head(hidden), mask_id)
+        logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)  # [B, N, V]
+        conf, x0 = sample_tokens(logits, jax.random.fold_in(key, it), spec.sampler, temperature, top_p)
+        is_mask = block == mask_id
+        conf = jnp.where(is_mask, conf.astype(jnp.float32), -jnp.inf)
+        chosen = commit_mask(conf, threshold, factor, spec.use_factor) & is_mask
+        return jnp.where(chosen, x0, block), caches, it + 1
+
+    block, _, forwards = jax.lax.while_loop(cond, body, (block, caches, jnp.int32(0)))
+    return jax.lax.dynamic_update_slice_in_dim(x, block, window, axis=1), forwards

@@ -1,0 +1,267 @@
+"""``diffu train``: the objective, the corpus, a smoke run that learns, exact resume, the bundled model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from assistant.cli import main
+from model_runtime.config import DreamConfig
+from model_runtime.tiny import tiny_config
+from model_runtime.train import corpus as corpus_lib
+from model_runtime.train.objective import add_noise, diffusion_loss
+
+# A model small enough to train in seconds on two cores, big enough to learn something from 10 files.
+SMOKE_FLAGS = [
+    "--vocab-size", "512", "--hidden-size", "64", "--intermediate-size", "128", "--layers", "2",
+    "--heads", "4", "--kv-heads", "2", "--seq-len", "64", "--batch-size", "8", "--steps", "120",
+    "--lr", "1e-2", "--warmup", "10", "--checkpoint-every", "40", "--heldout-permille", "200",
+    "--eval-infill-cases", "16", "--log-every", "1", "--quiet",
+]  # fmt: skip
+
+
+# -- the objective ----------------------------------------------------------------------------------------
+
+
+def test_loss_scores_the_shifted_prediction_not_the_masked_position_itself():
+    tokens = jnp.array([[3, 1, 4, 1, 5, 2, 6, 0]])
+    batch = add_noise(jax.random.PRNGKey(0), tokens, mask_id=7, eps=0.999)  # t ~ 1: mask all but pos 0
+    assert bool(batch.masked[0, 1:].all()) and not bool(batch.masked[0, 0])
+    onehot = jax.nn.one_hot(tokens, 8) * 50.0  # [B, L, V], output i is sure of token i
+    # Dream's shift: the output at i - 1 predicts token i, so the model must put token i+1 at output i.
+    shifted_right = jnp.concatenate([onehot[:, 1:], onehot[:, -1:]], axis=1)
+    loss_right, aux = diffusion_loss(shifted_right, tokens, batch)
+    loss_wrong, _ = diffusion_loss(onehot, tokens, batch)
+    assert float(loss_right) < 1e-3 and float(aux["masked_acc"]) == 1.0
+    assert float(loss_wrong) > 10.0
+
+
+def test_loss_is_one_over_t_weighted_and_normalised_by_token_count():
+    b, n, v = 4, 32, 11
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (b, n), 0, v - 1)
+    batch = add_noise(jax.random.PRNGKey(2), tokens, mask_id=v - 1)
+    loss, _ = diffusion_loss(jnp.zeros((b, n, v)), tokens, batch)  # uniform: CE = ln V everywhere
+    masked = np.asarray(batch.masked).sum(axis=1)
+    expected = np.sum(masked * math.log(v) / np.asarray(batch.t)) / (b * (n - 1))
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+def test_noise_masks_about_t_of_the_tokens_and_never_position_zero():
+    tokens = jnp.zeros((512, 128), jnp.int32)
+    batch = add_noise(jax.random.PRNGKey(3), tokens, mask_id=9)
+    frac = np.asarray(batch.masked[:, 1:].mean(axis=1))
+    assert not bool(batch.masked[:, 0].any())
+    assert np.corrcoef(frac, np.asarray(batch.t))[0, 1] > 0.97  # masked share tracks t per row
+    assert 1e-3 <= float(batch.t.min()) and float(batch.t.max()) <= 1.0
+
+
+# -- the corpus -------------------------------------------------------------------------------------------
+
+
+def test_corpus_files_split_by_path_and_skip_caches_and_non_source(source_dir):
+    files = [p.relative_to(source_dir).as_posix() for p in corpus_lib.find_source_files(source_dir)]
+    assert "__pycache__/cached.py" not in files and "notes.txt" not in files
+    assert files == sorted(files) and "pkg/heapq.py" in files
+    sources = list(corpus_lib.read_sources(source_dir, corpus_lib.find_source_files(source_dir)))
+    assert "latin1.py" not in {p for p, _ in sources}  # not UTF-8: skipped, not mangled
+    train, held = corpus_lib.split_sources(sources, 200)
+    assert {p for p, _ in train}.isdisjoint(p for p, _ in held) and len(train) + len(held) == len(sources)
+    # The split of a file depends on its path alone: adding files never moves it.
+    train2, _ = corpus_lib.split_sources(sources + [("zzz/new.py", "x = 1\n")], 200)
+    assert [p for p, _ in train2 if p != "zzz/new.py"] == [p for p, _ in train]
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(tmp_path):
+    arrays = [np.arange(1000, dtype=np.uint16), np.arange(5000, 5300, dtype=np.uint16)]
+    np.concatenate(arrays).tofile(tmp_path / "x.bin")
+    a = corpus_lib.TokenShards(arrays, 16)
+    b = corpus_lib.TokenShards([np.memmap(tmp_path / "x.bin", np.uint16, "r")[:1000], arrays[1]], 16)
+    assert np.array_equal(a.batch(0, 7, 32), b.batch(0, 7, 32))
+    assert not np.array_equal(a.batch(0, 7, 32), a.batch(0, 8, 32))
+    rows = a.batch(0, 3, 256)
+    assert np.all(np.diff(rows.astype(np.int64), axis=1) == 1)  # windows never span two shards
+
+
+# -- training through the CLI ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_run(source_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "smoke"
+    code = main(["train", str(source_dir), "--out", str(out), *SMOKE_FLAGS])
+    assert code == 0
+    return out
+
+
+def _step_losses(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_smoke_training_lowers_the_loss_and_exports_a_loadable_model(smoke_run):
+    import model_runtime
+    from model_runtime.params import DoneEvent, SamplingParams
+
+    losses = _step_losses(smoke_run)
+    assert sorted(losses) == list(range(1, 121))
+    first, last = np.mean([losses[s] for s in range(1, 11)]), np.mean([losses[s] for s in range(111, 121)])
+    assert last < first - 0.3, (first, last)
+    facts = json.loads((smoke_run / "model" / "metrics.json").read_text())
+    held = facts["heldout"]
+    vocab = json.loads((smoke_run / "model" / "config.json").read_text())["vocab_size"]
+    # An untrained model is near-uniform (CE = ln V); the trained one must be far better on unseen files.
+    assert held["ce@0.15"] < math.log(vocab) - 0.8
+    assert 0.0 <= held["infill_exact_match"] <= 1.0 and held["infill_cases"] > 0
+    # The export is the published layout, loadable like the real thing, with no Python files in it.
+    model_dir = smoke_run / "model"
+    assert not list(model_dir.glob("*.py"))
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["model_type"] == "Dream" and cfg["auto_map"]["AutoModel"] == "modeling_dream.DreamModel"
+    tok_cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tok_cfg["mask_token"] == "<|mask|>" and tok_cfg["tokenizer_class"] == "DreamTokenizer"
+    rt = model_runtime.load(model_dir, length_buckets=(32,), batch_buckets=(1,))
+    assert rt.tokenizer.token_to_id("<|mask|>") == cfg["mask_token_id"]
+    events = list(rt.infill("def f(x):\n", "\n    return y\n", 4, SamplingParams(max_new_tokens=4, steps=4)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and rt.tokenizer.mask_id not in done.sequences[0]
+
+
+def test_rerunning_a_finished_run_resumes_and_changed_settings_are_refused(smoke_run, source_dir, capsys):
+    before = (smoke_run / "model" / "metrics.json").read_text()
+    changed = [f if f != "1e-2" else "5e-3" for f in SMOKE_FLAGS]
+    assert main(["train", str(source_dir), "--out", str(smoke_run), *changed]) == 2
+    err = capsys.readouterr().err
+    assert "train.learning_rate: was 0.01, now 0.005" in err and "new --out" in err
+    assert (smoke_run / "model" / "metrics.json").read_text() == before  # nothing changed
+
+
+# -- exact resume -----------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Stands in for a hard kill: the trainer does not catch it, so nothing is saved."""
+
+
+def _trainer(run_dir: Path, corpus_dir: Path, on_step=None, checkpoint_every: int = 2):
+    from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer, init_params
+
+    cfg_dict = tiny_config(512, 0, 1, hidden_size=32, intermediate_size=64)
+    model_cfg = DreamConfig.from_dict(cfg_dict)
+    cfg = TrainConfig(steps=8, batch_size=4, seq_len=32, warmup_steps=2, learning_rate=3e-3)
+    graphdef, params = init_params(model_cfg, cfg.seed)
+    opts = LoopOptions(checkpoint_every=checkpoint_every, log_every=1, show_progress=False, on_step=on_step)
+    shards = corpus_lib.open_shards(corpus_dir, cfg.seq_len)
+    return Trainer(run_dir, model_cfg, cfg, shards, graphdef=graphdef, params=params, options=opts)
+
+
+def _recording(record: dict, stop_at: int | None = None, exc: type[BaseException] = KeyboardInterrupt):
+    def on_step(step: int, metrics: dict) -> None:
+        record[step] = metrics["loss"]
+        if step == stop_at:
+            raise exc(f"stopped at step {step}")
+
+    return on_step
+
+
+def test_killed_run_resumes_at_the_same_step_with_the_same_data_and_losses(smoke_run, tmp_path):
+    corpus_dir = smoke_run / "corpus"  # token ids < 512 fit the tiny vocabulary below
+    ref: dict[int, float] = {}
+    t = _trainer(tmp_path / "ref", corpus_dir, _recording(ref))
+    t.run()
+    ref_params = [np.asarray(x) for x in jax.tree.leaves(t.state)]
+    t.close()
+
+    # Ctrl-C / SIGTERM at step 5: the trainer checkpoints step 5 on the way out.
+    got: dict[int, float] = {}
+    t = _trainer(tmp_path / "soft", corpus_dir, _recording(got, stop_at=5))
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    t.close()
+    t = _trainer(tmp_path / "soft", corpus_dir, _recording(got))
+    assert t.restore_latest() and t.step == 5
+    t.run()
+    assert got == ref  # steps 6..8 after the resume reproduce the uninterrupted run exactly
+    assert all(
+        np.array_equal(a, np.asarray(b)) for a, b in zip(ref_params, jax.tree.leaves(t.state), strict=True)
+    )
+    t.close()
+
+    # A hard kill at step 5 loses the steps since the last periodic checkpoint (4), nothing else.
+    got = {}
+    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got, stop_at=5, exc=_Stop))
+    with pytest.raises(_Stop):
+        t.run()
+    t.close()
+    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got))
+    assert t.restore_latest() and t.step == 4
+    t.run()
+    assert got == ref
+    t.close()
+
+
+def test_sigterm_checkpoints_and_the_same_command_resumes(source_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    steps = SMOKE_FLAGS.index("--steps") + 1
+    flags = [*SMOKE_FLAGS[:steps], "200", *SMOKE_FLAGS[steps + 1 :]]
+    cmd = [sys.executable, "-m", "assistant", "train", str(source_dir), "--out", str(out), *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    metrics = out / "metrics.jsonl"
+    try:
+        start = time.monotonic()
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() - start < 120, "no training step logged in 2 minutes"
+            time.sleep(0.05)
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "run the same command to resume" in err
+    stopped = max(int(s) for s in json.loads((out / "timing.json").read_text()))
+    assert stopped >= 1 and (out / "checkpoints" / str(stopped)).is_dir()
+
+    assert main(["train", str(source_dir), "--out", str(out), *flags]) == 0
+    assert f"resumed from the checkpoint at step {stopped}" in capsys.readouterr().err
+    assert max(_step_losses(out)) == 200
+
+
+# -- the bundled model ------------------------------------------------------------------------------------
+
+
+def test_bundled_model_is_small_self_contained_and_beats_the_baseline():
+    from model_runtime.bundled import bundled_model_dir
+
+    model_dir = bundled_model_dir()
+    weights = list(model_dir.glob("*.safetensors"))
+    assert weights and sum(p.stat().st_size for p in weights) <= 20 * 2**20
+    assert not list(model_dir.rglob("*.py"))  # inside a package: nothing importable, no decoy code
+    held = json.loads((model_dir / "metrics.json").read_text())["heldout"]
+    assert held["acc@0.15"] > 2 * held["baseline_acc@0.15"]
+    assert held["infill_exact_match"] > held["infill_baseline_exact_match"] + 0.02
+
+
+def test_bundled_model_writes_python_for_a_python_prompt():
+    import model_runtime
+    from model_runtime.bundled import bundled_model_dir
+    from model_runtime.params import SamplingParams
+
+    rt = model_runtime.load(bundled_model_dir(), length_buckets=(64,), batch_buckets=(1,))
+    prompt = rt.tokenizer.encode("def fibonacci(n):\n")
+    done = list(rt.generate([prompt], SamplingParams(max_new_tokens=40, steps=40), chat=False))[-1]
+    text = "def fibonacci(n):\n" + done.texts[0]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) >= 2 and lines[1].startswith((" ", "\t")), text  # an indented function body
+    # Python-looking: the body is mostly made of Python tokens (names, keywords, operators).
+    assert any(k in text for k in ("return", "if ", "for ", "=", "(")), text
