@@ -25,6 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="generate text with the model in this process",
         description="Denoise a canvas of <|mask|> tokens after the prompt, or between --prompt and --suffix.",
     )
+    add_generation_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
+    p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
+    p.set_defaults(func=run)
+
+
+def add_generation_options(p: argparse.ArgumentParser) -> None:
+    """Model, prompt and sampling flags, shared by ``diffu generate`` and ``diffu bench generate``."""
     p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
     p.add_argument(
         "--prompt", action="append", required=True, help="prompt text; repeat it for a left-padded batch"
@@ -66,9 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("float32", "bfloat16", "float16"),
         help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
-    p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
-    p.set_defaults(func=run)
 
 
 def add_decoder_options(p: argparse.ArgumentParser) -> None:
@@ -94,7 +99,7 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _params(args: argparse.Namespace) -> SamplingParams:
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
     from assistant.cli import UsageError
 
     max_new = args.infill_tokens if args.suffix is not None and args.infill_tokens else args.max_new_tokens
@@ -123,26 +128,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.history and not args.json:
         raise UsageError("--history needs --json")
-    if args.infill_tokens is not None and args.suffix is None:
-        raise UsageError("--infill-tokens needs --suffix")
-    if args.suffix is not None and len(args.prompt) != 1:
-        raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
-    params = _params(args)
+    check_infill_args(args)
+    params = sampling_params(args)
     model = args.model or os.environ.get("DIFFU_MODEL")
 
     from model_runtime.errors import DiffuError
 
     try:
-        rt = _load(model, args.dtype)
-        if args.suffix is not None:
-            rows = [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
-        else:
-            chat = not args.raw
-            prompts = [
-                rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
-                for p in args.prompt
-            ]
-            rows = [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        rt = load_with_progress(model, args.dtype)
+        rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
         if args.json:
@@ -160,7 +154,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(model: str | None, dtype: str | None):
+def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
+    """One canvas row per --prompt (chat template unless --raw), or the infill row with --suffix."""
+    if args.suffix is not None:
+        return [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
+    chat = not args.raw
+    prompts = [
+        rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
+        for p in args.prompt
+    ]
+    return [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+
+
+def check_infill_args(args: argparse.Namespace) -> None:
+    from assistant.cli import UsageError
+
+    if args.infill_tokens is not None and args.suffix is None:
+        raise UsageError("--infill-tokens needs --suffix")
+    if args.suffix is not None and len(args.prompt) != 1:
+        raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
+
+
+def load_with_progress(model: str | None, dtype: str | None):
     """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -1,0 +1,224 @@
+"""Benchmarks of the runtime: load, compile, forward latency/throughput, generation speed, batch scaling.
+
+Every figure is a median over repeats after a warm-up call, so compile time never leaks into a speed
+figure; compile time is reported on its own. FLOP counts are analytic (matmuls and attention of one
+full-canvas forward), so "GFLOP/s" can be set against the machine's own dense matmul rate.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from model_runtime.config import DreamConfig
+from model_runtime.params import SamplingParams
+
+Tick = Callable[[str], None]
+
+
+def environment() -> dict[str, Any]:
+    """Where the figures were measured: device, software versions, processor."""
+    import flax
+
+    devices = jax.devices()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import os
+
+    return {
+        "backend": jax.default_backend(),
+        "device": f"{devices[0].device_kind} x{len(devices)}",
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def forward_flops(cfg: DreamConfig, batch: int, length: int, *, logits_rows: int | None = None) -> float:
+    """FLOPs of one forward over a ``[batch, length]`` canvas (2 per multiply-add).
+
+    Projections, MLP and ``lm_head`` (on ``logits_rows`` positions, default all) plus attention scores
+    and mixing; norms, RoPE and softmax are left out (a few percent at most).
+    """
+    d, f, h, k, e = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    )
+    tokens = batch * length
+    per_token = 2 * (d * h * e + 2 * d * k * e + h * e * d + 3 * d * f) * cfg.num_hidden_layers
+    attention = 2 * 2 * batch * length * length * h * e * cfg.num_hidden_layers
+    head = 2 * batch * (length if logits_rows is None else logits_rows) * d * cfg.vocab_size
+    return float(per_token * tokens + attention + head)
+
+
+def _median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
+    jax.block_until_ready(fn())  # warm-up (and compile, if needed)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def matmul_gflops(n: int = 2048, repeat: int = 10) -> float:
+    """The machine's dense float32 matmul rate through XLA: the ceiling for compute-bound steps."""
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    seconds, _ = _median_seconds(lambda: f(a), repeat)
+    return 2 * n**3 / seconds / 1e9
+
+
+def forward_latency(rt, batch: int, length: int, repeat: int = 5) -> dict[str, float]:
+    """Median seconds of one full forward (what each reference step costs) and its throughput."""
+    model_fn = jax.jit(lambda state, x, attn: nnx.merge(rt.graphdef, state)(x, attn))
+    x = jnp.asarray(np.random.default_rng(1).integers(0, rt.config.vocab_size, (batch, length)), jnp.int32)
+    attn = jnp.ones((batch, length), bool)
+    t0 = time.perf_counter()
+    jax.block_until_ready(model_fn(rt.state, x, attn))
+    first = time.perf_counter() - t0
+    seconds, _ = _median_seconds(lambda: model_fn(rt.state, x, attn), repeat)
+    flops = forward_flops(rt.config, batch, length)
+    return {
+        "batch": batch,
+        "length": length,
+        "compile_seconds": first - seconds,
+        "median_seconds": seconds,
+        "tokens_per_second": batch * length / seconds,
+        "gflops_per_second": flops / seconds / 1e9,
+    }
+
+
+def generation(
+    rt, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool = False, repeat: int = 3
+) -> dict[str, Any]:
+    """Median wall time of whole generations (no streaming), after one warm-up run that compiles."""
+    t0 = time.perf_counter()
+    warm = list(rt.generate(prompts, params, chat=chat, stream=False))[-1]
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        done = list(rt.generate(prompts, params, chat=chat, stream=False))[-1]
+        runs.append(time.perf_counter() - t0)
+    median = statistics.median(runs)
+    new_tokens = done.stats.new_tokens
+    out = {
+        "decoder": params.decoder,
+        "batch": len(prompts),
+        "max_new_tokens": params.max_new_tokens,
+        "steps": params.steps,
+        "forwards": done.stats.steps,
+        "bucket": list(done.stats.bucket),
+        "median_seconds": median,
+        "seconds": runs,
+        "tokens_per_second": new_tokens / median,
+        "compile_seconds": warm.stats.compile_seconds,
+        "first_run_seconds": first,
+        "seconds_per_forward": median / max(done.stats.steps, 1),
+        "generated": done.generated,
+    }
+    if params.decoder == "reference":
+        length = done.stats.bucket[1]
+        out["gflops_per_second"] = (
+            params.steps * forward_flops(rt.config, done.stats.bucket[0], length) / median / 1e9
+        )
+    return out
+
+
+def suite(
+    rt,
+    *,
+    batches: Sequence[int] = (1, 2, 4, 8),
+    lengths: Sequence[int] = (128, 256, 512),
+    generate: Sequence[tuple[int, int]] = ((128, 128),),
+    repeat: int = 3,
+    tick: Tick | None = None,
+    load_seconds: float | None = None,
+) -> dict[str, Any]:
+    """The whole benchmark: forward grid, generation for both decoders, batch scaling, matmul ceiling."""
+    tick = tick or (lambda label: None)
+    result: dict[str, Any] = {
+        "environment": environment(),
+        "model": rt.model_name,
+        "dtype": rt.dtype,
+        "config": {k: v for k, v in rt.config.to_dict().items() if isinstance(v, int | float)},
+    }
+    if load_seconds is not None:
+        result["load_seconds"] = load_seconds
+    tick("matmul ceiling")
+    result["matmul_gflops"] = matmul_gflops()
+    result["forward"] = []
+    for length in lengths:
+        for batch in batches:
+            tick(f"forward batch {batch} x {length}")
+            result["forward"].append(forward_latency(rt, batch, length, repeat))
+    prompt = rt.tokenizer.encode("def fibonacci(n):\n")
+    result["generation"] = []
+    result["compile"] = []
+    for new, steps in generate:
+        for decoder in ("reference", "fast"):
+            params = SamplingParams(max_new_tokens=new, steps=steps, decoder=decoder)
+            tick(f"generate {new} tokens / {steps} steps, {decoder} decoder")
+            g = generation(rt, [prompt], params, repeat=repeat)
+            g.pop("generated")
+            result["generation"].append(g)
+            result["compile"].append(
+                {"bucket": g["bucket"], "decoder": decoder, "seconds": g["compile_seconds"]}
+            )
+    result["batch_scaling"] = []
+    new, steps = generate[0]
+    for batch in batches:
+        tick(f"batch scaling {batch}")
+        g = generation(rt, [prompt] * batch, SamplingParams(max_new_tokens=new, steps=steps), repeat=repeat)
+        g.pop("generated")
+        result["batch_scaling"].append(g)
+    return result
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Forward throughput per canvas length and batch, and generation tokens/s per batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    lengths = sorted({f["length"] for f in result["forward"]})
+    for length in lengths:
+        rows = [f for f in result["forward"] if f["length"] == length]
+        ax1.plot(
+            [r["batch"] for r in rows],
+            [r["gflops_per_second"] for r in rows],
+            marker="o",
+            label=f"L={length}",
+        )
+    ax1.axhline(result["matmul_gflops"], color="grey", linestyle="--", label="matmul ceiling")
+    ax1.set_xlabel("batch")
+    ax1.set_ylabel("GFLOP/s (forward)")
+    ax1.legend()
+    scaling = result["batch_scaling"]
+    ax2.plot([g["batch"] for g in scaling], [g["tokens_per_second"] for g in scaling], marker="o")
+    ax2.set_xlabel("batch")
+    ax2.set_ylabel("generated tokens/s (reference decoder)")
+    fig.suptitle(f"{result['model']} on {result['environment']['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
