@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # imports (jax, textual, pygls) happen inside each command's ``func``.
 COMMAND_MODULES = (
     "assistant.commands.generate",
+    "assistant.commands.bench",
     "assistant.commands.serve",
     "assistant.commands.daemon",
     "assistant.commands.config",

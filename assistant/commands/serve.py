@@ -1,0 +1,171 @@
+"""``diffu serve``: run the daemon in the foreground (``diffu daemon start`` runs this detached).
+
+Order of events: read the config, take the model's lock, bind the socket (so ``--port 0`` can print the
+real port at once), publish the discovery file, then serve. The model loads and compiles in the engine
+thread while ``/health`` already answers 503 with progress. SIGTERM/SIGINT stop accepting connections,
+give in-flight requests ``shutdown_grace`` seconds, cancel the rest, and remove the lock and discovery file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from assistant.cli import UsageError
+
+log = logging.getLogger("diffu.serve")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``diffu serve`` and ``diffu daemon start``; unset flags leave the config alone."""
+    parser.add_argument("--model", help="checkpoint directory or hub id (config: model, env: DIFFU_MODEL)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1; anything else exposes the model)")
+    parser.add_argument("--port", type=int, help="TCP port (default 8012; 0 picks a free one and prints it)")
+    parser.add_argument("--api-key", dest="api_key",
+                        help="Bearer token clients must send (default: the token file in the config dir)")
+    parser.add_argument("--no-auth", dest="auth", action="store_const", const=False,
+                        help="accept requests without a token (any key is accepted)")
+    parser.add_argument("--dtype", help="parameter dtype, e.g. bfloat16 or float32")
+    parser.add_argument("--queue-size", dest="queue_size", type=int, help="requests waiting before 503")
+    parser.add_argument("--max-batch", dest="max_batch", type=int, help="requests per canvas batch")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_const", const=False,
+                        help="skip compiling the shape buckets at start")
+    parser.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
+
+
+FLAG_KEYS = ("model", "host", "port", "api_key", "auth", "dtype", "queue_size", "max_batch", "warmup",
+             "log_level")
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k, None) for k in FLAG_KEYS}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the diffu daemon in the foreground",
+        description="Run the diffu daemon (HTTP API over the model) in the foreground.")
+    add_server_flags(parser)
+    # Set by 'diffu daemon start' / client auto-start: where to report "listening" and run without a terminal.
+    parser.add_argument("--notify-fd", dest="notify_fd", type=int, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+
+
+def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
+    """Log to a rotating file (5 x 5 MB) and, in the foreground, to stderr too."""
+    from assistant.paths import ensure_private_dir
+
+    ensure_private_dir(log_file.parent)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.handlers.RotatingFileHandler(
+        log_file, maxBytes=5 * 1024 * 1024, backupCount=5, encoding="utf-8")]
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    root = logging.getLogger()
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("uvicorn.access").setLevel(max(level, logging.INFO))
+
+
+class _Terminated(Exception):
+    """SIGTERM, raised after uvicorn's graceful shutdown so our cleanup runs (instead of dying on SIG_DFL)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    del signum, frame
+    raise _Terminated
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (is another server using it? pass --port 0 for a free port)" if exc.errno == 98 else ""
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}{hint}") from None
+    sock.listen(512)
+    sock.set_inheritable(False)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from assistant import daemon, security
+    from assistant.config import load_config
+    from assistant.server import Daemon, make_loader
+
+    config, _ = load_config(flags_of(args))
+    if not config.model:
+        raise UsageError("no model to serve: pass --model DIR (or set model in config.toml, or DIFFU_MODEL)")
+    background = args.notify_fd is not None
+    key = daemon.model_key(config.model)
+    log_file = daemon.log_path(key)
+    setup_logging(log_file, config.log_level_number, to_stderr=not background)
+    api_key = (config.api_key or security.load_or_create_token()) if config.auth else None
+    if not security.is_loopback(config.host):
+        log.warning("binding to %s: the model is reachable from other machines%s", config.host,
+                    "" if config.auth else " WITHOUT authentication")
+    if not config.auth:
+        log.warning("authentication is off (--no-auth): any local program can use the daemon")
+
+    lock = daemon.DaemonLock(config.model)
+    lock.acquire()
+    fatal: list[str] = []
+    try:
+        sock = _bind(config.host, config.port)
+        port = sock.getsockname()[1]
+        # A wildcard bind is reached through loopback by local clients.
+        url_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(config.host) or \
+            (f"[{config.host}]" if ":" in config.host else config.host)
+        info = daemon.DaemonInfo(url=f"http://{url_host}:{port}", pid=os.getpid(), model=config.model,
+                                 key=key, host=config.host, port=port, started=time.time(),
+                                 log_file=str(log_file), auth=config.auth)
+        lock.publish(info)
+        log.info("listening on %s (model %s, pid %d)", info.url, config.model, os.getpid())
+        if background:
+            with os.fdopen(args.notify_fd, "w") as notify:
+                notify.write(json.dumps(daemon.info_dict(info)) + "\n")
+        else:
+            print(f"diffu serve: listening on {info.url} (model {config.model})", flush=True)
+
+        server: uvicorn.Server | None = None
+
+        def on_fatal(message: str) -> None:
+            fatal.append(message)
+            if server is not None:
+                server.should_exit = True  # read by uvicorn's main loop; starts the normal shutdown
+
+        state = Daemon(config, loader=make_loader(config), on_fatal=on_fatal)
+        uv_config = uvicorn.Config(state.app(api_key=api_key), lifespan="on", log_config=None,
+                                   access_log=True, server_header=False, ws="none",
+                                   timeout_graceful_shutdown=max(config.shutdown_grace, 0.1))
+        server = uvicorn.Server(uv_config)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            server.run(sockets=[sock])
+        except (_Terminated, KeyboardInterrupt):
+            log.info("stopped by signal")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            sock.close()
+    finally:
+        lock.release()
+        log.info("daemon exited; lock and discovery file removed")
+    if fatal:
+        raise UsageError(f"cannot serve {config.model}: {fatal[0]}")
+    return 0

@@ -1,0 +1,249 @@
+"""A JAX-free stand-in for ``model_runtime.Runtime``, with the same interface and event types.
+
+It drives daemon, client, TUI and LSP tests without a model: ``diffu serve --model fake:`` serves it, and
+``FakeRuntime(...)`` can be used in-process. Its "model" is deterministic: the answer for a row depends
+only on the row's prompt (and ``seed`` when ``temperature > 0``), never on the other rows of its batch,
+so batched and one-at-a-time runs give the same text, as the real runtime promises for greedy decoding.
+
+Tokens are characters: id = code point + ``FIRST_CHAR_ID``, and ids below it are special tokens.
+Denoising unmasks the canvas over ``steps`` steps in a fixed pseudo-random order (the reference's
+``origin``-style schedule: ``ceil(masks_left / steps_left)`` positions per step), and each step costs
+``step_delay`` seconds whatever the batch size, the way a step of a small batch costs about the same as
+one row on an accelerator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from model_runtime.errors import InputError, ModelError
+from model_runtime.params import DoneEvent, GenerationStats, SamplingParams, StepEvent
+
+PAD_ID, EOS_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3, 4
+FIRST_CHAR_ID = 16
+_SPECIAL = {PAD_ID: "<|endoftext|>", EOS_ID: "<|eos|>", MASK_ID: "<|mask|>", IM_START_ID: "<|im_start|>",
+            IM_END_ID: "<|im_end|>"}
+_WORDS = ("def", "return", "x", "y", "value", "items", "for", "in", "if", "None", "result", "print", "self",
+          "list", "total", "+", "=", "(", ")", ":", "0", "1")
+
+
+class FakeTokenizer:
+    """Character-level tokenizer with the special ids the runtime exposes."""
+
+    mask_id = MASK_ID
+    eos_id = EOS_ID
+    pad_id = PAD_ID
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) + FIRST_CHAR_ID for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i - FIRST_CHAR_ID) if i >= FIRST_CHAR_ID else _SPECIAL.get(i, "") for i in ids)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return [chr(i - FIRST_CHAR_ID) if i >= FIRST_CHAR_ID else _SPECIAL.get(i, "<?>") for i in ids]
+
+    def stop_ids(self, *, chat: bool) -> tuple[int, ...]:
+        return (EOS_ID, PAD_ID, IM_END_ID) if chat else (EOS_ID, PAD_ID)
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    vocab_size: int = 0x110000 + FIRST_CHAR_ID
+    max_position_embeddings: int = 512
+
+
+@dataclass(frozen=True)
+class CanvasRow:
+    """One row, as the real runtime's: token ids (prompt, masks, suffix) and the [start, end) region."""
+
+    ids: tuple[int, ...]
+    region: tuple[int, int]
+    chat: bool = False
+
+    @property
+    def canvas_tokens(self) -> int:
+        return self.region[1] - self.region[0]
+
+
+@dataclass
+class FakeRuntime:
+    """The fake runtime. Options come from ``fake:key=value,...`` model specs (see :func:`load_fake`)."""
+
+    step_delay: float = 0.0
+    load_delay: float = 0.0
+    warmup_delay: float = 0.0
+    max_context: int = 512
+    model_name: str = "fake"
+    length_buckets: tuple[int, ...] = (128, 512)
+    batch_buckets: tuple[int, ...] = (1, 4, 16)
+    dtype: str = "float32"
+    device: str = "cpu (fake runtime, no JAX)"
+
+    def __post_init__(self) -> None:
+        if self.max_context < 2:
+            raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
+        self.tokenizer = FakeTokenizer()
+        self.config = FakeConfig(max_position_embeddings=self.max_context)
+        self.runs: list[int] = []  # batch size of every run, for tests that check batching
+        lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
+        self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
+
+    # -- rows ------------------------------------------------------------------------------------------
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = []
+        for msg in messages:
+            ids += [IM_START_ID, *self.tokenizer.encode(f"{msg['role']}\n{msg['content']}"), IM_END_ID]
+        return ids + [IM_START_ID, *self.tokenizer.encode("assistant\n")]
+
+    def make_row(self, prompt_ids: list[int], max_new_tokens: int, *, chat: bool) -> CanvasRow:
+        ids = (*prompt_ids, *[MASK_ID] * max_new_tokens)
+        return CanvasRow(ids, (len(prompt_ids), len(ids)), chat)
+
+    def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow:
+        if canvas_tokens < 1:
+            raise InputError(f"canvas_tokens: must be >= 1, got {canvas_tokens}")
+        pre = self.tokenizer.encode(prefix)
+        ids = (*pre, *[MASK_ID] * canvas_tokens, *self.tokenizer.encode(suffix))
+        return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), False)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def warmup(self, params: SamplingParams, progress: Callable[[int, int, str], None] | None = None) -> None:
+        for i, (batch, length) in enumerate(self.buckets):
+            if progress:
+                progress(i, len(self.buckets), f"bucket batch={batch} length={length}")
+            time.sleep(self.warmup_delay)  # stands for compiling one program
+        if progress:
+            progress(len(self.buckets), len(self.buckets), "done")
+
+    # -- generation ------------------------------------------------------------------------------------
+    def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:
+        """The ids the fake model converges to for ``row``: words, then a stop token if they run short."""
+        context = row.ids[:row.region[0]] + row.ids[row.region[1]:]
+        digest = hashlib.sha256(repr(context).encode()).digest()
+        seed = int.from_bytes(digest[:8], "little") + (params.seed if params.temperature > 0 else 0)
+        rng = random.Random(seed)
+        # Answers end early (with a stop token) about half the time, like a model that says less.
+        n_chars = row.canvas_tokens if rng.random() < 0.5 else max(1, row.canvas_tokens * 2 // 3)
+        text = ""
+        while len(text) < n_chars:
+            text += rng.choice(_WORDS) + " "
+        ids = self.tokenizer.encode(text[:n_chars])
+        stop = IM_END_ID if row.chat else EOS_ID
+        return ids + [stop] * (row.canvas_tokens - len(ids))
+
+    def run(self, rows: list[CanvasRow], params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+        if not rows:
+            raise InputError("rows: at least one row is needed")
+        if len(rows) > max(b for b, _ in self.buckets):
+            raise InputError(f"a batch of {len(rows)} rows is larger than the largest batch bucket")
+        for i, row in enumerate(rows):
+            if len(row.ids) > self.max_context:
+                raise InputError(f"row {i}: {len(row.ids)} tokens exceed the context of {self.max_context}")
+        return self._run(rows, params)
+
+    def _run(self, rows: list[CanvasRow], params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+        self.runs.append(len(rows))
+        t0 = time.perf_counter()
+        targets = [self.answer(r, params) for r in rows]
+        canvases = [[MASK_ID] * r.canvas_tokens for r in rows]
+        orders = []
+        for r, t in zip(rows, targets, strict=True):
+            order = list(range(r.canvas_tokens))
+            random.Random(len(t) * 7919 + sum(t)).shuffle(order)
+            orders.append(order)
+        steps = params.steps
+        for step in range(steps):
+            time.sleep(self.step_delay)  # stands for one forward pass of the whole batch
+            unmasked = []
+            for canvas, target, order in zip(canvases, targets, orders, strict=True):
+                left = [p for p in order if canvas[p] == MASK_ID]
+                k = math.ceil(len(left) / (steps - step)) if left else 0
+                chosen = sorted(left[:k])
+                for p in chosen:
+                    canvas[p] = target[p]
+                unmasked.append(chosen)
+            yield StepEvent(step=step, steps=steps, canvas=[list(c) for c in canvases], unmasked=unmasked,
+                            seconds=time.perf_counter() - t0,
+                            masks_left=[c.count(MASK_ID) for c in canvases])
+        texts, new_tokens = [], 0
+        for row, canvas in zip(rows, canvases, strict=True):
+            stops = self.tokenizer.stop_ids(chat=row.chat)
+            cut = next((i for i, t in enumerate(canvas) if t in stops), len(canvas))
+            texts.append(self.tokenizer.decode(canvas[:cut]))
+            new_tokens += cut
+        seconds = time.perf_counter() - t0
+        longest = max(len(r.ids) for r in rows)
+        bucket = min(((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest),
+                     default=(len(rows), longest))
+        stats = GenerationStats(steps=steps, new_tokens=new_tokens, batch_size=len(rows), compile_seconds=0.0,
+                                generate_seconds=seconds, tokens_per_second=new_tokens / max(seconds, 1e-9),
+                                bucket=bucket)
+        sequences = [[*r.ids[:r.region[0]], *c, *r.ids[r.region[1]:]]
+                     for r, c in zip(rows, canvases, strict=True)]
+        yield DoneEvent(texts=texts, sequences=sequences, generated=canvases,
+                        prompt_lengths=[r.region[0] for r in rows], stats=stats)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 chat: bool) -> Iterator[StepEvent | DoneEvent]:
+        return self.run([self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts], params)
+
+    def infill(self, prefix: str, suffix: str, canvas_tokens: int,
+               params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+
+
+_FAKE_FIELDS = {"step_delay": float, "load_delay": float, "warmup_delay": float, "max_context": int}
+
+
+def parse_fake_spec(spec: str) -> dict[str, float | int]:
+    """Options of a ``fake:step_delay=0.01,max_context=256`` model spec; a bad one raises ModelError."""
+    options: dict[str, float | int] = {}
+    body = spec.split(":", 1)[1] if ":" in spec else ""
+    for item in filter(None, (part.strip() for part in body.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in _FAKE_FIELDS:
+            raise ModelError(f"fake model option {item!r}: expected key=value with key in "
+                             f"{', '.join(_FAKE_FIELDS)}")
+        try:
+            options[key] = _FAKE_FIELDS[key](value)
+        except ValueError:
+            raise ModelError(f"fake model option {key}: not a number: {value!r}") from None
+    return options
+
+
+def load_fake(spec: str, *, progress: Callable[[str, float], None] | None = None,
+              max_context: int | None = None, length_buckets: Sequence[int] | None = None,
+              batch_buckets: Sequence[int] | None = None) -> FakeRuntime:
+    """Build a :class:`FakeRuntime` from a ``fake:...`` spec, reporting load progress like the real one.
+
+    The keyword arguments mirror ``model_runtime.load``; options in the spec win over them.
+    """
+    options: dict[str, Any] = {}
+    if max_context is not None:
+        options["max_context"] = max_context
+    if length_buckets:
+        options["length_buckets"] = tuple(length_buckets)
+    if batch_buckets:
+        options["batch_buckets"] = tuple(batch_buckets)
+    options.update(parse_fake_spec(spec))
+    if progress:
+        progress("loading fake weights", 0.0)
+    time.sleep(float(options.get("load_delay", 0.0)))  # stands for reading a checkpoint
+    runtime = FakeRuntime(**options)
+    if progress:
+        progress("loading fake weights", 1.0)
+    return runtime
+
+
+def is_fake_spec(model: str | None) -> bool:
+    return bool(model) and (model == "fake" or model.startswith("fake:"))
+
+
+__all__ = ["CanvasRow", "FakeRuntime", "FakeTokenizer", "is_fake_spec", "load_fake"]

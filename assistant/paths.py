@@ -1,0 +1,84 @@
+"""Where diffu keeps its files: the platformdirs directories, each overridable by an environment variable.
+
+``DIFFU_CONFIG_DIR`` (config.toml, the API token), ``DIFFU_RUNTIME_DIR`` (daemon discovery files and locks)
+and ``DIFFU_LOG_DIR`` (daemon logs) win over platformdirs, which itself honours the XDG variables. Tests
+point all three at temporary directories so that they never touch the user's real state.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import platformdirs
+
+from assistant.cli import UsageError
+
+APP_NAME = "diffu"
+
+
+def _override(var: str) -> Path | None:
+    value = os.environ.get(var)
+    return Path(value).expanduser() if value else None
+
+
+def config_dir() -> Path:
+    """The user's diffu config directory (``config.toml``, ``token``)."""
+    return _override("DIFFU_CONFIG_DIR") or Path(platformdirs.user_config_dir(APP_NAME))
+
+
+def runtime_dir() -> Path:
+    """Per-user runtime state: discovery files and locks of running daemons.
+
+    platformdirs gives ``$XDG_RUNTIME_DIR/diffu`` on Linux (a tmpfs only this user can read, cleared at
+    logout), or ``/tmp/runtime-$UID/diffu`` without XDG_RUNTIME_DIR (it warns about that; we do not: the
+    fallback is fine because :func:`ensure_private_dir` checks who owns it).
+    """
+    override = _override("DIFFU_RUNTIME_DIR")
+    if override:
+        return override
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Path(platformdirs.user_runtime_dir(APP_NAME))
+
+
+def log_dir() -> Path:
+    """The daemon's log directory."""
+    return _override("DIFFU_LOG_DIR") or Path(platformdirs.user_log_dir(APP_NAME))
+
+
+def config_file() -> Path:
+    return config_dir() / "config.toml"
+
+
+def token_file() -> Path:
+    return config_dir() / "token"
+
+
+class UnsafeDirectory(UsageError, PermissionError):
+    """A diffu directory belongs to another user: trusting it would hand them our token."""
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) for this user only; returns it.
+
+    A directory someone else created first (``/tmp/runtime-$UID`` is guessable) is refused: its owner
+    could plant a discovery file pointing clients, and their token, at a server of theirs.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectory(f"{path} belongs to another user (uid {st.st_uid}); refusing to use it "
+                              "(set DIFFU_RUNTIME_DIR / DIFFU_CONFIG_DIR to a directory of yours)")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def owned_by_me(path: Path) -> bool:
+    """Whether ``path`` belongs to this user (files others planted are ignored)."""
+    try:
+        return path.stat().st_uid == os.getuid()
+    except FileNotFoundError:
+        return False

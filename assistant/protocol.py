@@ -1,0 +1,429 @@
+"""Request parsing for the daemon's three API families, into one :class:`GenSpec` the engine understands.
+
+Every check raises :class:`RequestError` with the HTTP status and a message that names the field and says
+what is wrong, so bad input gets a 4xx and changes nothing else. The native ``/v1/diffu/*`` routes are
+strict (an unknown field is an error: it is probably a typo of a sampling parameter); the OpenAI and
+llama.cpp routes ignore fields they do not know, because real clients send many optional ones, but refuse
+features we cannot honour (``n > 1``, logprobs, tools) rather than silently doing something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from model_runtime.params import ParamError, SamplingParams
+
+# Sampling fields a request may set directly: every SamplingParams field but max_new_tokens, which each
+# route names its own way (max_new_tokens / canvas_tokens / max_tokens / n_predict). Taken from the
+# dataclass, so a knob the runtime gains is served without a change here.
+_SAMPLING_TYPES = {f.name: str(f.type) for f in dataclasses.fields(SamplingParams)
+                   if f.name != "max_new_tokens"}
+SAMPLING_FIELDS = tuple(_SAMPLING_TYPES)
+MAX_STOP_STRINGS = 16
+MAX_EXTRA_CHUNKS = 256
+MAX_MESSAGES = 1024
+
+
+class RequestError(Exception):
+    """A request that cannot be served as sent; rendered as an OpenAI-style error object."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.kind = kind
+        self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class GenSpec:
+    """What to generate, independent of the API it came through."""
+
+    mode: str  # "chat" | "prompt" | "infill"
+    canvas_tokens: int
+    sampling: dict[str, Any]
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    prefix: str = ""
+    suffix: str = ""
+    extra: list[tuple[str, str]] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+    max_seconds: float | None = None
+    session: str | None = None
+    n_indent: int = 0
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
+    if not body.strip():
+        raise RequestError("the request body is empty; send a JSON object")
+    try:
+        text = body.decode("utf-8-sig")  # JSON bodies are UTF-8 (RFC 8259); tolerate a BOM
+    except UnicodeDecodeError:
+        raise RequestError("the request body is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise RequestError("malformed JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_type(data)}")
+    return data
+
+
+# -- field readers ------------------------------------------------------------------------------------
+def _type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _bad(name: str, expected: str, value: Any) -> RequestError:
+    short = isinstance(value, str | int | float | bool) and len(repr(value)) < 60
+    shown = repr(value) if short else _type(value)
+    return RequestError(f"{name}: expected {expected}, got {shown}", param=name)
+
+
+def get_int(data: dict[str, Any], name: str, default: int | None = None, *, lo: int | None = None,
+            hi: int | None = None) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(name, "an integer", value)
+    if lo is not None and value < lo:
+        raise RequestError(f"{name}: must be >= {lo}, got {value}", param=name)
+    if hi is not None and value > hi:
+        raise RequestError(f"{name}: must be <= {hi}, got {value}", param=name)
+    return value
+
+
+def get_float(data: dict[str, Any], name: str, default: float | None = None, *, lo: float | None = None,
+              hi: float | None = None) -> float | None:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise _bad(name, "a finite number", value)
+    if lo is not None and value < lo:
+        raise RequestError(f"{name}: must be >= {lo}, got {value}", param=name)
+    if hi is not None and value > hi:
+        raise RequestError(f"{name}: must be <= {hi}, got {value}", param=name)
+    return float(value)
+
+
+def get_bool(data: dict[str, Any], name: str, default: bool) -> bool:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(name, "true or false", value)
+    return value
+
+
+def get_str(data: dict[str, Any], name: str, default: str | None = None, *, required: bool = False,
+            max_len: int | None = None) -> str | None:
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise RequestError(f"{name}: required", param=name)
+        return default
+    if not isinstance(value, str):
+        raise _bad(name, "a string", value)
+    if max_len is not None and len(value) > max_len:
+        raise RequestError(f"{name}: at most {max_len} characters, got {len(value)}", param=name)
+    return value
+
+
+def reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown field for {where} (known: {', '.join(sorted(known))})",
+                           param=unknown[0])
+
+
+def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> dict[str, Any]:
+    """The sampling fields present in ``data``, type-checked by their SamplingParams annotation.
+
+    Ranges and choices (``alg``, ``eps``, ...) are SamplingParams' to check: :func:`check_sampling`
+    builds one and turns its ParamError into a 400 naming the field.
+    """
+    out: dict[str, Any] = {}
+    for name, kind in _SAMPLING_TYPES.items():
+        if data.get(name) is None:
+            continue
+        base = kind.replace(" | None", "")
+        if base == "int":
+            out[name] = get_int(data, name)
+        elif base == "float":
+            out[name] = get_float(data, name)
+        elif base == "str":
+            out[name] = get_str(data, name, max_len=100)
+        elif base == "bool":
+            out[name] = get_bool(data, name, False)
+        else:  # a kind this parser does not know yet: SamplingParams validates the raw value
+            out[name] = data[name]
+    if "seed" in out and not 0 <= out["seed"] < 2**32:
+        raise RequestError(f"seed: must be in 0..{2**32 - 1} (a 32-bit PRNG seed), got {out['seed']}",
+                           param="seed")
+    if "temperature" not in out and temperature_default is not None:
+        out["temperature"] = temperature_default
+    return out
+
+
+def check_sampling(spec: GenSpec) -> GenSpec:
+    """Validate ``spec.sampling`` as SamplingParams would (``steps`` defaults to one per canvas token)."""
+    spec.sampling.setdefault("steps", max(spec.canvas_tokens, 1))
+    try:
+        SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **spec.sampling)
+    except ParamError as exc:
+        raise RequestError(str(exc), param=exc.field) from None
+    return spec
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    """Validate chat messages: an optional leading system message, then user/assistant turns ending in user.
+
+    OpenAI's content-part arrays are accepted when every part is text; ``developer`` is OpenAI's newer
+    name for ``system``.
+    """
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages: expected a non-empty array of {role, content} objects",
+                           param="messages")
+    if len(value) > MAX_MESSAGES:
+        raise RequestError(f"messages: at most {MAX_MESSAGES} messages, got {len(value)}", param="messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise _bad(where, "an object with role and content", msg)
+        role = msg.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise RequestError(f"{where}.role: expected 'system', 'user' or 'assistant', got {role!r}",
+                               param=f"{where}.role")
+        if role == "system" and i != 0:
+            raise RequestError(f"{where}.role: a system message is only allowed first", param=f"{where}.role")
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise RequestError(f"{where}.content[{j}]: only text parts ({{type: 'text', text}}) are "
+                                       "supported", param=f"{where}.content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise _bad(f"{where}.content", "a string", content)
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] != "user":
+        raise RequestError("messages: the last message must come from the user", param="messages")
+    return out
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise _bad("stop", "a non-empty string or an array of them", value)
+    if len(value) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop")
+    return value
+
+
+def _refuse(data: dict[str, Any], name: str, ok: Any, message: str) -> None:
+    value = data.get(name)
+    if value is not None and value != ok and value is not False:
+        raise RequestError(f"{name}: {message}", param=name, code="unsupported")
+
+
+# -- native routes ------------------------------------------------------------------------------------
+_NATIVE_COMMON = {"stream", "session", "max_seconds", *SAMPLING_FIELDS}
+
+
+def _native_common(data: dict[str, Any], spec: GenSpec) -> GenSpec:
+    spec.stream = get_bool(data, "stream", True)
+    spec.session = get_str(data, "session", max_len=200)
+    spec.max_seconds = get_float(data, "max_seconds", lo=0.001)
+    return check_sampling(spec)
+
+
+def parse_native_generate(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
+    """``POST /v1/diffu/generate``: ``messages`` (chat template) or ``prompt`` (raw text), every knob."""
+    reject_unknown(data, _NATIVE_COMMON | {"messages", "prompt", "max_new_tokens"}, "/v1/diffu/generate")
+    has_messages, has_prompt = data.get("messages") is not None, data.get("prompt") is not None
+    if has_messages == has_prompt:
+        raise RequestError("give exactly one of messages (a chat) or prompt (raw text)")
+    tokens = get_int(data, "max_new_tokens", default_tokens, lo=1)
+    assert tokens is not None
+    spec = GenSpec(mode="chat" if has_messages else "prompt", canvas_tokens=tokens, sampling=_sampling(data))
+    if has_messages:
+        spec.messages = _messages(data["messages"])
+    else:
+        spec.prompt = get_str(data, "prompt")
+    return _native_common(data, spec)
+
+
+def parse_native_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
+    """``POST /v1/diffu/infill``: ``prefix``, ``suffix``, ``canvas_tokens`` (the length of the hole)."""
+    reject_unknown(data, _NATIVE_COMMON | {"prefix", "suffix", "canvas_tokens"}, "/v1/diffu/infill")
+    tokens = get_int(data, "canvas_tokens", default_tokens, lo=1)
+    assert tokens is not None
+    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data),
+                   prefix=get_str(data, "prefix", required=True) or "",
+                   suffix=get_str(data, "suffix", "") or "")
+    return _native_common(data, spec)
+
+
+# -- OpenAI routes ------------------------------------------------------------------------------------
+def _openai_common(data: dict[str, Any], spec: GenSpec) -> GenSpec:
+    _refuse(data, "n", 1, "only n=1 is supported")
+    _refuse(data, "best_of", 1, "only best_of=1 is supported")
+    _refuse(data, "logprobs", None, "logprobs are not supported by this server")
+    _refuse(data, "top_logprobs", None, "logprobs are not supported by this server")
+    _refuse(data, "echo", None, "echo is not supported by this server")
+    _refuse(data, "tools", None, "tools are not supported by this server")
+    _refuse(data, "functions", None, "function calling is not supported by this server")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if get_float(data, name, 0.0) != 0.0:
+            raise RequestError(f"{name}: penalties are not supported (a diffusion model has no token history "
+                               "to penalise); leave it 0", param=name, code="unsupported")
+    fmt = data.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise RequestError("response_format: only {\"type\": \"text\"} is supported", param="response_format",
+                           code="unsupported")
+    get_str(data, "model")  # any name is accepted (clients insist on one), but it must be a string
+    spec.stream = get_bool(data, "stream", False)
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _bad("stream_options", "an object", options)
+        spec.include_usage = get_bool(options, "include_usage", False)
+    spec.stop = _stop(data.get("stop"))
+    # A diffusion-specific time budget, like llama.cpp's t_max_predict_ms.
+    spec.max_seconds = get_float(data, "max_seconds", lo=0.001)
+    spec.session = get_str(data, "session", max_len=200)
+    return check_sampling(spec)
+
+
+def _max_tokens(data: dict[str, Any], default: int) -> int:
+    value = get_int(data, "max_completion_tokens", lo=1)
+    if value is None:
+        value = get_int(data, "max_tokens", default, lo=1)
+    assert value is not None
+    return value
+
+
+def parse_chat_completions(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
+    """``POST /v1/chat/completions``."""
+    if "messages" not in data:
+        raise RequestError("messages: required", param="messages")
+    spec = GenSpec(mode="chat", canvas_tokens=_max_tokens(data, default_tokens),
+                   sampling=_sampling(data, temperature_default=0.0), messages=_messages(data["messages"]))
+    return _openai_common(data, spec)
+
+
+def parse_completions(data: dict[str, Any], *, default_tokens: int, infill_tokens: int) -> GenSpec:
+    """``POST /v1/completions``; a ``suffix`` makes it fill-in-the-middle."""
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    suffix = get_str(data, "suffix")
+    spec = GenSpec(mode="prompt" if suffix is None else "infill",
+                   canvas_tokens=_max_tokens(data, default_tokens if suffix is None else infill_tokens),
+                   sampling=_sampling(data, temperature_default=0.0))
+    if isinstance(prompt, str):
+        spec.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in prompt):
+        if suffix is not None:
+            raise RequestError("prompt: token ids cannot be combined with suffix; send text", param="prompt")
+        spec.prompt_ids = prompt
+    elif prompt is None:
+        raise RequestError("prompt: required", param="prompt")
+    else:
+        raise _bad("prompt", "a string, an array of one string, or an array of token ids", prompt)
+    if suffix is not None:
+        spec.prefix, spec.suffix = spec.prompt or "", suffix
+    return _openai_common(data, spec)
+
+
+# -- llama.cpp /infill --------------------------------------------------------------------------------
+def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
+    """llama.cpp's ``POST /infill`` as llama.vim, llama.vscode and minuet-ai send it.
+
+    ``prompt`` is text the middle must start with (appended to the prefix); ``input_extra`` chunks
+    (``[{filename, text}]``, other files for context) go before the prefix; ``n_predict`` sizes the canvas
+    (-1 or absent: the configured default); ``t_max_predict_ms`` is the time budget. llama.cpp-only knobs
+    (cache_prompt, samplers, id_slot, ...) are accepted and ignored.
+    """
+    prefix = get_str(data, "input_prefix", "") or ""
+    suffix = get_str(data, "input_suffix", "") or ""
+    forced = get_str(data, "prompt", "") or ""
+    extra_raw = data.get("input_extra") or []
+    if not isinstance(extra_raw, list):
+        raise _bad("input_extra", "an array of {filename, text} objects", extra_raw)
+    if len(extra_raw) > MAX_EXTRA_CHUNKS:
+        raise RequestError(f"input_extra: at most {MAX_EXTRA_CHUNKS} chunks, got {len(extra_raw)}",
+                           param="input_extra")
+    extra = []
+    for i, chunk in enumerate(extra_raw):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise RequestError(f"input_extra[{i}]: expected an object with a string text",
+                               param="input_extra")
+        filename = chunk.get("filename", "")
+        if not isinstance(filename, str):
+            raise _bad(f"input_extra[{i}].filename", "a string", filename)
+        extra.append((filename, chunk["text"]))
+    n_predict = get_int(data, "n_predict", -1, lo=-1)
+    if n_predict == 0:
+        # llama.vim sends n_predict 0 to warm the KV cache of a prompt; there is no such cache here.
+        n_predict = None
+    tokens = default_tokens if n_predict in (-1, None) else n_predict
+    assert tokens is not None
+    t_max = get_int(data, "t_max_predict_ms", lo=0)
+    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data, temperature_default=0.0),
+                   prefix=prefix + forced, suffix=suffix, extra=extra, stream=get_bool(data, "stream", False),
+                   max_seconds=t_max / 1000 if t_max else None,
+                   n_indent=get_int(data, "n_indent", 0, lo=0) or 0)
+    spec.stop = _stop(data.get("stop"))
+    check_sampling(spec)
+    if n_predict is None:
+        spec.canvas_tokens = 0  # the caller answers at once with empty content
+    return spec
+
+
+# -- post-processing shared by routes -----------------------------------------------------------------
+def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """Cut ``text`` at the earliest stop string; returns (text, whether it was cut)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[:min(cuts)], True) if cuts else (text, False)
+
+
+def apply_n_indent(text: str, n_indent: int) -> tuple[str, bool]:
+    """llama.cpp's ``n_indent``: stop at a non-empty line (after the first) indented less than n_indent."""
+    if n_indent <= 0:
+        return text, False
+    lines = text.split("\n")
+    for i in range(1, len(lines)):
+        line = lines[i]
+        if line.strip() and len(line) - len(line.lstrip(" \t")) < n_indent:
+            return "\n".join(lines[:i]) + "\n", True
+    return text, False

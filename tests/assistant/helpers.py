@@ -1,0 +1,135 @@
+"""Helpers for daemon tests: isolated diffu directories and real ``diffu serve`` subprocesses.
+
+Every daemon runs with its own config/runtime/log directories (``DIFFU_*_DIR``), so tests never touch the
+user's token, discovery files or logs, and never see a daemon they did not start. Daemons are
+session-scoped where tests can share them: starting one on the tiny checkpoint costs a JAX import plus
+compiling its buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Shapes the tiny-checkpoint daemon compiles: one length bucket (the context), batches of 1, 4 and 16.
+TINY_ENV = {"DIFFU_LENGTH_BUCKETS": "128", "DIFFU_BATCH_BUCKETS": "1,4,16", "DIFFU_MAX_CONTEXT": "128"}
+
+# An even smaller model than the runtime tests' tiny one: on a 2-core CPU a denoising step of the
+# 64-wide model is compute-bound, so a batch of 16 costs nearly 16 single steps and batching could not
+# show; at this size a step is mostly fixed overhead, as it is for a real model on an accelerator.
+MICRO_MODEL = {"vocab": 300, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "num_hidden_layers": 1}
+
+
+def isolated_env(root: Path, **extra: str) -> dict[str, str]:
+    """Environment for a daemon or client confined to ``root``; no inherited DIFFU_* settings leak in."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DIFFU_") or k in ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER")}
+    env.update(DIFFU_CONFIG_DIR=str(root / "config"), DIFFU_RUNTIME_DIR=str(root / "run"),
+               DIFFU_LOG_DIR=str(root / "log"), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class DaemonProcess:
+    """A ``diffu serve`` subprocess on a free port, with its URL and token."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    root: Path
+    env: dict[str, str]
+    health_seen: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def token(self) -> str:
+        return (self.root / "config" / "token").read_text().strip()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60.0, **kwargs)  # type: ignore[arg-type]
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        """Follow /health?stream=1 until ready, recording each status seen."""
+        with httpx.stream("GET", self.url + "/health", params={"stream": "1"}, timeout=timeout) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    self.health_seen.append((200 if data["status"] == "ok" else 503, data["status"]))
+                    if data["status"] == "ok":
+                        return
+                    if data["status"] == "failed":
+                        raise RuntimeError(f"daemon failed to load: {data}")
+        raise RuntimeError("health stream ended before ready")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()  # a test daemon that ignores SIGTERM is a bug the test run should survive
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in (self.root / "log").glob("*.log"))
+
+
+def start_daemon(root: Path, model: str, *args: str, env: dict[str, str] | None = None,
+                 wait: bool = True) -> DaemonProcess:
+    """Run ``diffu serve --model MODEL --port 0 ARGS`` and return once it prints its URL (and is ready)."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = env or isolated_env(root)
+    proc = subprocess.Popen([sys.executable, "-m", "assistant.cli", "serve", "--model", model, "--port", "0",
+                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=open(root / "stderr.txt", "w"), text=True)  # noqa: SIM115
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.wait(10)
+        raise RuntimeError(f"daemon did not start: {line!r}\n{(root / 'stderr.txt').read_text()}")
+    url = line.split("listening on ", 1)[1].split()[0]
+    daemon = DaemonProcess(proc, url, root, env)
+    # The first plain /health answer, taken before anything waits: the model cannot be loaded yet.
+    response = httpx.get(url + "/health", timeout=10)
+    daemon.health_seen.append((response.status_code, response.json()["status"]))
+    if wait:
+        daemon.wait_ready()
+    return daemon
+
+
+def stop_background_daemons(root: Path) -> None:
+    """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it."""
+    from assistant.daemon import wait_exit
+
+    for path in (root / "run").glob("*.json"):
+        try:
+            pid = json.loads(path.read_text())["pid"]
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError, KeyError):
+            continue
+        wait_exit(pid, 30)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    """For tests only: wait for an outside process's state to change (nothing to subscribe to)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
