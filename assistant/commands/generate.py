@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Denoise a canvas of <|mask|> tokens after the prompt, or between --prompt and --suffix.",
     )
     add_generation_options(p)
+    p.add_argument(
+        "--daemon",
+        action="store_true",
+        help="ask the resident daemon (DIFFU_URL, the discovery file, or one started for --model) "
+        "instead of loading the model in this process",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
     p.set_defaults(func=run)
@@ -130,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--history needs --json")
     check_infill_args(args)
     params = sampling_params(args)
+    if args.daemon:
+        if args.history:
+            raise UsageError("--history is not available with --daemon (the daemon streams canvas text)")
+        return _run_daemon(args, params)
     model = args.model or os.environ.get("DIFFU_MODEL")
 
     from model_runtime.errors import DiffuError
@@ -151,6 +161,76 @@ def run(args: argparse.Namespace) -> int:
             _report_stats(done.stats)
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
+    return 0
+
+
+def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
+    """The same generation through the daemon: live canvas from its step events, then the answers."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from assistant.cli import UsageError
+    from assistant.client import APIError, Client, DaemonUnavailable, Done, stderr_progress
+    from assistant.config import ConfigError, load_config
+
+    try:
+        config = load_config({"model": args.model} if args.model else None)[0]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    knobs = {k: v for k, v in params.to_dict().items() if k != "max_new_tokens"}
+    results = []
+    console = Console()
+    try:
+        with Client(config=config, progress=stderr_progress()) as client:
+            for prompt in args.prompt:
+                if args.suffix is not None:
+                    events = client.stream_infill(
+                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, **knobs
+                    )
+                elif args.raw:
+                    events = client.stream_generate(
+                        prompt=prompt, max_new_tokens=params.max_new_tokens, **knobs
+                    )
+                else:
+                    events = client.stream_generate(
+                        messages=[{"role": "user", "content": prompt}],
+                        max_new_tokens=params.max_new_tokens,
+                        **knobs,
+                    )
+                with Live(
+                    console=console, refresh_per_second=30, transient=True, auto_refresh=not args.json
+                ) as live:
+                    for event in events:
+                        if isinstance(event, Done):
+                            results.append(event)
+                        elif not args.json:
+                            text = Text(f"step {event.step + 1}/{event.steps}\n", style="bold")
+                            canvas = Text(event.canvas)
+                            for lo, hi in event.masked:
+                                canvas.stylize("dim", lo, hi)
+                            for lo, hi in event.unmasked:
+                                canvas.stylize("bold black on bright_green", lo, hi)
+                            text.append_text(canvas)
+                            live.update(text)
+    except (DaemonUnavailable, APIError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "text": [r.text for r in results],
+                    "finish_reason": [r.finish_reason for r in results],
+                    "stats": [r.stats for r in results],
+                    "usage": [r.usage for r in results],
+                }
+            )
+        )
+    else:
+        for i, r in enumerate(results):
+            if len(results) > 1:
+                print(f"--- [{i}]")
+            print(r.text)
     return 0
 
 

@@ -1,0 +1,49 @@
+"""``diffu generate --daemon``: the CLI as a client of a running daemon."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.assistant.helpers import isolated_env
+
+
+def run(daemon, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = isolated_env(tmp_path, DIFFU_URL=daemon.url, DIFFU_API_KEY=daemon.token)
+    return subprocess.run(
+        [sys.executable, "-m", "assistant", "generate", "--daemon", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_generate_through_the_daemon(fake_daemon, tmp_path):
+    out = run(
+        fake_daemon, tmp_path, "--prompt", "hello", "--prompt", "bye", "--max-new-tokens", "8", "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["text"]) == 2 and all(isinstance(t, str) for t in data["text"])
+    assert all(r in ("stop", "length") for r in data["finish_reason"])
+    infill = run(
+        fake_daemon, tmp_path, "--raw", "--prompt", "def f(", "--suffix", "):\n", "--infill-tokens", "4"
+    )
+    assert infill.returncode == 0, infill.stderr
+
+
+def test_daemon_errors_are_one_line(fake_daemon, tmp_path):
+    bad = run(fake_daemon, tmp_path, "--prompt", "x", "--top-k", "-3")
+    assert bad.returncode == 2 and "--top-k" in bad.stderr and "Traceback" not in bad.stderr
+    env_url = "http://127.0.0.1:9"  # nothing listens on the discard port
+    env = isolated_env(tmp_path, DIFFU_URL=env_url)
+    down = subprocess.run(
+        [sys.executable, "-m", "assistant", "generate", "--daemon", "--prompt", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert down.returncode == 2 and "diffu: error:" in down.stderr and "Traceback" not in down.stderr
