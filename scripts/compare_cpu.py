@@ -170,8 +170,8 @@ def main() -> int:
         args.json.write_text(text + "\n")
     print(
         f"reference decoder {result['reference_vs_pytorch']:.2f}x PyTorch, "
-        f"{100 * result['matmul_efficiency']:.0f}% of matmul; fast {result['fast_vs_reference']:.2f}x reference; "
-        f"median of {args.repeat} runs",
+        f"{100 * result['matmul_efficiency']:.0f}% of matmul; "
+        f"fast {result['fast_vs_reference']:.2f}x reference; median of {args.repeat} runs",
         file=sys.stderr,
     )
     return 0
