@@ -116,7 +116,7 @@ class Runtime:
         devices = jax.devices()
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
         self._programs: dict[tuple, jax.stages.Compiled] = {}
-        static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook")
+        static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
         self._jitted = {
             # One denoising step per call: for streaming, where every canvas goes to the host anyway.
             "step": jax.jit(_denoise_step, static_argnames=static, donate_argnames=("x",)),
@@ -197,11 +197,12 @@ class Runtime:
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
         n_ratios: int = 0,
+        window: int = 0,
     ) -> tuple[jax.stages.Compiled, float, int, int]:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries). Returns (program, compile seconds, fresh compiles,
         persistent-cache hits); the last three are zero when the program was already in memory."""
-        key = (kind, shape, spec, logits_hook, tokens_hook, n_ratios)
+        key = (kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
         program = self._programs.get(key)
         if program is not None:
             return program, 0.0, 0, 0
@@ -227,7 +228,9 @@ class Runtime:
                 rng,
                 *knobs,
             )  # ratios, steps, key
-        statics = dict(mask_id=self.config.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook)
+        statics = dict(
+            mask_id=self.config.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook, window=window
+        )
         return self._compile(key, kind, args, spec, statics)
 
     def _compile(self, key: tuple, kind: str, args: tuple, spec: object, statics: dict) -> tuple:
@@ -285,10 +288,13 @@ class Runtime:
         for i, shape in enumerate(shapes):
             if progress:
                 progress(i, len(shapes), f"compiling batch {shape[0]} x {shape[1]} tokens")
+            # The programs plain generation of params.max_new_tokens tokens uses (see _window).
+            window = self.window_for(params.max_new_tokens, shape[1])
             if stream:
-                total += self._program("step", tuple(shape), spec)[1]
+                total += self._program("step", tuple(shape), spec, window=window)[1]
             else:
-                total += self._program("all", tuple(shape), spec, n_ratios=_ratio_bucket(params.steps))[1]
+                n_ratios = _ratio_bucket(params.steps)
+                total += self._program("all", tuple(shape), spec, n_ratios=n_ratios, window=window)[1]
         if progress:
             progress(len(shapes), len(shapes), "compiled")
         return total
@@ -350,6 +356,22 @@ class Runtime:
                 raise InputError("hooks are supported by the reference decoder only")
             return self._run_fast(list(rows), params, shape, stream)
         return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+
+    def _window(self, rows: list[CanvasRow], n: int) -> int:
+        """For plain generation (masks only in an appended region), the length bucket holding the region.
+
+        Infill rows (masks between prefix and suffix) or masks inside a prompt use the whole canvas
+        (0): their extent varies request by request, and every distinct window is another program.
+        """
+        mask_id = self.config.mask_token_id
+        if any(r.region[1] != len(r.ids) or mask_id in r.ids[: r.region[0]] for r in rows):
+            return 0
+        return self.window_for(max(r.region[1] - r.region[0] for r in rows), n)
+
+    def window_for(self, new_tokens: int, n: int) -> int:
+        """The logits window plain generation of ``new_tokens`` uses on an ``n``-token canvas (0: all)."""
+        window = _pick(self.length_buckets, new_tokens)
+        return 0 if window is None or window >= n else window
 
     def _canvas(
         self, rows: list[CanvasRow], shape: tuple[int, int]
@@ -441,8 +463,9 @@ class Runtime:
     ) -> Iterator[StepEvent | DoneEvent]:
         spec = SamplerSpec.from_params(params)
         n_ratios = 0 if stream else _ratio_bucket(params.steps)
+        window = 0 if logits_hook or tokens_hook else self._window(rows, shape[1])
         program, compile_s, compiled, hits = self._program(
-            "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios
+            "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios, window
         )
         x_host, attn_host, offsets = self._canvas(rows, shape)
         x, attn = jnp.asarray(x_host), jnp.asarray(attn_host)
@@ -589,11 +612,26 @@ def _denoise_step(
     mask_id: int,
     logits_hook: Hook | None,
     tokens_hook: Hook | None,
+    window: int = 0,
 ) -> jax.Array:
-    """One step of ``_sample`` (dream-reference.md 2.4) on a ``[B, L]`` canvas; returns the new canvas."""
+    """One step of ``_sample`` (dream-reference.md 2.4) on a ``[B, L]`` canvas; returns the new canvas.
+
+    ``window`` (static; 0 = the whole canvas) limits the logits and the sampler to the last ``window``
+    positions when the caller knows every mask lies there (plain generation: the appended region). The
+    reference computes logits for the whole canvas and then only uses masked positions, so this changes
+    no result, only the cost: ``lm_head`` and top-k over the vocabulary are a large part of a step.
+    """
     model = nnx.merge(graphdef, state)
-    mask_index = x == mask_id  # [B, L], the whole canvas: masks inside the prompt are denoised too
-    logits = shift_logits(model(x, attn))  # [B, L, V]
+    n = x.shape[1]
+    if window and window < n:
+        hidden, _ = model.hidden(x, attn)
+        # The shift: positions n - window .. n - 1 are predicted by outputs n - window - 1 .. n - 2.
+        logits = model.head(hidden[:, n - window - 1 : n - 1])  # [B, W, V]
+        head, x = x[:, : n - window], x[:, n - window :]
+    else:
+        logits = shift_logits(model(x, attn))  # [B, L, V]
+        head = None
+    mask_index = x == mask_id  # masks inside the prompt are denoised too (infill)
     if logits_hook is not None:
         logits = logits_hook(step_index, x, logits)
     k_sample, k_commit = jax.random.split(key)
@@ -605,7 +643,7 @@ def _denoise_step(
         new = commit_by_confidence(x, mask_index, x0, confidence, counts, k_commit, spec, alg_temp)
     if tokens_hook is not None:
         new = tokens_hook(step_index, new, logits)
-    return new
+    return new if head is None else jnp.concatenate([head, new], axis=1)
 
 
 def _denoise_all(
@@ -624,6 +662,7 @@ def _denoise_all(
     mask_id: int,
     logits_hook: Hook | None,
     tokens_hook: Hook | None,
+    window: int = 0,
 ) -> jax.Array:
     """All ``steps`` steps in one program; per-step keys as the streaming path, so results agree."""
 
