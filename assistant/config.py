@@ -81,6 +81,10 @@ class Config:
     """Batch sizes compiled for; concurrent requests are batched up to the largest."""
     max_context: int | None = None
     """Longest prompt + canvas in tokens; None: the model's limit (2048 for DiffuCoder)."""
+    tp: int = 1
+    """Tensor parallel: devices sharing one copy of the model (heads, MLP hidden and vocabulary split)."""
+    dp: int | None = None
+    """Data parallel replicas when ``tp`` > 1; None: every remaining device."""
     shutdown_grace: float = 10.0
     """Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled."""
     log_level: str = "info"
@@ -98,19 +102,34 @@ class Config:
         check(self.max_seconds > 0, "max_seconds", f"must be > 0, got {self.max_seconds}")
         for key in ("length_buckets", "batch_buckets"):
             values = getattr(self, key)
-            check(bool(values) and all(isinstance(v, int) and v >= 1 for v in values), key,
-                  f"must be a non-empty list of integers >= 1, got {list(values)}")
+            check(
+                bool(values) and all(isinstance(v, int) and v >= 1 for v in values),
+                key,
+                f"must be a non-empty list of integers >= 1, got {list(values)}",
+            )
         if self.max_context is not None:
             check(self.max_context >= 2, "max_context", f"must be >= 2, got {self.max_context}")
+        check(self.tp >= 1, "tp", f"must be >= 1, got {self.tp}")
+        if self.dp is not None:
+            check(self.dp >= 1, "dp", f"must be >= 1, got {self.dp}")
         check(self.shutdown_grace >= 0, "shutdown_grace", f"must be >= 0, got {self.shutdown_grace}")
-        check(self.log_level in LOG_LEVELS, "log_level",
-              f"must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}")
+        check(
+            self.log_level in LOG_LEVELS,
+            "log_level",
+            f"must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}",
+        )
         if self.api_key is not None:
-            check(bool(self.api_key.strip()) and self.api_key.isprintable() and " " not in self.api_key,
-                  "api_key", "must be a non-empty string without spaces")
+            check(
+                bool(self.api_key.strip()) and self.api_key.isprintable() and " " not in self.api_key,
+                "api_key",
+                "must be a non-empty string without spaces",
+            )
         if self.url is not None:
-            check(self.url.startswith(("http://", "https://")), "url",
-                  f"must start with http:// or https://, got {self.url!r}")
+            check(
+                self.url.startswith(("http://", "https://")),
+                "url",
+                f"must start with http:// or https://, got {self.url!r}",
+            )
 
     @property
     def log_level_number(self) -> int:
@@ -128,8 +147,17 @@ _FALSE = ("0", "false", "no", "off")
 def _field_kind(name: str) -> str:
     """The value kind of a field: 'int', 'float', 'bool', 'str', 'optstr' or 'tuple'."""
     return {
-        int: "int", float: "float", bool: "bool", str: "str", "int": "int", "float": "float", "bool": "bool",
-        "str": "str", "str | None": "optstr", "tuple[str, ...]": "tuple", "tuple[int, ...]": "ints",
+        int: "int",
+        float: "float",
+        bool: "bool",
+        str: "str",
+        "int": "int",
+        "float": "float",
+        "bool": "bool",
+        "str": "str",
+        "str | None": "optstr",
+        "tuple[str, ...]": "tuple",
+        "tuple[int, ...]": "ints",
         "int | None": "optint",
     }[FIELDS[name].type]
 
@@ -232,8 +260,9 @@ def env_values(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     return out
 
 
-def load_config(flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-                path: Path | None = None) -> tuple[Config, dict[str, str]]:
+def load_config(
+    flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None, path: Path | None = None
+) -> tuple[Config, dict[str, str]]:
     """The effective config and, per key, where its value came from (default, a file, a variable, flag).
 
     ``flags`` holds command-line values; None entries mean "not given" and do not override.

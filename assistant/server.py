@@ -59,13 +59,18 @@ def make_loader(config: Config) -> Callable[[Callable[[str, float], None]], Any]
         raise ValueError("no model configured")
 
     def load(progress: Callable[[str, float], None]) -> Any:
-        buckets = {"max_context": config.max_context, "length_buckets": config.length_buckets,
-                   "batch_buckets": config.batch_buckets}
+        buckets = {
+            "max_context": config.max_context,
+            "length_buckets": config.length_buckets,
+            "batch_buckets": config.batch_buckets,
+        }
         if is_fake_spec(model):
             return load_fake(model, progress=progress, **buckets)
         import model_runtime
 
-        return model_runtime.load(model, dtype=config.dtype, progress=progress, **buckets)
+        return model_runtime.load(
+            model, dtype=config.dtype, progress=progress, tp=config.tp, dp=config.dp, **buckets
+        )
 
     return load
 
@@ -93,8 +98,11 @@ class Pieces:
             parts.append(piece)
             pos += len(piece)
         starts.append(pos)
-        return {"canvas": "".join(parts), "unmasked": _spans(sorted(unmasked), starts),
-                "masked": _spans([k for k, t in enumerate(ids) if t == self._tok.mask_id], starts)}
+        return {
+            "canvas": "".join(parts),
+            "unmasked": _spans(sorted(unmasked), starts),
+            "masked": _spans([k for k, t in enumerate(ids) if t == self._tok.mask_id], starts),
+        }
 
 
 def _spans(positions: list[int], starts: list[int]) -> list[list[int]]:
@@ -137,17 +145,26 @@ class EventStream(StreamingResponse):
     generation waiting for its next denoising step would not write for a while, so we watch ``receive``.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], *, on_disconnect: Callable[[], None] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        *,
+        on_disconnect: Callable[[], None] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})},
+        )
         self.events = events
         self.on_disconnect = on_disconnect
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         async def pump() -> None:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
             async for chunk in self.events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -180,8 +197,14 @@ async def _wait_disconnect(receive: Any) -> None:
 class Daemon:
     """The app's state: config, engine, and the handlers."""
 
-    def __init__(self, config: Config, *, loader: Callable[[Callable[[str, float], None]], Any],
-                 on_fatal: Callable[[str], None] | None = None, warmup: bool | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        loader: Callable[[Callable[[str, float], None]], Any],
+        on_fatal: Callable[[str], None] | None = None,
+        warmup: bool | None = None,
+    ) -> None:
         self.config = config
         self.loader = loader
         self.on_fatal = on_fatal
@@ -197,8 +220,12 @@ class Daemon:
         del app
         loop = asyncio.get_running_loop()
         self.health_feed = HealthFeed(loop)
-        self.engine = Engine(self.loader, queue_size=self.config.queue_size, max_batch=self.config.max_batch,
-                             warmup_params=SamplingParams() if self.warmup else None)
+        self.engine = Engine(
+            self.loader,
+            queue_size=self.config.queue_size,
+            max_batch=self.config.max_batch,
+            warmup_params=SamplingParams() if self.warmup else None,
+        )
         self.engine.add_listener(self.health_feed.notify)
         self.engine.add_listener(self._on_status)
         self.engine.start()
@@ -220,8 +247,9 @@ class Daemon:
         assert self.engine is not None
         if not self.engine.ready:
             st = self.engine.status
-            raise NotReady(f"the model is not ready ({st.stage} {st.progress:.0%}: {st.detail})",
-                           retry_after=2)
+            raise NotReady(
+                f"the model is not ready ({st.stage} {st.progress:.0%}: {st.detail})", retry_after=2
+            )
         return self.engine.runtime
 
     def model_name(self) -> str:
@@ -243,13 +271,19 @@ class Daemon:
     def _build_job(self, rt: Any, spec: GenSpec, loop: asyncio.AbstractEventLoop) -> tuple[Job, bool]:
         # Sizes first: a row is built as a list of ids, so an absurd length must never get that far.
         if spec.canvas_tokens >= rt.max_context:
-            raise RequestError(f"{spec.canvas_tokens} tokens to generate do not fit the model's context of "
-                               f"{rt.max_context} tokens", param="max_tokens", code="context_length_exceeded")
+            raise RequestError(
+                f"{spec.canvas_tokens} tokens to generate do not fit the model's context of "
+                f"{rt.max_context} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         sampling = dict(spec.sampling)
         steps = sampling.setdefault("steps", spec.canvas_tokens)
         if steps > self.config.max_steps:
-            raise RequestError(f"steps: must be <= {self.config.max_steps} (the daemon's max_steps), "
-                               f"got {steps}", param="steps")
+            raise RequestError(
+                f"steps: must be <= {self.config.max_steps} (the daemon's max_steps), got {steps}",
+                param="steps",
+            )
         vocab = int(getattr(rt.config, "vocab_size", 0))
         if vocab and sampling.get("top_k", 0) >= vocab:
             sampling["top_k"] = 0  # keeping every token is no filtering, and lax.top_k needs k <= vocab
@@ -265,8 +299,9 @@ class Daemon:
             if spec.prompt_ids is not None:
                 bad = next((t for t in spec.prompt_ids if t < 0 or (vocab and t >= vocab)), None)
                 if bad is not None:
-                    raise RequestError(f"prompt: token id {bad} is outside the vocabulary (0..{vocab})",
-                                       param="prompt")
+                    raise RequestError(
+                        f"prompt: token id {bad} is outside the vocabulary (0..{vocab})", param="prompt"
+                    )
                 prompt_ids = list(spec.prompt_ids)
             else:
                 prompt_ids = rt.tokenizer.encode(spec.prompt or "")
@@ -281,13 +316,24 @@ class Daemon:
             raise RequestError(
                 f"the prompt ({prompt_tokens} tokens) plus the {spec.canvas_tokens} tokens to generate make "
                 f"{length}, beyond the model's context of {rt.max_context} tokens; shorten the prompt or ask "
-                "for fewer tokens", param="messages" if spec.mode == "chat" else "prompt",
-                code="context_length_exceeded")
-        job = Job(row=row, params=params, chat=spec.mode == "chat", prompt_tokens=length - spec.canvas_tokens,
-                  canvas_tokens=spec.canvas_tokens, row_length=length,
-                  max_seconds=min(spec.max_seconds or self.config.max_seconds, self.config.max_seconds),
-                  session=spec.session, kind="infill" if spec.mode == "infill" else "generate",
-                  want_steps=spec.stream, id=uuid.uuid4().hex[:20], loop=loop)
+                "for fewer tokens",
+                param="messages" if spec.mode == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        job = Job(
+            row=row,
+            params=params,
+            chat=spec.mode == "chat",
+            prompt_tokens=length - spec.canvas_tokens,
+            canvas_tokens=spec.canvas_tokens,
+            row_length=length,
+            max_seconds=min(spec.max_seconds or self.config.max_seconds, self.config.max_seconds),
+            session=spec.session,
+            kind="infill" if spec.mode == "infill" else "generate",
+            want_steps=spec.stream,
+            id=uuid.uuid4().hex[:20],
+            loop=loop,
+        )
         return job, truncated
 
     def _infill_row(self, rt: Any, spec: GenSpec) -> tuple[Any, bool]:
@@ -310,8 +356,9 @@ class Daemon:
             kept.insert(0, chunk)
         while kept:
             # Tokens can merge across chunk borders, so check the real row and drop more if needed.
-            with_context = rt.make_infill_row("".join(kept) + "<|file_sep|>\n" + spec.prefix, spec.suffix,
-                                              spec.canvas_tokens)
+            with_context = rt.make_infill_row(
+                "".join(kept) + "<|file_sep|>\n" + spec.prefix, spec.suffix, spec.canvas_tokens
+            )
             if row_length(with_context) <= rt.max_context:
                 return with_context, len(kept) < len(chunks)
             kept.pop(0)
@@ -359,8 +406,12 @@ class Daemon:
         if st.stage == READY:
             return 200, {"status": "ok", "stage": st.stage, "progress": 1.0, "model": self.model_name()}
         message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
-        return 503, {"status": st.stage, **st.to_dict(), "model": self.model_name(),
-                     "error": {"code": 503, "message": message, "type": "unavailable_error"}}
+        return 503, {
+            "status": st.stage,
+            **st.to_dict(),
+            "model": self.model_name(),
+            "error": {"code": 503, "message": message, "type": "unavailable_error"},
+        }
 
     async def health(self, request: Request) -> Response:
         """503 with stage and progress while loading or compiling, 200 when ready. No token needed."""
@@ -386,18 +437,30 @@ class Daemon:
         del request
         assert self.engine is not None
         rt = self.engine.runtime if self.engine.ready else None
-        return JSONResponse({
-            "model": self.model_name(), "model_path": self.config.model, "version": VERSION,
-            "pid": os.getpid(),
-            "device": getattr(rt, "device", None), "dtype": getattr(rt, "dtype", None),
-            "max_context": getattr(rt, "max_context", None),
-            "buckets": [list(b) for b in rt.buckets] if rt is not None else [],
-            "engine": self.engine.status.to_dict(), "queue": self.engine.queue_info(),
-            "counters": dict(self.engine.counters), "uptime_seconds": round(time.time() - self.started, 3),
-            "limits": {"max_steps": self.config.max_steps, "max_seconds": self.config.max_seconds,
-                       "max_body_bytes": self.config.max_body_bytes, "queue_size": self.config.queue_size},
-            "auth": self.config.auth,
-        })
+        return JSONResponse(
+            {
+                "model": self.model_name(),
+                "model_path": self.config.model,
+                "version": VERSION,
+                "pid": os.getpid(),
+                "device": getattr(rt, "device", None),
+                "dtype": getattr(rt, "dtype", None),
+                "max_context": getattr(rt, "max_context", None),
+                "mesh": getattr(rt, "mesh_info", None),
+                "buckets": [list(b) for b in rt.buckets] if rt is not None else [],
+                "engine": self.engine.status.to_dict(),
+                "queue": self.engine.queue_info(),
+                "counters": dict(self.engine.counters),
+                "uptime_seconds": round(time.time() - self.started, 3),
+                "limits": {
+                    "max_steps": self.config.max_steps,
+                    "max_seconds": self.config.max_seconds,
+                    "max_body_bytes": self.config.max_body_bytes,
+                    "queue_size": self.config.queue_size,
+                },
+                "auth": self.config.auth,
+            }
+        )
 
     async def cancel(self, request: Request) -> Response:
         data = protocol.parse_json(await request.body())
@@ -407,8 +470,9 @@ class Daemon:
             job_id = job_id.removeprefix(prefix)
         assert self.engine is not None
         if not self.engine.cancel(job_id, "cancelled by the client"):
-            raise RequestError(f"id: no queued or running request {job_id!r}", status=404, param="id",
-                               kind="not_found_error")
+            raise RequestError(
+                f"id: no queued or running request {job_id!r}", status=404, param="id", kind="not_found_error"
+            )
         return JSONResponse({"id": job_id, "cancelled": True})
 
     # -- routes: native --------------------------------------------------------------------------------
@@ -426,8 +490,11 @@ class Daemon:
         job, _ = await self.start_job(spec)
         headers = {"x-request-id": job.id}
         if spec.stream:
-            return EventStream(self._native_events(job), headers=headers,
-                               on_disconnect=lambda: self.cancel_job(job, "client disconnected"))
+            return EventStream(
+                self._native_events(job),
+                headers=headers,
+                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
+            )
         result = await self.wait_result(request, job)
         if result is None:
             return Response(status_code=499)
@@ -436,8 +503,13 @@ class Daemon:
         return JSONResponse(self._native_done(job, result), headers=headers)
 
     def _native_done(self, job: Job, done: JobDone) -> dict[str, Any]:
-        return {"id": job.id, "text": done.text, "finish_reason": done.finish_reason, "stats": done.stats,
-                "usage": _usage(job, done)}
+        return {
+            "id": job.id,
+            "text": done.text,
+            "finish_reason": done.finish_reason,
+            "stats": done.stats,
+            "usage": _usage(job, done),
+        }
 
     async def _native_events(self, job: Job) -> AsyncIterator[bytes]:
         assert self.engine is not None
@@ -446,8 +518,14 @@ class Daemon:
         yield sse.comment(f"queued {job.id}")  # flushes the headers so the client sees the request accepted
         async for event in job.events():
             if isinstance(event, JobStep):
-                body = {"id": job.id, "step": event.step, "steps": event.steps, "masks": event.masks_left,
-                        **self.pieces.render(event.ids, event.unmasked), "seconds": round(event.seconds, 4)}
+                body = {
+                    "id": job.id,
+                    "step": event.step,
+                    "steps": event.steps,
+                    "masks": event.masks_left,
+                    **self.pieces.render(event.ids, event.unmasked),
+                    "seconds": round(event.seconds, 4),
+                }
                 yield sse.encode(body, event="step")
             elif isinstance(event, JobDone):
                 yield sse.encode(self._native_done(job, event), event="done")
@@ -464,13 +542,24 @@ class Daemon:
         rt = self.runtime
         model_id = request.path_params["model_id"]
         if model_id not in (self.model_name(), rt.model_name):
-            raise RequestError(f"model {model_id!r} not found; this daemon serves {self.model_name()!r}",
-                               status=404, param="model", kind="not_found_error", code="model_not_found")
+            raise RequestError(
+                f"model {model_id!r} not found; this daemon serves {self.model_name()!r}",
+                status=404,
+                param="model",
+                kind="not_found_error",
+                code="model_not_found",
+            )
         return JSONResponse(self._model_entry(rt))
 
     def _model_entry(self, rt: Any) -> dict[str, Any]:
-        return {"id": self.model_name(), "object": "model", "created": int(self.started), "owned_by": "diffu",
-                "max_model_len": rt.max_context, "context_length": rt.max_context}
+        return {
+            "id": self.model_name(),
+            "object": "model",
+            "created": int(self.started),
+            "owned_by": "diffu",
+            "max_model_len": rt.max_context,
+            "context_length": rt.max_context,
+        }
 
     async def chat_completions(self, request: Request) -> Response:
         data = protocol.parse_json(await request.body())
@@ -479,8 +568,9 @@ class Daemon:
 
     async def completions(self, request: Request) -> Response:
         data = protocol.parse_json(await request.body())
-        spec = protocol.parse_completions(data, default_tokens=self.config.default_max_tokens,
-                                          infill_tokens=self.config.infill_tokens)
+        spec = protocol.parse_completions(
+            data, default_tokens=self.config.default_max_tokens, infill_tokens=self.config.infill_tokens
+        )
         return await self._openai(request, spec, chat=False)
 
     async def _openai(self, request: Request, spec: GenSpec, *, chat: bool) -> Response:
@@ -488,8 +578,11 @@ class Daemon:
         response_id = ("chatcmpl-" if chat else "cmpl-") + job.id
         headers = {"x-request-id": job.id}
         if spec.stream:
-            return EventStream(self._openai_events(job, spec, response_id, chat=chat), headers=headers,
-                               on_disconnect=lambda: self.cancel_job(job, "client disconnected"))
+            return EventStream(
+                self._openai_events(job, spec, response_id, chat=chat),
+                headers=headers,
+                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
+            )
         result = await self.wait_result(request, job)
         if result is None:
             return Response(status_code=499)
@@ -501,12 +594,21 @@ class Daemon:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice.update(text=text, logprobs=None)
-        return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": self.model_name(), "choices": [choice],
-                             "usage": _usage(job, result)}, headers=headers)
+        return JSONResponse(
+            {
+                "id": response_id,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name(),
+                "choices": [choice],
+                "usage": _usage(job, result),
+            },
+            headers=headers,
+        )
 
-    async def _openai_events(self, job: Job, spec: GenSpec, response_id: str, *,
-                             chat: bool) -> AsyncIterator[bytes]:
+    async def _openai_events(
+        self, job: Job, spec: GenSpec, response_id: str, *, chat: bool
+    ) -> AsyncIterator[bytes]:
         created, model = int(time.time()), self.model_name()
         obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -518,8 +620,13 @@ class Daemon:
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
             else:
                 choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": reason}
-            body: dict[str, Any] = {"id": response_id, "object": obj, "created": created, "model": model,
-                                    "choices": [choice]}
+            body: dict[str, Any] = {
+                "id": response_id,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
             if spec.include_usage:
                 body["usage"] = None
             return sse.encode(body)
@@ -539,8 +646,16 @@ class Daemon:
                     yield chunk(text, None)
                 yield chunk(None, reason)
                 if spec.include_usage:
-                    yield sse.encode({"id": response_id, "object": obj, "created": created, "model": model,
-                                      "choices": [], "usage": _usage(job, event)})
+                    yield sse.encode(
+                        {
+                            "id": response_id,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": _usage(job, event),
+                        }
+                    )
                 yield sse.encode("[DONE]")
 
     # -- routes: llama.cpp -----------------------------------------------------------------------------
@@ -553,20 +668,32 @@ class Daemon:
         if spec.canvas_tokens == 0:
             # llama.vim's n_predict=0 requests warm llama.cpp's prompt cache; there is nothing to warm here.
             self.runtime  # noqa: B018 - still answers 503 while loading, as llama-server does
-            body = {"content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 0,
-                    "tokens_cached": 0, "truncated": False, "model": self.model_name()}
+            body = {
+                "content": "",
+                "stop": True,
+                "stop_type": "limit",
+                "tokens_predicted": 0,
+                "tokens_cached": 0,
+                "truncated": False,
+                "model": self.model_name(),
+            }
             return JSONResponse(_select_fields(body, fields))
         job, truncated = await self.start_job(spec)
         if spec.stream:
-            return EventStream(self._llama_events(job, spec, truncated), headers={"x-request-id": job.id},
-                               on_disconnect=lambda: self.cancel_job(job, "client disconnected"))
+            return EventStream(
+                self._llama_events(job, spec, truncated),
+                headers={"x-request-id": job.id},
+                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
+            )
         result = await self.wait_result(request, job)
         if result is None:
             return Response(status_code=499)
         if isinstance(result, JobError):
             raise RequestError(result.message, status=result.status, kind=result.kind)
-        return JSONResponse(_select_fields(self._llama_body(job, result, spec, truncated), fields),
-                            headers={"x-request-id": job.id})
+        return JSONResponse(
+            _select_fields(self._llama_body(job, result, spec, truncated), fields),
+            headers={"x-request-id": job.id},
+        )
 
     def _llama_body(self, job: Job, done: JobDone, spec: GenSpec, truncated: bool) -> dict[str, Any]:
         text, cut_stop = protocol.apply_stop(done.text, spec.stop)
@@ -574,13 +701,26 @@ class Daemon:
         stop_type = "word" if cut_stop else "limit" if cut_indent or done.finish_reason != "stop" else "eos"
         gen_ms = float(done.stats.get("generate_seconds", 0.0)) * 1000
         return {
-            "index": 0, "content": text, "id_slot": 0, "stop": True, "model": self.model_name(),
-            "tokens_predicted": done.new_tokens, "tokens_evaluated": job.prompt_tokens, "tokens_cached": 0,
-            "truncated": truncated, "stop_type": stop_type, "stopping_word": "", "has_new_line": "\n" in text,
+            "index": 0,
+            "content": text,
+            "id_slot": 0,
+            "stop": True,
+            "model": self.model_name(),
+            "tokens_predicted": done.new_tokens,
+            "tokens_evaluated": job.prompt_tokens,
+            "tokens_cached": 0,
+            "truncated": truncated,
+            "stop_type": stop_type,
+            "stopping_word": "",
+            "has_new_line": "\n" in text,
             "timings": {
                 # A diffusion model re-reads the prompt at every step; there is no separate prompt phase.
-                "prompt_n": job.prompt_tokens, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0,
-                "prompt_per_second": 0.0, "predicted_n": done.new_tokens, "predicted_ms": round(gen_ms, 3),
+                "prompt_n": job.prompt_tokens,
+                "prompt_ms": 0.0,
+                "prompt_per_token_ms": 0.0,
+                "prompt_per_second": 0.0,
+                "predicted_n": done.new_tokens,
+                "predicted_ms": round(gen_ms, 3),
                 "predicted_per_token_ms": round(gen_ms / done.new_tokens, 3) if done.new_tokens else 0.0,
                 "predicted_per_second": round(done.new_tokens / (gen_ms / 1000), 3) if gen_ms > 0 else 0.0,
                 "steps": done.steps_run,
@@ -614,18 +754,33 @@ class Daemon:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/infill", self.llama_infill, methods=["POST"]),
         ]
-        app = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={
-            RequestError: _request_error, EngineError: _engine_error, HTTPException: _http_error,
-            Exception: _internal_error})
-        return GuardMiddleware(app, api_key=api_key, check_host=is_loopback(self.config.host),
-                               allowed_hosts=self.config.allowed_hosts, cors_origins=self.config.cors_origins,
-                               max_body_bytes=self.config.max_body_bytes)
+        app = Starlette(
+            routes=routes,
+            lifespan=self.lifespan,
+            exception_handlers={
+                RequestError: _request_error,
+                EngineError: _engine_error,
+                HTTPException: _http_error,
+                Exception: _internal_error,
+            },
+        )
+        return GuardMiddleware(
+            app,
+            api_key=api_key,
+            check_host=is_loopback(self.config.host),
+            allowed_hosts=self.config.allowed_hosts,
+            cors_origins=self.config.cors_origins,
+            max_body_bytes=self.config.max_body_bytes,
+        )
 
 
 # -- helpers ------------------------------------------------------------------------------------------
 def _usage(job: Job, done: JobDone) -> dict[str, int]:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": done.new_tokens,
-            "total_tokens": job.prompt_tokens + done.new_tokens}
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": done.new_tokens,
+        "total_tokens": job.prompt_tokens + done.new_tokens,
+    }
 
 
 def _openai_text(done: JobDone, spec: GenSpec) -> tuple[str, str]:
@@ -670,12 +825,15 @@ async def _engine_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on "
-               f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"method {request.method} not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
     return JSONResponse(_error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(_error_body("internal server error (see the daemon log)", "server_error"),
-                        status_code=500)
+    return JSONResponse(
+        _error_body("internal server error (see the daemon log)", "server_error"), status_code=500
+    )

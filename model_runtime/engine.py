@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, fast
+from model_runtime import compile_cache, fast, sharding
 from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
@@ -101,8 +102,10 @@ class Runtime:
         max_context: int | None = None,
         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        mesh: Mesh | None = None,
     ) -> None:
         self.config = cfg
+        self.mesh = mesh
         self.tokenizer = tokenizer
         self.graphdef = graphdef
         self.state = state
@@ -112,16 +115,25 @@ class Runtime:
         self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
         lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
         self.length_buckets = tuple(lengths)
-        self.batch_buckets = tuple(sorted(set(batch_buckets)))
-        devices = jax.devices()
+        dp = int(mesh.shape["dp"]) if mesh is not None else 1
+        # With data parallelism every batch bucket is a multiple of dp, so each replica gets whole rows.
+        self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
+        devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
+        # Canvas arrays [B, L]: rows over dp (replicated without a mesh: one device).
+        self._rows = (
+            None if mesh is None else NamedSharding(mesh, PartitionSpec("dp" if dp > 1 else None, None))
+        )
+        self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
         self._programs: dict[tuple, jax.stages.Compiled] = {}
         static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
+        # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
+        rows_out = {} if self._rows is None else {"out_shardings": self._rows}
         self._jitted = {
             # One denoising step per call: for streaming, where every canvas goes to the host anyway.
-            "step": jax.jit(_denoise_step, static_argnames=static, donate_argnames=("x",)),
+            "step": jax.jit(_denoise_step, static_argnames=static, donate_argnames=("x",), **rows_out),
             # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
-            "all": jax.jit(_denoise_all, static_argnames=static, donate_argnames=("x",)),
+            "all": jax.jit(_denoise_all, static_argnames=static, donate_argnames=("x",), **rows_out),
             # The fast decoder's two fixed-shape programs.
             "refresh": jax.jit(
                 fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
@@ -133,6 +145,11 @@ class Runtime:
             ),
         }
         self.compile_seconds_total = 0.0
+
+    @property
+    def mesh_info(self) -> dict[str, object]:
+        """The device mesh (dp x tp, devices, processes), for status reports."""
+        return sharding.describe(self.mesh)
 
     # -- building rows --------------------------------------------------------------------------
     @property
@@ -189,6 +206,23 @@ class Runtime:
             )
         return b, _pick(self.length_buckets, length)
 
+    def _abstract(self, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.ShapeDtypeStruct:
+        """An abstract argument; on a mesh, ``[B, L]`` canvases are split over dp, the rest replicated."""
+        if self.mesh is None:
+            return jax.ShapeDtypeStruct(shape, dtype)
+        return jax.ShapeDtypeStruct(
+            shape, dtype, sharding=self._rows if len(shape) == 2 else self._replicated
+        )
+
+    def _signature(self, shape: tuple[int, int]) -> tuple:
+        """Abstract canvas, attention mask, f32/i32/bool scalars and a PRNG key for bucket ``shape``."""
+        canvas = (self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_))
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        if self.mesh is not None:
+            rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self._replicated)
+        scalar = {t: self._abstract((), t) for t in (jnp.float32, jnp.int32, jnp.bool_)}
+        return canvas, rng, scalar
+
     def _program(
         self,
         kind: str,
@@ -198,7 +232,7 @@ class Runtime:
         tokens_hook: Hook | None = None,
         n_ratios: int = 0,
         window: int = 0,
-    ) -> tuple[jax.stages.Compiled, float, int, int]:
+    ) -> tuple[Callable, float, int, int]:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries). Returns (program, compile seconds, fresh compiles,
         persistent-cache hits); the last three are zero when the program was already in memory."""
@@ -206,28 +240,14 @@ class Runtime:
         program = self._programs.get(key)
         if program is not None:
             return program, 0.0, 0, 0
-        b, n = shape
-        f32, i32 = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
-        canvas = (jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_))  # x, attn
-        rng = jax.eval_shape(lambda: jax.random.key(0))
+        canvas, rng, scalar = self._signature(shape)
+        f32, i32 = scalar[jnp.float32], scalar[jnp.int32]
         knobs = (f32, f32, f32)  # temperature, top_p, alg_temp
-        if kind == "step":  # positional, in _denoise_step's order: the program is called the same way
-            args = (
-                *canvas,
-                f32,
-                jax.ShapeDtypeStruct((), jnp.bool_),
-                rng,
-                i32,
-                *knobs,
-            )  # ratio, is_last, key, i
+        # Positional, in the functions' order: the compiled program is called the same way.
+        if kind == "step":
+            args = (*canvas, f32, scalar[jnp.bool_], rng, i32, *knobs)  # ratio, is_last, key, step index
         else:
-            args = (
-                *canvas,
-                jax.ShapeDtypeStruct((n_ratios,), jnp.float32),
-                i32,
-                rng,
-                *knobs,
-            )  # ratios, steps, key
+            args = (*canvas, self._abstract((n_ratios,), jnp.float32), i32, rng, *knobs)  # ratios, steps, key
         statics = dict(
             mask_id=self.config.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook, window=window
         )
@@ -238,9 +258,10 @@ class Runtime:
         requests0, hits0 = compile_cache.counters()
         t0 = time.perf_counter()
         lowered = self._jitted[kind].lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
-        program = lowered.compile()
+        compiled = lowered.compile()
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()
+        program = compiled if self.mesh is None else _Placed(compiled)
         self._programs[key] = program
         self.compile_seconds_total += seconds
         hits = hits1 - hits0
@@ -249,22 +270,29 @@ class Runtime:
     def _fast_programs(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list, float, int, int]:
         """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
         b, n = shape
-        f32, i32 = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
-        canvas = (jax.ShapeDtypeStruct((b, n), jnp.int32), jax.ShapeDtypeStruct((b, n), jnp.bool_))
-        rng = jax.eval_shape(lambda: jax.random.key(0))
+        canvas, rng, scalar = self._signature(shape)
+        f32, i32 = scalar[jnp.float32], scalar[jnp.int32]
         cfg = self.config
-        kv = jax.ShapeDtypeStruct((b, n, cfg.num_key_value_heads, cfg.head_dim), jnp.dtype(self.dtype))
-        caches = [(kv, kv) for _ in range(cfg.num_hidden_layers)]
         statics = dict(mask_id=cfg.mask_token_id)
         out, seconds, compiled, hits = [], 0.0, 0, 0
-        for kind, args in (
-            ("refresh", (*canvas, i32, rng, f32, f32)),
-            ("block", (*canvas, caches, i32, rng, f32, f32, f32, f32)),
-        ):
+        for kind in ("refresh", "block"):
             key = (kind, shape, fspec)
             if key in self._programs:
                 out.append(self._programs[key])
                 continue
+            if kind == "refresh":
+                args = (*canvas, i32, rng, f32, f32)
+            else:
+                # The block program takes the caches exactly as the refresh program lays them out.
+                kv_shape = (b, n, cfg.num_key_value_heads, cfg.head_dim)
+                layouts = _output_shardings(out[0])
+                caches = [
+                    tuple(
+                        jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer
+                    )
+                    for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+                ]
+                args = (*canvas, caches, i32, rng, f32, f32, f32, f32)
             program, s, c, h = self._compile(key, kind, args, fspec, statics)
             out.append(program)
             seconds, compiled, hits = seconds + s, compiled + c, hits + h
@@ -581,6 +609,24 @@ class Runtime:
         )
 
 
+class _Placed:
+    """A compiled program on a mesh: arguments are moved to the shardings it was compiled for (a no-op
+    when they already are), so host arrays and single-device scalars can be passed as they are."""
+
+    def __init__(self, compiled: jax.stages.Compiled) -> None:
+        self.compiled = compiled
+        self.shardings = compiled.input_shardings[0][1:]  # [0] positional args; state (first) is placed
+
+    def __call__(self, state: nnx.State, *args: object) -> object:
+        moved = [jax.tree.map(jax.device_put, a, s) for a, s in zip(args, self.shardings, strict=True)]
+        return self.compiled(state, *moved)
+
+
+def _output_shardings(program: object) -> object:
+    compiled = program.compiled if isinstance(program, _Placed) else program
+    return compiled.output_shardings if isinstance(program, _Placed) else None
+
+
 def _knobs(params: SamplingParams) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The traced sampling values: changing them never recompiles."""
     return (
@@ -697,13 +743,18 @@ def load(
     batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     progress: Progress | None = None,
     cache_dir: str | os.PathLike | None = None,
+    tp: int = 1,
+    dp: int | None = None,
 ) -> Runtime:
-    """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device.
+    """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device, or with ``tp``
+    (tensor parallel) / ``dp`` (data parallel) onto a device mesh.
 
     Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
-    CPU, bfloat16 on accelerators by default) and placed; no code from the model directory runs.
+    CPU, bfloat16 on accelerators by default) and placed; on a mesh each device receives only its shard
+    of a sharded weight. No code from the model directory runs.
     """
     compile_cache.enable(cache_dir)
+    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
     if model is None:
         raise ModelError(
             "no model given: pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
@@ -734,8 +785,15 @@ def load(
         node = pure
         for part in target.path[:-1]:
             node = node[part]
-        # Convert this tensor alone: layout change and dtype cast on the host, then onto the device.
-        node[target.path[-1]] = jax.device_put(np.asarray(target.convert(array), dtype=jdtype))
+        # Convert this tensor alone: layout change and dtype cast on the host, then onto the device(s).
+        converted = np.asarray(target.convert(array), dtype=jdtype)
+        if mesh is None:
+            node[target.path[-1]] = jax.device_put(converted)
+        else:
+            node[target.path[-1]] = sharding.place(
+                converted, sharding.param_sharding(target.path, converted.shape, mesh)
+            )
+        del converted
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
@@ -751,4 +809,5 @@ def load(
         max_context=max_context,
         length_buckets=length_buckets,
         batch_buckets=batch_buckets,
+        mesh=mesh,
     )

@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
+    p.add_argument("--dp", type=int, default=None, help="data parallel replicas (default: remaining devices)")
     p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8], help="batch sizes (default 1,2,4,8)")
     p.add_argument(
         "--lengths", type=_ints, default=[128, 256, 512], help="canvas lengths (default 128,256,512)"
@@ -89,7 +91,7 @@ def _load(args: argparse.Namespace):
     from assistant.commands.generate import load_with_progress
 
     t0 = time.perf_counter()
-    rt = load_with_progress(args.model or os.environ.get("DIFFU_MODEL"), args.dtype)
+    rt = load_with_progress(args.model or os.environ.get("DIFFU_MODEL"), args.dtype, tp=args.tp, dp=args.dp)
     return rt, time.perf_counter() - t0
 
 

@@ -80,6 +80,12 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         choices=("float32", "bfloat16", "float16"),
         help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)",
     )
+    p.add_argument(
+        "--tp", type=int, default=1, help="tensor parallel degree: devices per model copy (default 1)"
+    )
+    p.add_argument(
+        "--dp", type=int, default=None, help="data parallel replicas (default: the remaining devices)"
+    )
 
 
 def add_decoder_options(p: argparse.ArgumentParser) -> None:
@@ -145,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from model_runtime.errors import DiffuError
 
     try:
-        rt = load_with_progress(model, args.dtype)
+        rt = load_with_progress(model, args.dtype, tp=args.tp, dp=args.dp)
         rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
@@ -255,7 +261,7 @@ def check_infill_args(args: argparse.Namespace) -> None:
         raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
 
 
-def load_with_progress(model: str | None, dtype: str | None):
+def load_with_progress(model: str | None, dtype: str | None, *, tp: int = 1, dp: int | None = None):
     """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -277,7 +283,7 @@ def load_with_progress(model: str | None, dtype: str | None):
         def report(stage: str, fraction: float) -> None:
             progress.update(task, description=stage, completed=fraction)
 
-        return model_runtime.load(model, dtype=dtype, progress=report)
+        return model_runtime.load(model, dtype=dtype, progress=report, tp=tp, dp=dp)
 
 
 def _collect_json(rt, rows, events, with_history: bool) -> dict[str, Any]:

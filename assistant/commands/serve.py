@@ -30,20 +30,47 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="checkpoint directory or hub id (config: model, env: DIFFU_MODEL)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1; anything else exposes the model)")
     parser.add_argument("--port", type=int, help="TCP port (default 8012; 0 picks a free one and prints it)")
-    parser.add_argument("--api-key", dest="api_key",
-                        help="Bearer token clients must send (default: the token file in the config dir)")
-    parser.add_argument("--no-auth", dest="auth", action="store_const", const=False,
-                        help="accept requests without a token (any key is accepted)")
+    parser.add_argument(
+        "--api-key",
+        dest="api_key",
+        help="Bearer token clients must send (default: the token file in the config dir)",
+    )
+    parser.add_argument(
+        "--no-auth",
+        dest="auth",
+        action="store_const",
+        const=False,
+        help="accept requests without a token (any key is accepted)",
+    )
     parser.add_argument("--dtype", help="parameter dtype, e.g. bfloat16 or float32")
     parser.add_argument("--queue-size", dest="queue_size", type=int, help="requests waiting before 503")
     parser.add_argument("--max-batch", dest="max_batch", type=int, help="requests per canvas batch")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_const", const=False,
-                        help="skip compiling the shape buckets at start")
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_const",
+        const=False,
+        help="skip compiling the shape buckets at start",
+    )
     parser.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--tp", type=int, help="tensor parallel degree: devices per model copy (default 1)")
+    parser.add_argument("--dp", type=int, help="data parallel replicas (default: the remaining devices)")
 
 
-FLAG_KEYS = ("model", "host", "port", "api_key", "auth", "dtype", "queue_size", "max_batch", "warmup",
-             "log_level")
+FLAG_KEYS = (
+    "model",
+    "host",
+    "port",
+    "api_key",
+    "auth",
+    "dtype",
+    "queue_size",
+    "max_batch",
+    "warmup",
+    "log_level",
+    "tp",
+    "dp",
+)
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,8 +79,10 @@ def flags_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "serve", help="run the diffu daemon in the foreground",
-        description="Run the diffu daemon (HTTP API over the model) in the foreground.")
+        "serve",
+        help="run the diffu daemon in the foreground",
+        description="Run the diffu daemon (HTTP API over the model) in the foreground.",
+    )
     add_server_flags(parser)
     # Set by 'diffu daemon start' / client auto-start: where to report "listening" and run without a terminal.
     parser.add_argument("--notify-fd", dest="notify_fd", type=int, help=argparse.SUPPRESS)
@@ -66,8 +95,11 @@ def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
 
     ensure_private_dir(log_file.parent)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.handlers.RotatingFileHandler(
-        log_file, maxBytes=5 * 1024 * 1024, backupCount=5, encoding="utf-8")]
+    handlers: list[logging.Handler] = [
+        logging.handlers.RotatingFileHandler(
+            log_file, maxBytes=5 * 1024 * 1024, backupCount=5, encoding="utf-8"
+        )
+    ]
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
     root = logging.getLogger()
@@ -118,8 +150,11 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(log_file, config.log_level_number, to_stderr=not background)
     api_key = (config.api_key or security.load_or_create_token()) if config.auth else None
     if not security.is_loopback(config.host):
-        log.warning("binding to %s: the model is reachable from other machines%s", config.host,
-                    "" if config.auth else " WITHOUT authentication")
+        log.warning(
+            "binding to %s: the model is reachable from other machines%s",
+            config.host,
+            "" if config.auth else " WITHOUT authentication",
+        )
     if not config.auth:
         log.warning("authentication is off (--no-auth): any local program can use the daemon")
 
@@ -130,11 +165,20 @@ def run(args: argparse.Namespace) -> int:
         sock = _bind(config.host, config.port)
         port = sock.getsockname()[1]
         # A wildcard bind is reached through loopback by local clients.
-        url_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(config.host) or \
-            (f"[{config.host}]" if ":" in config.host else config.host)
-        info = daemon.DaemonInfo(url=f"http://{url_host}:{port}", pid=os.getpid(), model=config.model,
-                                 key=key, host=config.host, port=port, started=time.time(),
-                                 log_file=str(log_file), auth=config.auth)
+        url_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(config.host) or (
+            f"[{config.host}]" if ":" in config.host else config.host
+        )
+        info = daemon.DaemonInfo(
+            url=f"http://{url_host}:{port}",
+            pid=os.getpid(),
+            model=config.model,
+            key=key,
+            host=config.host,
+            port=port,
+            started=time.time(),
+            log_file=str(log_file),
+            auth=config.auth,
+        )
         lock.publish(info)
         log.info("listening on %s (model %s, pid %d)", info.url, config.model, os.getpid())
         if background:
@@ -151,9 +195,15 @@ def run(args: argparse.Namespace) -> int:
                 server.should_exit = True  # read by uvicorn's main loop; starts the normal shutdown
 
         state = Daemon(config, loader=make_loader(config), on_fatal=on_fatal)
-        uv_config = uvicorn.Config(state.app(api_key=api_key), lifespan="on", log_config=None,
-                                   access_log=True, server_header=False, ws="none",
-                                   timeout_graceful_shutdown=max(config.shutdown_grace, 0.1))
+        uv_config = uvicorn.Config(
+            state.app(api_key=api_key),
+            lifespan="on",
+            log_config=None,
+            access_log=True,
+            server_header=False,
+            ws="none",
+            timeout_graceful_shutdown=max(config.shutdown_grace, 0.1),
+        )
         server = uvicorn.Server(uv_config)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:

@@ -1,0 +1,66 @@
+"""Run in a subprocess with 8 virtual CPU devices (XLA_FLAGS must be set before jax is imported).
+
+Prints one JSON object comparing tp/dp meshes against the single-device runtime on one checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import model_runtime  # noqa: E402
+from model_runtime import SamplingParams  # noqa: E402
+
+
+def logits(rt, ids):
+    return np.asarray(jax.jit(lambda s, x: nnx.merge(rt.graphdef, s)(x))(rt.state, jnp.asarray(ids)))
+
+
+def main(model_dir: str) -> None:
+    kw = dict(length_buckets=(64,), batch_buckets=(1, 2, 4))
+    base = model_runtime.load(model_dir, **kw)
+    ids = np.random.default_rng(0).integers(0, base.config.vocab_size - 64, (4, 40))
+    ref = logits(base, ids)
+    tok = base.tokenizer
+    prompts = [tok.encode("def f(x):"), tok.encode("import os"), tok.encode("class A:"), tok.encode("x = 1")]
+    greedy = SamplingParams(max_new_tokens=16, steps=16)
+    fast = SamplingParams(max_new_tokens=16, decoder="fast", block_length=8)
+    want = list(base.generate(prompts, greedy, chat=False))[-1].sequences
+    want_fast = list(base.generate(prompts, fast, chat=False))[-1].sequences
+    out = {"devices": jax.device_count(), "meshes": []}
+    for tp, dp in ((4, 1), (8, 1), (4, 2)):
+        rt = model_runtime.load(model_dir, tp=tp, dp=dp, **kw)
+        got = logits(rt, ids)
+        fractions = {}
+        for path, arr in jax.tree_util.tree_flatten_with_path(rt.state)[0]:
+            name = "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+            # Every device's shard is the same size; check them all hold the same fraction.
+            sizes = {s.data.size for s in arr.addressable_shards}
+            fractions[name] = [size / arr.size for size in sizes]
+        out["meshes"].append(
+            {
+                "tp": tp,
+                "dp": dp,
+                "device": rt.device,
+                "batch_buckets": list(rt.batch_buckets),
+                "max_rel_err": float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))),
+                "greedy_equal": list(rt.generate(prompts, greedy, chat=False))[-1].sequences == want,
+                "fused_equal": list(rt.generate(prompts, greedy, chat=False, stream=False))[-1].sequences
+                == want,
+                "fast_equal": list(rt.generate(prompts, fast, chat=False))[-1].sequences == want_fast,
+                "fractions": fractions,
+            }
+        )
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,109 @@
+"""Sharded runtime on 8 virtual CPU devices: tp=4, tp=8 and dp=2 x tp=4 against one device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_runtime.sharding import MeshSpec, logical_to_spec
+
+HERE = Path(__file__).parent
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    from model_runtime.tiny import write_tiny_checkpoint
+
+    # 8 query heads so that tp=8 shards heads too; 2 KV heads stay replicated at tp=4 and tp=8.
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("shard") / "tiny", num_attention_heads=8, num_key_value_heads=2
+    )
+
+
+@pytest.fixture(scope="module")
+def report(shard_dir):
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "shard_check.py"), str(shard_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **EIGHT},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_meshes_give_single_device_logits_and_generations(report):
+    assert report["devices"] == 8
+    for mesh in report["meshes"]:
+        what = f"tp={mesh['tp']} dp={mesh['dp']}"
+        assert mesh["max_rel_err"] < 1e-5, what
+        assert mesh["greedy_equal"] and mesh["fused_equal"] and mesh["fast_equal"], what
+    dp2 = next(m for m in report["meshes"] if m["dp"] == 2)
+    assert dp2["device"].endswith("x8") and all(b % 2 == 0 for b in dp2["batch_buckets"])
+
+
+def test_each_device_holds_one_tp_th_of_every_sharded_weight(report):
+    for mesh in report["meshes"]:
+        tp, fr = mesh["tp"], mesh["fractions"]
+        # Sharded over tp: embeddings and lm_head (vocabulary), q/o (heads), the MLP hidden.
+        for name, fractions in fr.items():
+            leaf = name.rsplit("/", 1)[-1]
+            if leaf in (
+                "embed",
+                "lm_head",
+                "q_kernel",
+                "q_bias",
+                "o_kernel",
+                "gate_kernel",
+                "up_kernel",
+                "down_kernel",
+            ):
+                assert fractions == [1 / tp], (mesh["tp"], name, fractions)
+            elif leaf in ("k_kernel", "v_kernel", "k_bias", "v_bias", "weight"):
+                assert fractions == [1.0], (name, fractions)  # 2 KV heads do not split 4 or 8 ways
+
+
+def test_cli_tp4_prints_the_tp1_sequences(shard_dir):
+    args = [
+        sys.executable,
+        "-m",
+        "assistant",
+        "generate",
+        "--model",
+        str(shard_dir),
+        "--raw",
+        "--prompt",
+        "def add(a, b):",
+        "--prompt",
+        "import os",
+        "--max-new-tokens",
+        "16",
+        "--json",
+    ]
+    env = {**os.environ, **EIGHT}
+    one = subprocess.run(args + ["--tp", "1"], capture_output=True, text=True, timeout=300, env=env)
+    four = subprocess.run(args + ["--tp", "4"], capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0 and four.returncode == 0, one.stderr + four.stderr
+    assert json.loads(four.stdout)["sequences"] == json.loads(one.stdout)["sequences"]
+
+
+def test_mesh_errors_are_clear():
+    from model_runtime.errors import InputError
+
+    with pytest.raises(InputError, match="does not divide"):
+        MeshSpec(tp=3).build()
+    with pytest.raises(ValueError, match="twice"):
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh
+
+        logical_to_spec(
+            ("heads", "mlp"), (4, 4), Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp"))
+        )
