@@ -124,3 +124,22 @@ def describe(mesh: Mesh | None) -> dict[str, object]:
 def place(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
     """Put a host array onto its devices, each device receiving only its own slice of it."""
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def weight_bytes_per_device(cfg, tp: int, itemsize: int = 2) -> int:
+    """Bytes of weights one device holds at tensor-parallel degree ``tp`` under these rules.
+
+    Same divisibility rule as the placement: a dimension is split only when ``tp`` divides it.
+    """
+    from model_runtime.checkpoint import name_map
+
+    total = 0
+    for target in name_map(cfg).values():
+        shape = target.convert(np.empty(target.hf_shape, np.int8)).shape  # our layout of the tensor
+        axes = PARAM_AXES[str(target.path[-1])]
+        n = int(np.prod(shape))
+        split = [
+            size for axis, size in zip(axes, shape, strict=True) if RULES.get(axis) == "tp" and size % tp == 0
+        ]
+        total += n // tp if split and tp > 1 else n
+    return total * itemsize

@@ -107,3 +107,15 @@ def test_mesh_errors_are_clear():
         logical_to_spec(
             ("heads", "mlp"), (4, 4), Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("dp", "tp"))
         )
+
+
+def test_7b_weight_memory_per_device():
+    from model_runtime.config import DreamConfig
+    from model_runtime.sharding import weight_bytes_per_device
+    from tests.model_runtime.test_config import DIFFUCODER_7B
+
+    cfg = DreamConfig.from_dict(DIFFUCODER_7B)
+    assert weight_bytes_per_device(cfg, 1) == 2 * cfg.param_count()  # 15.23 GB in bfloat16
+    assert weight_bytes_per_device(cfg, 2) < 0.51 * weight_bytes_per_device(cfg, 1)
+    # At tp=8 the 28 query heads and 4 KV heads do not split 8 ways: attention stays replicated.
+    assert weight_bytes_per_device(cfg, 8) > weight_bytes_per_device(cfg, 1) / 8
