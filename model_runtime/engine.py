@@ -284,7 +284,7 @@ class Runtime:
                 args = (*canvas, i32, rng, f32, f32)
             else:
                 # The block program takes the caches exactly as the refresh program lays them out.
-                kv_shape = (b, n, cfg.num_key_value_heads, cfg.head_dim)
+                kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
                 layouts = _output_shardings(out[0])
                 caches = [
                     tuple(
@@ -756,9 +756,15 @@ def load(
     compile_cache.enable(cache_dir)
     mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
     if model is None:
-        raise ModelError(
-            "no model given: pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
-        )
+        # No model configured: the small demo model trained by `diffu train` that ships in the package.
+        from model_runtime.bundled import bundled_model_dir
+
+        model = bundled_model_dir()
+        if not (model / "config.json").is_file():
+            raise ModelError(
+                "no model given and the bundled demo model is missing from this installation: "
+                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
+            )
     report = progress or (lambda stage, frac: None)
     model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
     report("reading config", 0.0)
