@@ -36,10 +36,13 @@ def test_greedy_proposals_and_confidences_match_the_reference(alg, top_p, top_k)
     rng = np.random.default_rng(1)
     logits = (rng.standard_normal((40, 500)) * rng.uniform(0.5, 4, (40, 1))).astype(np.float32)
     spec = SamplerSpec(alg=alg, use_top_p=top_p is not None, top_k=top_k)
-    conf, x0 = sample_tokens(jnp.asarray(logits), jax.random.key(0), spec, jnp.float32(0),
-                             jnp.float32(top_p or 1.0))
+    conf, x0 = sample_tokens(
+        jnp.asarray(logits), jax.random.key(0), spec, jnp.float32(0), jnp.float32(top_p or 1.0)
+    )
     kw = {"topk_margin": {"margin_confidence": True}, "entropy": {"neg_entropy": True}}.get(alg, {})
-    ref_conf, ref_x0 = dream_torch.sample_tokens(torch.tensor(logits), 0.0, top_p=top_p, top_k=top_k or None, **kw)
+    ref_conf, ref_x0 = dream_torch.sample_tokens(
+        torch.tensor(logits), 0.0, top_p=top_p, top_k=top_k or None, **kw
+    )
     np.testing.assert_array_equal(np.asarray(x0), ref_x0.numpy())
     np.testing.assert_allclose(np.asarray(conf), ref_conf.numpy(), rtol=1e-5, atol=1e-6)
 
@@ -233,7 +236,9 @@ def test_invalid_sampling_parameters_are_named():
     assert SamplingParams().effective_top_k == 50 and SamplingParams(top_k=0).effective_top_k == 0
 
 
-@pytest.mark.parametrize("extra", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 4}, {"alg": "origin", "seed": 2}])
+@pytest.mark.parametrize(
+    "extra", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 4}, {"alg": "origin", "seed": 2}]
+)
 def test_fused_loop_gives_the_streamed_result(runtime, extra):
     """The one-program loop (no per-step host sync) and the per-step path produce the same canvases."""
     rt = runtime
@@ -247,3 +252,15 @@ def test_fused_loop_gives_the_streamed_result(runtime, extra):
     before = len(rt._programs)
     list(rt.generate(prompts, SamplingParams(max_new_tokens=16, steps=12, **extra), chat=False, stream=False))
     assert len(rt._programs) == before
+
+
+def test_chunked_top_k_equals_lax_top_k_on_a_large_vocabulary():
+    from model_runtime.sampling import top_k_values
+
+    x = jnp.asarray(
+        np.random.default_rng(3).standard_normal((3, 7, 40003)), jnp.float32
+    )  # not a chunk multiple
+    values, index = top_k_values(x, 50)
+    want_values, want_index = jax.lax.top_k(x, 50)
+    np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+    np.testing.assert_array_equal(np.asarray(index), np.asarray(want_index))
