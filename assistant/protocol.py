@@ -186,7 +186,8 @@ def _sampling(data: dict[str, Any], *, temperature_default: float | None = None)
 
 def check_sampling(spec: GenSpec) -> GenSpec:
     """Validate ``spec.sampling`` as SamplingParams would (``steps`` defaults to one per canvas token)."""
-    spec.sampling.setdefault("steps", max(spec.canvas_tokens, 1))
+    if spec.canvas_tokens > 0:  # a holes-only request gets its default once its masks are counted
+        spec.sampling.setdefault("steps", spec.canvas_tokens)
     try:
         SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **spec.sampling)
     except ParamError as exc:
@@ -271,8 +272,12 @@ def parse_native_generate(data: dict[str, Any], *, default_tokens: int) -> GenSp
     has_messages, has_prompt = data.get("messages") is not None, data.get("prompt") is not None
     if has_messages == has_prompt:
         raise RequestError("give exactly one of messages (a chat) or prompt (raw text)")
-    tokens = get_int(data, "max_new_tokens", default_tokens, lo=1)
+    # 0 new tokens: only fill the <|mask|> holes of a raw prompt (checked once the prompt is tokenized).
+    tokens = get_int(data, "max_new_tokens", default_tokens, lo=0)
     assert tokens is not None
+    if tokens == 0 and has_messages:
+        raise RequestError("max_new_tokens: 0 is only for a raw prompt whose <|mask|> holes are to be filled",
+                           param="max_new_tokens")
     spec = GenSpec(mode="chat" if has_messages else "prompt", canvas_tokens=tokens, sampling=_sampling(data))
     if has_messages:
         spec.messages = _messages(data["messages"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -278,7 +279,7 @@ class Daemon:
                 code="context_length_exceeded",
             )
         sampling = dict(spec.sampling)
-        steps = sampling.setdefault("steps", spec.canvas_tokens)
+        steps = sampling.setdefault("steps", max(spec.canvas_tokens, 1))
         if steps > self.config.max_steps:
             raise RequestError(
                 f"steps: must be <= {self.config.max_steps} (the daemon's max_steps), got {steps}",
@@ -288,7 +289,7 @@ class Daemon:
         if vocab and sampling.get("top_k", 0) >= vocab:
             sampling["top_k"] = 0  # keeping every token is no filtering, and lax.top_k needs k <= vocab
         try:
-            params = SamplingParams(max_new_tokens=spec.canvas_tokens, **sampling)
+            params = SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **sampling)
         except ParamError as exc:
             raise RequestError(str(exc), param=exc.field) from None
         truncated = False
@@ -307,7 +308,21 @@ class Daemon:
                 prompt_ids = rt.tokenizer.encode(spec.prompt or "")
             if not prompt_ids:
                 raise RequestError("prompt: must not be empty", param="prompt")
-            row = rt.make_row(prompt_ids, spec.canvas_tokens, chat=False)
+            if spec.canvas_tokens == 0:
+                row, masks = _holes_row(rt, prompt_ids)
+                if params.decoder != "reference":
+                    raise RequestError(
+                        "decoder: holes inside the prompt need the reference decoder (the fast decoder "
+                        "only unmasks the canvas after the prompt)",
+                        param="decoder",
+                    )
+                # Every mask is denoised together; steps default to one per mask, as for a canvas.
+                changes: dict[str, Any] = {"max_new_tokens": row.region[1] - row.region[0]}
+                if "steps" not in spec.sampling:
+                    changes["steps"] = min(masks, self.config.max_steps)
+                params = dataclasses.replace(params, **changes)
+            else:
+                row = rt.make_row(prompt_ids, spec.canvas_tokens, chat=False)
         else:
             row, truncated = self._infill_row(rt, spec)
         length = row_length(row)
@@ -329,7 +344,7 @@ class Daemon:
             row_length=length,
             max_seconds=min(spec.max_seconds or self.config.max_seconds, self.config.max_seconds),
             session=spec.session,
-            kind="infill" if spec.mode == "infill" else "generate",
+            kind="infill" if spec.mode == "infill" else "holes" if spec.canvas_tokens == 0 else "generate",
             want_steps=spec.stream,
             id=uuid.uuid4().hex[:20],
             loop=loop,
@@ -459,6 +474,8 @@ class Daemon:
                     "queue_size": self.config.queue_size,
                 },
                 "auth": self.config.auth,
+                # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
+                "features": ["holes"],
             }
         )
 
@@ -503,13 +520,17 @@ class Daemon:
         return JSONResponse(self._native_done(job, result), headers=headers)
 
     def _native_done(self, job: Job, done: JobDone) -> dict[str, Any]:
-        return {
+        body = {
             "id": job.id,
             "text": done.text,
             "finish_reason": done.finish_reason,
             "stats": done.stats,
             "usage": _usage(job, done),
         }
+        if job.kind == "holes":
+            assert self.engine is not None
+            body["holes"] = _hole_fills(self.engine.runtime.tokenizer, job.row, done.ids)
+        return body
 
     async def _native_events(self, job: Job) -> AsyncIterator[bytes]:
         assert self.engine is not None
@@ -775,6 +796,47 @@ class Daemon:
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+def _mask_runs(ids: Any, mask_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of ``mask_id`` in ``ids``."""
+    runs: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t == mask_id:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs
+
+
+def _holes_row(rt: Any, prompt_ids: list[int]) -> tuple[Any, int]:
+    """A row whose reported region spans the prompt's holes, first mask to last, with no canvas after it.
+
+    Only masked positions are ever committed, so the text between holes stays as it is. Returns the row
+    and its number of masks.
+    """
+    runs = _mask_runs(prompt_ids, rt.tokenizer.mask_id)
+    if not runs:
+        raise RequestError(
+            "max_new_tokens: 0 asks to fill the prompt's <|mask|> holes, but the prompt has none",
+            param="max_new_tokens",
+        )
+    row = rt.make_row(prompt_ids, 0, chat=False)
+    return dataclasses.replace(row, region=(runs[0][0], runs[-1][1])), sum(b - a for a, b in runs)
+
+
+def _hole_fills(tok: Any, row: Any, region_ids: list[int]) -> list[str]:
+    """One text per run of masks in the row's region, each cut at its first stop token or leftover mask."""
+    stop_ids = getattr(tok, "stop_ids", None)
+    stops = set(stop_ids(chat=False) if callable(stop_ids) else (tok.eos_id, tok.pad_id)) | {tok.mask_id}
+    lo, hi = row.region
+    fills = []
+    for a, b in _mask_runs(row.ids[lo:hi], tok.mask_id):
+        ids = list(region_ids[a:b])
+        cut = next((k for k, t in enumerate(ids) if t in stops), len(ids))
+        fills.append(tok.decode(ids[:cut]))
+    return fills
+
+
 def _usage(job: Job, done: JobDone) -> dict[str, int]:
     return {
         "prompt_tokens": job.prompt_tokens,

@@ -37,8 +37,12 @@ def test_health_goes_503_while_loading_then_200_without_a_token(tiny_daemon: Dae
 
 
 def test_native_stream_shows_steps_with_non_increasing_masks_then_done(tiny_daemon: DaemonProcess) -> None:
-    with tiny_daemon.client() as c, c.stream("POST", "/v1/diffu/generate", json={
-            "messages": CHAT, "max_new_tokens": 16, "steps": 8}) as response:
+    with (
+        tiny_daemon.client() as c,
+        c.stream(
+            "POST", "/v1/diffu/generate", json={"messages": CHAT, "max_new_tokens": 16, "steps": 8}
+        ) as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
@@ -59,10 +63,19 @@ def test_native_stream_shows_steps_with_non_increasing_masks_then_done(tiny_daem
 
 def test_native_infill_and_non_streaming_generate(tiny_daemon: DaemonProcess) -> None:
     with tiny_daemon.client() as c:
-        infill = c.post("/v1/diffu/infill", json={"prefix": "def add(a, b):\n    return ", "suffix": "\n",
-                                                  "canvas_tokens": 8, "steps": 4, "stream": False})
-        generate = c.post("/v1/diffu/generate", json={"prompt": "def add(a, b):", "max_new_tokens": 8,
-                                                      "stream": False})
+        infill = c.post(
+            "/v1/diffu/infill",
+            json={
+                "prefix": "def add(a, b):\n    return ",
+                "suffix": "\n",
+                "canvas_tokens": 8,
+                "steps": 4,
+                "stream": False,
+            },
+        )
+        generate = c.post(
+            "/v1/diffu/generate", json={"prompt": "def add(a, b):", "max_new_tokens": 8, "stream": False}
+        )
     assert infill.status_code == 200 and infill.json()["stats"]["canvas_tokens"] == 8
     assert generate.status_code == 200 and generate.json()["stats"]["steps"] == 8  # steps default: tokens
 
@@ -71,8 +84,11 @@ def test_chat_completions_streamed_and_not_agree(tiny_daemon: DaemonProcess) -> 
     body = {"model": "anything", "messages": CHAT, "max_tokens": 16, "temperature": 0}
     with tiny_daemon.client() as c:
         plain = c.post("/v1/chat/completions", json=body)
-        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True,
-                                                            "stream_options": {"include_usage": True}}) as r:
+        with c.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             assert r.status_code == 200
             events = sse_events(r)
     assert plain.status_code == 200
@@ -106,15 +122,24 @@ def test_completions_with_suffix_streamed_and_not(tiny_daemon: DaemonProcess) ->
 
 
 def test_llama_cpp_infill(tiny_daemon: DaemonProcess) -> None:
-    body = {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "prompt": "    ", "n_predict": 8,
-            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
-            "t_max_predict_ms": 20000, "stream": False, "samplers": ["top_k", "infill"], "cache_prompt": True}
+    body = {
+        "input_prefix": "def add(a, b):\n",
+        "input_suffix": "\n",
+        "prompt": "    ",
+        "n_predict": 8,
+        "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+        "t_max_predict_ms": 20000,
+        "stream": False,
+        "samplers": ["top_k", "infill"],
+        "cache_prompt": True,
+    }
     with tiny_daemon.client() as c:
         full = c.post("/infill", json=body)
         fields = c.post("/infill", json={**body, "response_fields": ["content", "timings/predicted_n"]})
         warm = c.post("/infill", json={**body, "n_predict": 0})
-        chunks = [{"filename": f"mod{i}.py", "text": f"def helper_{i}(x):\n    return x + {i}\n"}
-                  for i in range(20)]
+        chunks = [
+            {"filename": f"mod{i}.py", "text": f"def helper_{i}(x):\n    return x + {i}\n"} for i in range(20)
+        ]
         crowded = c.post("/infill", json={**body, "input_extra": chunks})
         with c.stream("POST", "/infill", json={**body, "stream": True}) as r:
             events = sse_events(r)
@@ -155,8 +180,10 @@ def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daem
         # Greedy without top-k: on a CPU, lax.top_k over the vocabulary is most of a step's cost and
         # grows with the batch, which would hide what batching saves (the engine batches any equal
         # parameters alike).
-        response = await client.post("/v1/diffu/generate", json={"prompt": prompt, "max_new_tokens": 32,
-                                                                 "steps": 32, "top_k": 0, "stream": False})
+        response = await client.post(
+            "/v1/diffu/generate",
+            json={"prompt": prompt, "max_new_tokens": 32, "steps": 32, "top_k": 0, "stream": False},
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -167,8 +194,12 @@ def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daem
         conc_runs: Runs = []
         seq_times: list[float] = []
         conc_times: list[float] = []
-        async with httpx.AsyncClient(base_url=tiny_daemon.url, headers=tiny_daemon.headers, timeout=120,
-                                     limits=httpx.Limits(max_connections=32)) as client:
+        async with httpx.AsyncClient(
+            base_url=tiny_daemon.url,
+            headers=tiny_daemon.headers,
+            timeout=120,
+            limits=httpx.Limits(max_connections=32),
+        ) as client:
             # Compile the programs for these parameters (the daemon warmed up its defaults) and open the
             # connections, so that one-time costs stay out of both timings.
             await asyncio.gather(*(one(client, f"warm-up {i}") for i in range(16)))
@@ -193,8 +224,16 @@ def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daem
     ratio = t_seq / t_conc
     report = Path(os.environ.get("DIFFU_BATCH_REPORT", REPO / ".pytest_cache" / "diffu-batching.json"))
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps({"sequential_s": seq_times, "concurrent_s": conc_times, "ratio": ratio,
-                                  "batches": [[r["stats"]["batch_size"] for r in run] for run in conc_runs]}))
+    report.write_text(
+        json.dumps(
+            {
+                "sequential_s": seq_times,
+                "concurrent_s": conc_times,
+                "ratio": ratio,
+                "batches": [[r["stats"]["batch_size"] for r in run] for run in conc_runs],
+            }
+        )
+    )
     print(f"\n16 requests: sequential {t_seq:.2f}s, concurrent {t_conc:.2f}s, speed-up {ratio:.1f}x")
     # On a CPU a batch of 16 costs several single steps (measured 1.3x-2x here); on an accelerator far less.
     assert ratio > 1.15, (seq_times, conc_times)
@@ -203,8 +242,9 @@ def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daem
 def test_a_disconnected_client_frees_the_engine_within_a_step(tiny_daemon: DaemonProcess) -> None:
     with tiny_daemon.client() as c:
         before = c.get("/v1/diffu/status").json()["counters"]["cancelled"]
-        with c.stream("POST", "/v1/diffu/generate", json={"prompt": "def long(x):", "max_new_tokens": 32,
-                                                          "steps": 1000}) as response:
+        with c.stream(
+            "POST", "/v1/diffu/generate", json={"prompt": "def long(x):", "max_new_tokens": 32, "steps": 1000}
+        ) as response:
             lines = response.iter_lines()
             for line in lines:
                 if line.startswith("event: step"):
@@ -213,8 +253,10 @@ def test_a_disconnected_client_frees_the_engine_within_a_step(tiny_daemon: Daemo
             step_seconds = first["seconds"]
         # The stream is closed: the daemon must drop the 1000-step job at its next step boundary.
         t0 = time.perf_counter()
-        nxt = c.post("/v1/diffu/generate", json={"prompt": "def short(x):", "max_new_tokens": 8, "steps": 2,
-                                                 "stream": False})
+        nxt = c.post(
+            "/v1/diffu/generate",
+            json={"prompt": "def short(x):", "max_new_tokens": 8, "steps": 2, "stream": False},
+        )
         elapsed = time.perf_counter() - t0
         after = c.get("/v1/diffu/status").json()["counters"]["cancelled"]
     assert nxt.status_code == 200
@@ -226,9 +268,17 @@ def test_a_disconnected_client_frees_the_engine_within_a_step(tiny_daemon: Daemo
 
 
 def test_requests_without_a_valid_token_get_401_and_foreign_hosts_403(tiny_daemon: DaemonProcess) -> None:
-    routes = [("GET", "/v1/models"), ("GET", "/v1/diffu/status"), ("POST", "/v1/chat/completions"),
-              ("POST", "/v1/completions"), ("POST", "/infill"), ("POST", "/v1/diffu/generate"),
-              ("POST", "/v1/diffu/infill"), ("POST", "/v1/diffu/cancel"), ("GET", "/no/such/route")]
+    routes = [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/diffu/status"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/infill"),
+        ("POST", "/v1/diffu/generate"),
+        ("POST", "/v1/diffu/infill"),
+        ("POST", "/v1/diffu/cancel"),
+        ("GET", "/no/such/route"),
+    ]
     body = {"messages": CHAT, "prompt": "x"}
     for method, path in routes:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": tiny_daemon.token}):
@@ -256,10 +306,28 @@ def raw_status(daemon: DaemonProcess, request: str) -> int:
 def _malformed_requests(max_context: int) -> list[tuple[str, str, dict[str, str], bytes]]:
     """At least 200 bad requests: broken JSON, wrong types, absurd sizes, unknown fields, bad routes."""
     json_h = {"content-type": "application/json"}
-    routes = ["/v1/diffu/generate", "/v1/diffu/infill", "/v1/chat/completions", "/v1/completions", "/infill",
-              "/v1/diffu/cancel"]
-    bodies = [b"", b"{", b"}", b"null", b"[]", b"42", b'"text"', b"{'single': 'quotes'}", b'{"a": }',
-              b"\xff\xfe\x00", b"[" * 50000 + b"]" * 50000, b'{"x": "\\ud800"' + b" " * 10]
+    routes = [
+        "/v1/diffu/generate",
+        "/v1/diffu/infill",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/infill",
+        "/v1/diffu/cancel",
+    ]
+    bodies = [
+        b"",
+        b"{",
+        b"}",
+        b"null",
+        b"[]",
+        b"42",
+        b'"text"',
+        b"{'single': 'quotes'}",
+        b'{"a": }',
+        b"\xff\xfe\x00",
+        b"[" * 50000 + b"]" * 50000,
+        b'{"x": "\\ud800"' + b" " * 10,
+    ]
     out = [("POST", route, json_h, body) for route in routes for body in bodies]
     many_empty = b'{"messages": [' + b"{}," * 2000 + b"{}]}"
     out += [("POST", route, json_h, many_empty) for route in ("/v1/chat/completions", "/v1/diffu/generate")]
@@ -272,10 +340,29 @@ def _malformed_requests(max_context: int) -> list[tuple[str, str, dict[str, str]
         "/infill": {"input_prefix": "a", "input_suffix": "b", "n_predict": 8},
     }
     bad_values: list[tuple[str, Any]] = [
-        ("steps", 0), ("steps", -5), ("steps", "10"), ("steps", 1.5), ("steps", 10**9), ("steps", [8]),
-        ("temperature", -1), ("temperature", "hot"), ("temperature", [1]), ("top_p", 0), ("top_p", 2),
-        ("top_k", -1), ("top_k", True), ("eps", 0), ("eps", 1.5), ("alg", "beam"), ("alg", 3),
-        ("alg_temp", -0.1), ("seed", "x"), ("seed", 2.5), ("seed", 10**30), ("seed", -1), ("stream", "true"),
+        ("steps", 0),
+        ("steps", -5),
+        ("steps", "10"),
+        ("steps", 1.5),
+        ("steps", 10**9),
+        ("steps", [8]),
+        ("temperature", -1),
+        ("temperature", "hot"),
+        ("temperature", [1]),
+        ("top_p", 0),
+        ("top_p", 2),
+        ("top_k", -1),
+        ("top_k", True),
+        ("eps", 0),
+        ("eps", 1.5),
+        ("alg", "beam"),
+        ("alg", 3),
+        ("alg_temp", -0.1),
+        ("seed", "x"),
+        ("seed", 2.5),
+        ("seed", 10**30),
+        ("seed", -1),
+        ("stream", "true"),
         ("stream", 1),
     ]
     for route, good in valid.items():
@@ -283,8 +370,13 @@ def _malformed_requests(max_context: int) -> list[tuple[str, str, dict[str, str]
             if key == "steps" and value == 0 and route == "/infill":
                 continue
             out.append(("POST", route, json_h, json.dumps({**good, key: value}).encode()))
-    sizes = {"/v1/diffu/generate": "max_new_tokens", "/v1/diffu/infill": "canvas_tokens",
-             "/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens", "/infill": "n_predict"}
+    sizes = {
+        "/v1/diffu/generate": "max_new_tokens",
+        "/v1/diffu/infill": "canvas_tokens",
+        "/v1/chat/completions": "max_tokens",
+        "/v1/completions": "max_tokens",
+        "/infill": "n_predict",
+    }
     for route, key in sizes.items():
         for value in (10**12, max_context + 1, -2, "eight", 0 if route != "/infill" else -7, 3.7):
             out.append(("POST", route, json_h, json.dumps({**valid[route], key: value}).encode()))
@@ -292,10 +384,18 @@ def _malformed_requests(max_context: int) -> list[tuple[str, str, dict[str, str]
             out.append(("POST", route, json_h, json.dumps({**valid[route], key: value, "steps": 2}).encode()))
     long_text = "def f(x):\n    return x\n" * (max_context * 2)
     out += [
-        ("POST", "/v1/diffu/generate", json_h,
-         json.dumps({"prompt": long_text, "max_new_tokens": 8}).encode()),
-        ("POST", "/v1/chat/completions", json_h,
-         json.dumps({"messages": [{"role": "user", "content": long_text}]}).encode()),
+        (
+            "POST",
+            "/v1/diffu/generate",
+            json_h,
+            json.dumps({"prompt": long_text, "max_new_tokens": 8}).encode(),
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            json_h,
+            json.dumps({"messages": [{"role": "user", "content": long_text}]}).encode(),
+        ),
         ("POST", "/v1/completions", json_h, json.dumps({"prompt": long_text, "suffix": "x"}).encode()),
         ("POST", "/infill", json_h, json.dumps({"input_prefix": long_text, "n_predict": 8}).encode()),
         ("POST", "/v1/diffu/infill", json_h, json.dumps({"prefix": long_text}).encode()),
@@ -304,42 +404,74 @@ def _malformed_requests(max_context: int) -> list[tuple[str, str, dict[str, str]
         ("POST", "/v1/completions", json_h, json.dumps({"prompt": ""}).encode()),
     ]
     for extra in ({"unknown_field": 1}, {"max_tokens": 8}, {"Steps": 4}):
-        out.append(("POST", "/v1/diffu/generate", json_h, json.dumps({**valid["/v1/diffu/generate"], **extra})
-                    .encode()))
-    messages_bad = [None, "hi", [], [None], [{"role": "user"}], [{"content": "x"}],
-                    [{"role": "tool", "content": "x"}],
-                    [{"role": "assistant", "content": "x"}], [{"role": "user", "content": {"text": "x"}}],
-                    [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
-                    [chat, {"role": "system", "content": "late"}]]
+        out.append(
+            (
+                "POST",
+                "/v1/diffu/generate",
+                json_h,
+                json.dumps({**valid["/v1/diffu/generate"], **extra}).encode(),
+            )
+        )
+    messages_bad = [
+        None,
+        "hi",
+        [],
+        [None],
+        [{"role": "user"}],
+        [{"content": "x"}],
+        [{"role": "tool", "content": "x"}],
+        [{"role": "assistant", "content": "x"}],
+        [{"role": "user", "content": {"text": "x"}}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+        [chat, {"role": "system", "content": "late"}],
+    ]
     for messages in messages_bad:
         for route in ("/v1/chat/completions", "/v1/diffu/generate"):
             out.append(("POST", route, json_h, json.dumps({"messages": messages}).encode()))
-    openai_refusals = [{"n": 3}, {"logprobs": True}, {"tools": [{"type": "function"}]},
-                       {"presence_penalty": 1},
-                       {"response_format": {"type": "json_schema"}}, {"stop": 5}, {"stop": [""]},
-                       {"stream_options": "yes"}, {"model": 7}, {"max_completion_tokens": 0}]
+    openai_refusals = [
+        {"n": 3},
+        {"logprobs": True},
+        {"tools": [{"type": "function"}]},
+        {"presence_penalty": 1},
+        {"response_format": {"type": "json_schema"}},
+        {"stop": 5},
+        {"stop": [""]},
+        {"stream_options": "yes"},
+        {"model": 7},
+        {"max_completion_tokens": 0},
+    ]
     for extra in openai_refusals:
         body = json.dumps({"messages": [chat], **extra}).encode()
         out.append(("POST", "/v1/chat/completions", json_h, body))
-    llama_bad = [{"input_extra": "x"}, {"input_extra": [1]}, {"input_extra": [{"filename": 3, "text": "a"}]},
-                 {"input_prefix": 5}, {"t_max_predict_ms": -1}, {"n_indent": -2},
-                 {"response_fields": "content"}]
+    llama_bad = [
+        {"input_extra": "x"},
+        {"input_extra": [1]},
+        {"input_extra": [{"filename": 3, "text": "a"}]},
+        {"input_prefix": 5},
+        {"t_max_predict_ms": -1},
+        {"n_indent": -2},
+        {"response_fields": "content"},
+    ]
     for extra in llama_bad:
         out.append(("POST", "/infill", json_h, json.dumps({**valid["/infill"], **extra}).encode()))
     out += [
         ("POST", "/v1/diffu/cancel", json_h, b'{"id": "no-such-request"}'),
         ("POST", "/v1/diffu/cancel", json_h, b'{"id": 5}'),
         ("POST", "/v1/diffu/cancel", json_h, b'{"id": "x", "extra": 1}'),
-        ("GET", "/v1/chat/completions", {}, b""), ("PUT", "/v1/completions", json_h, b"{}"),
-        ("DELETE", "/v1/models", {}, b""), ("GET", "/v1/models/not-this-model", {}, b""),
-        ("POST", "/v2/anything", json_h, b"{}"), ("GET", "/v1/diffu/nothing", {}, b""),
+        ("GET", "/v1/chat/completions", {}, b""),
+        ("PUT", "/v1/completions", json_h, b"{}"),
+        ("DELETE", "/v1/models", {}, b""),
+        ("GET", "/v1/models/not-this-model", {}, b""),
+        ("POST", "/v2/anything", json_h, b"{}"),
+        ("GET", "/v1/diffu/nothing", {}, b""),
         ("POST", "/v1/chat/completions", json_h, b"x" * (5 * 1024 * 1024)),
     ]
     return out
 
 
 def test_hundreds_of_malformed_requests_get_4xx_and_the_daemon_stays_healthy(
-        tiny_daemon: DaemonProcess) -> None:
+    tiny_daemon: DaemonProcess,
+) -> None:
     requests = _malformed_requests(max_context=128)
     assert len(requests) >= 200
     statuses = []
@@ -351,19 +483,28 @@ def test_hundreds_of_malformed_requests_get_4xx_and_the_daemon_stays_healthy(
                 statuses.append((0, method, path))
                 continue
             statuses.append((response.status_code, method, path))
-            assert 400 <= response.status_code < 500, (method, path, body[:200], response.status_code,
-                                                        response.text[:300])
+            assert 400 <= response.status_code < 500, (
+                method,
+                path,
+                body[:200],
+                response.status_code,
+                response.text[:300],
+            )
             error = response.json()["error"]
             assert error["message"] and error["type"], response.text
         # Broken framing that no well-behaved client library would send: through a raw socket.
         for head in ("Content-Length: abc", "Content-Length: -5", "Content-Length: 99999999999999"):
-            status = raw_status(tiny_daemon, f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                f"Authorization: Bearer {tiny_daemon.token}\r\n{head}\r\n\r\n{{}}")
+            status = raw_status(
+                tiny_daemon,
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {tiny_daemon.token}\r\n{head}\r\n\r\n{{}}",
+            )
             statuses.append((status, "POST", head))
             assert 400 <= status < 500, (head, status)
         assert c.get("/health").json()["status"] == "ok"
-        ok = c.post("/v1/chat/completions", headers=tiny_daemon.headers,
-                    json={"messages": CHAT, "max_tokens": 8})
+        ok = c.post(
+            "/v1/chat/completions", headers=tiny_daemon.headers, json={"messages": CHAT, "max_tokens": 8}
+        )
         assert ok.status_code == 200
     assert sum(1 for s, _, _ in statuses if 400 <= s < 500) >= 200
     assert "internal error" not in tiny_daemon.log_text()
@@ -379,21 +520,33 @@ def test_steps_limit_and_context_errors_say_what_is_wrong(tiny_daemon: DaemonPro
     assert steps.status_code == 400 and "steps: must be <= 1024" in steps.json()["error"]["message"]
     with tiny_daemon.client() as c:
         # A top_k beyond the vocabulary keeps every token: served as "no top-k", not a device error.
-        wide = c.post("/v1/diffu/generate", json={"prompt": "x", "steps": 2, "max_new_tokens": 4,
-                                                  "top_k": 10**9, "stream": False})
+        wide = c.post(
+            "/v1/diffu/generate",
+            json={"prompt": "x", "steps": 2, "max_new_tokens": 4, "top_k": 10**9, "stream": False},
+        )
     assert wide.status_code == 200, wide.text
     err = context.json()["error"]
     assert context.status_code == 400 and err["code"] == "context_length_exceeded"
     assert "beyond the model's context of 128 tokens" in err["message"]
-    assert too_many.status_code == 400 and too_many.json()["error"]["message"] == \
-        "500 tokens to generate do not fit the model's context of 128 tokens"
+    assert (
+        too_many.status_code == 400
+        and too_many.json()["error"]["message"]
+        == "500 tokens to generate do not fit the model's context of 128 tokens"
+    )
 
 
 def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
-        tmp_path: Path, micro_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, micro_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = isolated_env(tmp_path, DIFFU_MODEL=str(micro_dir), DIFFU_PORT="0", **TINY_ENV)
-    start = subprocess.run([sys.executable, "-m", "assistant.cli", "daemon", "start"], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=240)
+    start = subprocess.run(
+        [sys.executable, "-m", "assistant.cli", "daemon", "start"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert start.returncode == 0, start.stderr
     assert "diffu daemon: ready" in start.stdout and "compiling" in start.stderr  # progress was shown
     discovery = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
@@ -415,9 +568,40 @@ def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
         assert status["pid"] != old_pid and "compiling" in stages and stages[-1] == "ok"
         info = daemon.find_daemon(str(micro_dir))
         assert info is not None and info.pid == status["pid"]
-        stop = subprocess.run([sys.executable, "-m", "assistant.cli", "daemon", "stop"], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
+        stop = subprocess.run(
+            [sys.executable, "-m", "assistant.cli", "daemon", "stop"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert stop.returncode == 0, stop.stderr
         assert not list((tmp_path / "run").glob("*.json"))
     finally:
         stop_background_daemons(tmp_path)
+
+
+def test_holes_in_a_raw_prompt_are_filled_in_one_run(tiny_daemon: DaemonProcess) -> None:
+    body = {
+        "prompt": "def f(<|mask|><|mask|>):\n    return <|mask|><|mask|><|mask|>\n",
+        "max_new_tokens": 0,
+        "stream": False,
+    }
+    r = httpx.post(tiny_daemon.url + "/v1/diffu/generate", json=body, headers=tiny_daemon.headers, timeout=60)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert len(done["holes"]) == 2 and "<|mask|>" not in done["text"]
+    assert done["text"].startswith(done["holes"][0]) and "):\n    return " in done["text"]
+    assert done["usage"]["completion_tokens"] >= 5
+    for bad, message in (
+        ({"prompt": "no holes here", "max_new_tokens": 0}, "has none"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_new_tokens": 0}, "raw prompt"),
+    ):
+        r = httpx.post(
+            tiny_daemon.url + "/v1/diffu/generate",
+            json={**bad, "stream": False},
+            headers=tiny_daemon.headers,
+            timeout=60,
+        )
+        assert r.status_code == 400 and message in r.json()["error"]["message"]

@@ -1,0 +1,235 @@
+"""The language server's pure parts: context windows, post-processing, the cache, holes, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsp import context as ctx
+from lsp.cache import SuggestionCache
+from lsp.context import Mode
+from lsp.holes import MASK, Hole, clean_fill, find_holes, masked_prompt
+from lsp.postprocess import (
+    cut_special,
+    cut_suffix_overlap,
+    drop_repeated_lines,
+    first_line,
+    limit_scope,
+    postprocess,
+)
+from lsp.settings import Settings, parse_settings, settings_section
+
+
+# -- context ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("before", "after", "above", "mode"),
+    [
+        ("    x = ", "", "def f():", Mode.SINGLE_LINE),
+        ("    print(", ")", "", Mode.SINGLE_LINE),  # auto-closed bracket: still inside the line
+        ("def f(x):", "", "", Mode.BLOCK),
+        ("    ", "", "def f(x):", Mode.BLOCK),
+        ("    ", "", "    x = 1", Mode.EMPTY_LINE),
+        ("", "", "", Mode.EMPTY_LINE),
+        ("fn main() {", "", "", Mode.BLOCK),
+    ],
+)
+def test_classify(before: str, after: str, above: str, mode: Mode) -> None:
+    assert ctx.classify(before, after, above) is mode
+
+
+def test_canvas_follows_the_mode() -> None:
+    assert ctx.canvas_tokens(Mode.SINGLE_LINE, 64) == 24
+    assert ctx.canvas_tokens(Mode.EMPTY_LINE, 64) == 32
+    assert ctx.canvas_tokens(Mode.BLOCK, 64) == 64
+    assert ctx.canvas_tokens(Mode.SINGLE_LINE, 8) == 8
+
+
+def test_window_whole_file_when_it_fits() -> None:
+    assert ctx.window("abc\n", "def\n", 100, 0.75) == ("abc\n", "def\n", True)
+
+
+def test_window_splits_the_budget_on_line_boundaries() -> None:
+    before = "".join(f"line {i}\n" for i in range(100)) + "cur = "
+    after = " 1\n" + "".join(f"after {i}\n" for i in range(100))
+    pre, suf, whole = ctx.window(before, after, 200, 0.75)
+    assert not whole and len(pre) + len(suf) <= 200
+    assert before.endswith(pre) and pre.startswith("line ") and pre.endswith("cur = ")
+    assert after.startswith(suf) and suf.endswith("\n")
+    assert 130 <= len(pre) <= 150  # about 75 % of the budget
+    # A short suffix leaves its share to the prefix.
+    pre2, suf2, _ = ctx.window(before, " 1\n", 200, 0.5)
+    assert suf2 == " 1\n" and len(pre2) > 150
+
+
+def test_window_keeps_the_cursor_line_whole() -> None:
+    before = "x\n" + "y" * 500
+    pre, _, _ = ctx.window(before, "", 100, 0.75)
+    assert pre == "y" * 500
+
+
+def test_header_is_a_comment_of_the_language() -> None:
+    assert ctx.header_line("src/app.py", "python") == "# src/app.py (python)\n"
+    assert ctx.header_line("main.rs", "rust") == "// main.rs (rust)\n"
+    assert ctx.header_line("page.html", "html") == "<!-- page.html (html) -->\n"
+    assert ctx.header_line("notes.txt", "plaintext") == ""
+
+
+def test_snippets_pick_related_chunks_of_other_files() -> None:
+    helpers = "def parse_price(text):\n    return float(text)\n\n\ndef unrelated():\n    pass\n"
+    noise = "alpha = beta\ngamma = delta\n"
+    picked = ctx.pick_snippets(
+        [("noise.py", noise), ("helpers.py", helpers)], "total = parse_price(text)", 500
+    )
+    assert [s.name for s in picked] == ["helpers.py"]
+    assert ctx.pick_snippets([("helpers.py", helpers)], "total = parse_price(text)", 10) == []
+
+
+def test_build_prompt_tags_snippets_and_header() -> None:
+    prompt = ctx.build_prompt(
+        before="from helpers import parse_price\n\nprice = parse_",
+        after="\n",
+        path="shop/cart.py",
+        language="python",
+        budget_tokens=400,
+        prefix_fraction=0.75,
+        chars_per_token=3.0,
+        snippet_tokens=100,
+        other_documents=[("shop/helpers.py", "def parse_price(text):\n    return float(text)\n")],
+    )
+    assert prompt.prefix.startswith("<|file_sep|>shop/helpers.py\ndef parse_price(text):")
+    assert "<|file_sep|>shop/cart.py\n# shop/cart.py (python)\nfrom helpers" in prompt.prefix
+    assert prompt.prefix.endswith("price = parse_") and prompt.suffix == "\n"
+    assert prompt.mode is Mode.SINGLE_LINE and prompt.whole_file
+    alone = ctx.build_prompt(
+        before="x = ",
+        after="",
+        path="a.py",
+        language="python",
+        budget_tokens=400,
+        prefix_fraction=0.75,
+        chars_per_token=3.0,
+        snippet_tokens=100,
+    )
+    assert alone.prefix == "# a.py (python)\nx = " and not alone.snippets
+
+
+# -- post-processing ----------------------------------------------------------------------------------
+def test_special_tokens_end_the_text() -> None:
+    assert cut_special("return x<|endoftext|>garbage") == "return x"
+    assert cut_special("a<|dlm_pad|><|dlm_pad|>") == "a"
+    assert cut_special("plain") == "plain"
+
+
+def test_first_line() -> None:
+    assert first_line("x + 1\nmore") == "x + 1"
+    assert first_line("\n    body\nmore") == "\n    body"
+
+
+def test_suffix_overlap() -> None:
+    assert cut_suffix_overlap('"hello")', ")") == '"hello"'  # closes what the text did not open
+    assert cut_suffix_overlap("f(x)", ")") == "f(x)"  # its own bracket: keep it
+    assert cut_suffix_overlap("x = 1\n    return x", "    return x\n") == "x = 1\n"
+    assert cut_suffix_overlap("a\nb\nreturn total", "\n    return total\n") == "a\nb"
+    assert cut_suffix_overlap("value", "") == "value"
+
+
+def test_repeated_lines_end_the_completion() -> None:
+    assert drop_repeated_lines("a = 1\nb = 2\nb = 2\nb = 2", "", "x = 0") == "a = 1\nb = 2"
+    assert drop_repeated_lines("x = 0\ny = 1", "", "x = 0") == ""  # repeats the line above the cursor
+    assert drop_repeated_lines("1\n    total = 1", "    total = ", "") == "1"
+
+
+def test_scope_by_indentation() -> None:
+    body = "\n    return x\n\ndef g():\n    pass"
+    assert limit_scope(body, "def f(x):", "", Mode.BLOCK) == "\n    return x\n"
+    assert (
+        limit_scope("y = 2\n    z = 3\nprint(z)", "    ", "    x = 1", Mode.EMPTY_LINE) == "y = 2\n    z = 3"
+    )
+
+
+def test_pipeline() -> None:
+    kw = {
+        "suffix": "\n    return result\n",
+        "cursor_line": "        result = ",
+        "line_above": "    for x in items:",
+    }
+    assert (
+        postprocess("result + x\n    return result", mode=Mode.SINGLE_LINE, min_chars=4, **kw) == "result + x"
+    )
+    assert postprocess("x<|endoftext|>", mode=Mode.SINGLE_LINE, min_chars=4, **kw) is None  # too short
+    assert postprocess("   \n", mode=Mode.SINGLE_LINE, min_chars=1, **kw) is None
+    assert postprocess("\nnext line", mode=Mode.SINGLE_LINE, min_chars=1, **kw) is None
+
+
+# -- cache --------------------------------------------------------------------------------------------
+def test_cache_exact_and_forwarding() -> None:
+    cache = SuggestionCache(capacity=2)
+    cache.put("def f():\n    return ", "\n", "fp", "x + 1")
+    assert cache.get("def f():\n    return ", "\n", "fp") == "x + 1"
+    assert cache.get("def f():\n    return ", "\n", "other settings") is None
+    assert cache.get("def f():\n    return x ", "\n", "fp") == "+ 1"  # typed "x "
+    assert cache.get("def f():\n    return y", "\n", "fp") is None  # typed something else
+    assert cache.get("def f():\n    return ", "\nmore", "fp") is None  # the code after changed
+    assert (cache.hits, cache.forward_hits) == (1, 1)
+    cache.put("a", "", "fp", "1")
+    cache.put("b", "", "fp", "2")
+    assert cache.get("def f():\n    return ", "\n", "fp") is None  # evicted: capacity 2
+
+
+def test_cache_forwarding_with_long_prefixes() -> None:
+    before = "x" * 10_000
+    cache = SuggestionCache()
+    cache.put(before, "", "fp", "abcdef")
+    assert cache.get(before + "abc", "", "fp") == "def"
+
+
+# -- holes --------------------------------------------------------------------------------------------
+def test_find_holes() -> None:
+    text = f"a = {MASK}{MASK}{MASK}\nb = ???\nc = ???\n"
+    holes = find_holes(text, "???", 16)
+    assert [(h.tokens, text[h.start : h.end]) for h in holes] == [(3, MASK * 3), (16, "???"), (16, "???")]
+    assert len(find_holes(text, "???", 16, start=text.index("b"), end=text.index("c"))) == 1
+    assert len(find_holes(text, "", 16)) == 1  # no marker: only masks
+
+
+def test_masked_prompt_windows_around_the_holes() -> None:
+    text = (
+        "".join(f"line {i}\n" for i in range(200))
+        + "x = ???\ny = ???\n"
+        + "".join(f"t {i}\n" for i in range(200))
+    )
+    holes = find_holes(text, "???", 4)
+    prompt = masked_prompt(text, holes, path="a.py", language="python", budget_chars=300)
+    assert prompt.text.startswith("# a.py (python)\n")
+    assert f"x = {MASK * 4}\ny = {MASK * 4}\n" in prompt.text
+    assert len(prompt.text) - 8 * len(MASK) + 8 <= 300 + 20
+
+
+def test_clean_fill() -> None:
+    doc = "x = ???\n    ???\n"
+    inline, alone = Hole(4, 7, 8), Hole(12, 15, 8)
+    assert clean_fill(" 42\nextra", doc, inline) == "42"
+    assert clean_fill("a = 1\n    b = 2\n\n", doc, alone) == "a = 1\n    b = 2"
+    assert clean_fill("<|endoftext|>", doc, alone) == ""
+
+
+# -- settings -----------------------------------------------------------------------------------------
+def test_settings_parse_and_report() -> None:
+    s, problems = parse_settings({"diffu": {"debounceMs": 50, "languages": ["python"], "maxTokens": 2000}})
+    assert s.debounce_ms == 50 and s.languages == ("python",) and s.max_tokens == Settings().max_tokens
+    assert problems == ["maxTokens: must be in 1..1024, got 2000; keeping 64"]
+    s, problems = parse_settings({"enable": "yes", "nope": 1, "daemonUrl": "http://127.0.0.1:1"}, s)
+    assert s.enable is True and s.url == "http://127.0.0.1:1" and s.debounce_ms == 50
+    assert problems[0].startswith("enable: expected true or false") and problems[1].startswith(
+        "nope: unknown"
+    )
+    assert parse_settings({"url": "localhost:8012"})[1] == [
+        "url: must start with http:// or https://, got 'localhost:8012'; keeping None"
+    ]
+    assert parse_settings("nonsense")[1] == ["settings: expected an object, got str"]
+
+
+def test_settings_section() -> None:
+    assert settings_section({"diffu": {"enable": False}}) == {"enable": False}
+    assert settings_section({"enable": False}) == {"enable": False}
+    assert settings_section({"python": {}}) is None
+    assert settings_section(None) is None
