@@ -260,6 +260,14 @@ def env_values(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     return out
 
 
+def bundled_model() -> str | None:
+    """The demo model that ships in the package, used when no model is configured (None if absent)."""
+    from model_runtime.bundled import bundled_model_dir
+
+    path = bundled_model_dir()
+    return str(path) if (path / "config.json").is_file() else None
+
+
 def load_config(
     flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None, path: Path | None = None
 ) -> tuple[Config, dict[str, str]]:
@@ -281,6 +289,10 @@ def load_config(
         if key not in FIELDS:
             raise ConfigError(key, "flag", "not a config key")
         values[key], sources[key] = _coerce(key, value, "flag"), "flag"
+    if values.get("model") is None:
+        bundled = bundled_model()
+        if bundled is not None:
+            values["model"], sources["model"] = bundled, "default (the bundled demo model)"
     try:
         return Config(**values), sources
     except ConfigError as exc:

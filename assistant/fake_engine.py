@@ -27,10 +27,37 @@ from model_runtime.params import DoneEvent, GenerationStats, SamplingParams, Ste
 
 PAD_ID, EOS_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3, 4
 FIRST_CHAR_ID = 16
-_SPECIAL = {PAD_ID: "<|endoftext|>", EOS_ID: "<|eos|>", MASK_ID: "<|mask|>", IM_START_ID: "<|im_start|>",
-            IM_END_ID: "<|im_end|>"}
-_WORDS = ("def", "return", "x", "y", "value", "items", "for", "in", "if", "None", "result", "print", "self",
-          "list", "total", "+", "=", "(", ")", ":", "0", "1")
+_SPECIAL = {
+    PAD_ID: "<|endoftext|>",
+    EOS_ID: "<|eos|>",
+    MASK_ID: "<|mask|>",
+    IM_START_ID: "<|im_start|>",
+    IM_END_ID: "<|im_end|>",
+}
+_WORDS = (
+    "def",
+    "return",
+    "x",
+    "y",
+    "value",
+    "items",
+    "for",
+    "in",
+    "if",
+    "None",
+    "result",
+    "print",
+    "self",
+    "list",
+    "total",
+    "+",
+    "=",
+    "(",
+    ")",
+    ":",
+    "0",
+    "1",
+)
 
 
 class FakeTokenizer:
@@ -75,6 +102,9 @@ class CanvasRow:
 @dataclass
 class FakeRuntime:
     """The fake runtime. Options come from ``fake:key=value,...`` model specs (see :func:`load_fake`)."""
+
+    # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
+    supports_holes = False
 
     step_delay: float = 0.0
     load_delay: float = 0.0
@@ -125,7 +155,7 @@ class FakeRuntime:
     # -- generation ------------------------------------------------------------------------------------
     def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:
         """The ids the fake model converges to for ``row``: words, then a stop token if they run short."""
-        context = row.ids[:row.region[0]] + row.ids[row.region[1]:]
+        context = row.ids[: row.region[0]] + row.ids[row.region[1] :]
         digest = hashlib.sha256(repr(context).encode()).digest()
         seed = int.from_bytes(digest[:8], "little") + (params.seed if params.temperature > 0 else 0)
         rng = random.Random(seed)
@@ -169,9 +199,14 @@ class FakeRuntime:
                 for p in chosen:
                     canvas[p] = target[p]
                 unmasked.append(chosen)
-            yield StepEvent(step=step, steps=steps, canvas=[list(c) for c in canvases], unmasked=unmasked,
-                            seconds=time.perf_counter() - t0,
-                            masks_left=[c.count(MASK_ID) for c in canvases])
+            yield StepEvent(
+                step=step,
+                steps=steps,
+                canvas=[list(c) for c in canvases],
+                unmasked=unmasked,
+                seconds=time.perf_counter() - t0,
+                masks_left=[c.count(MASK_ID) for c in canvases],
+            )
         texts, new_tokens = [], 0
         for row, canvas in zip(rows, canvases, strict=True):
             stops = self.tokenizer.stop_ids(chat=row.chat)
@@ -180,22 +215,37 @@ class FakeRuntime:
             new_tokens += cut
         seconds = time.perf_counter() - t0
         longest = max(len(r.ids) for r in rows)
-        bucket = min(((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest),
-                     default=(len(rows), longest))
-        stats = GenerationStats(steps=steps, new_tokens=new_tokens, batch_size=len(rows), compile_seconds=0.0,
-                                generate_seconds=seconds, tokens_per_second=new_tokens / max(seconds, 1e-9),
-                                bucket=bucket)
-        sequences = [[*r.ids[:r.region[0]], *c, *r.ids[r.region[1]:]]
-                     for r, c in zip(rows, canvases, strict=True)]
-        yield DoneEvent(texts=texts, sequences=sequences, generated=canvases,
-                        prompt_lengths=[r.region[0] for r in rows], stats=stats)
+        bucket = min(
+            ((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest), default=(len(rows), longest)
+        )
+        stats = GenerationStats(
+            steps=steps,
+            new_tokens=new_tokens,
+            batch_size=len(rows),
+            compile_seconds=0.0,
+            generate_seconds=seconds,
+            tokens_per_second=new_tokens / max(seconds, 1e-9),
+            bucket=bucket,
+        )
+        sequences = [
+            [*r.ids[: r.region[0]], *c, *r.ids[r.region[1] :]] for r, c in zip(rows, canvases, strict=True)
+        ]
+        yield DoneEvent(
+            texts=texts,
+            sequences=sequences,
+            generated=canvases,
+            prompt_lengths=[r.region[0] for r in rows],
+            stats=stats,
+        )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 chat: bool) -> Iterator[StepEvent | DoneEvent]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, chat: bool
+    ) -> Iterator[StepEvent | DoneEvent]:
         return self.run([self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts], params)
 
-    def infill(self, prefix: str, suffix: str, canvas_tokens: int,
-               params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+    def infill(
+        self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
+    ) -> Iterator[StepEvent | DoneEvent]:
         return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
 
@@ -209,8 +259,9 @@ def parse_fake_spec(spec: str) -> dict[str, float | int]:
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key not in _FAKE_FIELDS:
-            raise ModelError(f"fake model option {item!r}: expected key=value with key in "
-                             f"{', '.join(_FAKE_FIELDS)}")
+            raise ModelError(
+                f"fake model option {item!r}: expected key=value with key in {', '.join(_FAKE_FIELDS)}"
+            )
         try:
             options[key] = _FAKE_FIELDS[key](value)
         except ValueError:
@@ -218,9 +269,14 @@ def parse_fake_spec(spec: str) -> dict[str, float | int]:
     return options
 
 
-def load_fake(spec: str, *, progress: Callable[[str, float], None] | None = None,
-              max_context: int | None = None, length_buckets: Sequence[int] | None = None,
-              batch_buckets: Sequence[int] | None = None) -> FakeRuntime:
+def load_fake(
+    spec: str,
+    *,
+    progress: Callable[[str, float], None] | None = None,
+    max_context: int | None = None,
+    length_buckets: Sequence[int] | None = None,
+    batch_buckets: Sequence[int] | None = None,
+) -> FakeRuntime:
     """Build a :class:`FakeRuntime` from a ``fake:...`` spec, reporting load progress like the real one.
 
     The keyword arguments mirror ``model_runtime.load``; options in the spec win over them.

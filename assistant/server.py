@@ -475,7 +475,7 @@ class Daemon:
                 },
                 "auth": self.config.auth,
                 # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
-                "features": ["holes"],
+                "features": ["holes"] if rt is not None and getattr(rt, "supports_holes", True) else [],
             }
         )
 

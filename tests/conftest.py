@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,38 @@ def runtime(tiny_dir: Path):
     import model_runtime
 
     return model_runtime.load(tiny_dir, length_buckets=(32, 64, 128), batch_buckets=(1, 2, 4))
+
+
+# -- daemons shared by the daemon, LSP and chat tests: real ``diffu serve`` subprocesses ---------------
+
+
+@pytest.fixture(scope="session")
+def fake_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A daemon on the JAX-free fake runtime: 20 ms a step, 4 queue places, 64 KiB bodies."""
+    from tests.assistant.helpers import isolated_env, start_daemon
+
+    root = tmp_path_factory.mktemp("fake-daemon")
+    env = isolated_env(root, DIFFU_QUEUE_SIZE="4", DIFFU_MAX_BODY_BYTES="65536")
+    daemon = start_daemon(root, "fake:step_delay=0.02", env=env)
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def micro_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random checkpoint in the published DiffuCoder layout, shrunk further for daemon tests."""
+    from model_runtime.tiny import write_tiny_checkpoint
+    from tests.assistant.helpers import MICRO_MODEL
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("micro") / "DiffuCoder-micro", **MICRO_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_daemon(tmp_path_factory: pytest.TempPathFactory, micro_dir: Path) -> Iterator:
+    """A daemon serving a tiny random checkpoint on the real JAX runtime."""
+    from tests.assistant.helpers import TINY_ENV, isolated_env, start_daemon
+
+    root = tmp_path_factory.mktemp("tiny-daemon")
+    daemon = start_daemon(root, str(micro_dir), env=isolated_env(root, **TINY_ENV))
+    yield daemon
+    daemon.stop()

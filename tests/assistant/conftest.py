@@ -1,45 +1,11 @@
-"""Fixtures for daemon tests: real ``diffu serve`` subprocesses and isolated diffu directories.
-
-Daemons are session-scoped where tests can share them: starting one on the tiny checkpoint costs a JAX
-import plus compiling its buckets.
-"""
+"""Fixtures for daemon tests: isolated diffu directories (the shared daemons live in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.assistant.helpers import MICRO_MODEL, TINY_ENV, DaemonProcess, isolated_env, start_daemon
-
-
-@pytest.fixture(scope="session")
-def fake_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A daemon on the JAX-free fake runtime: 20 ms a step, 4 queue places, 64 KiB bodies."""
-    root = tmp_path_factory.mktemp("fake-daemon")
-    env = isolated_env(root, DIFFU_QUEUE_SIZE="4", DIFFU_MAX_BODY_BYTES="65536")
-    daemon = start_daemon(root, "fake:step_delay=0.02", env=env)
-    yield daemon
-    daemon.stop()
-
-
-@pytest.fixture(scope="session")
-def micro_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random checkpoint in the published DiffuCoder layout, shrunk further for daemon tests."""
-    from model_runtime.tiny import write_tiny_checkpoint
-
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("micro") / "DiffuCoder-micro", **MICRO_MODEL)
-
-
-@pytest.fixture(scope="session")
-def tiny_daemon(tmp_path_factory: pytest.TempPathFactory, micro_dir: Path) -> Iterator[DaemonProcess]:
-    """A daemon serving a tiny random checkpoint on the real JAX runtime."""
-    root = tmp_path_factory.mktemp("tiny-daemon")
-    daemon = start_daemon(root, str(micro_dir), env=isolated_env(root, **TINY_ENV))
-    yield daemon
-    daemon.stop()
 
 
 @pytest.fixture

@@ -22,8 +22,10 @@ def write(path: Path, text: str) -> Path:
 
 def test_defaults_without_file_or_env(tmp_path: Path) -> None:
     config, sources = load_config(env={}, path=tmp_path / "absent.toml")
-    assert config == Config()
+    # No model configured: the demo model bundled in the package.
+    assert config == Config(model=config.model) and config.model.endswith("model_runtime/bundled/model")
     assert config.host == "127.0.0.1" and config.port == DEFAULT_PORT and config.auth
+    assert sources.pop("model") == "default (the bundled demo model)"
     assert set(sources.values()) == {"default"}
 
 

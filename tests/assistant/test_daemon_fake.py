@@ -46,9 +46,12 @@ def test_full_queue_answers_503_with_retry_after(fake_daemon: DaemonProcess) -> 
             running = asyncio.ensure_future(c.post("/v1/diffu/generate", json={**LONG, "stream": False}))
             assert await asyncio.to_thread(wait_until, lambda: _queue(fake_daemon)["running"] == 1)
             # Different seeds: equal parameters would be batched instead of queued.
-            waiting = [asyncio.ensure_future(c.post("/v1/diffu/generate", json={**LONG, "seed": i + 1,
-                                                                              "stream": False}))
-                       for i in range(4)]
+            waiting = [
+                asyncio.ensure_future(
+                    c.post("/v1/diffu/generate", json={**LONG, "seed": i + 1, "stream": False})
+                )
+                for i in range(4)
+            ]
             assert await asyncio.to_thread(wait_until, lambda: _queue(fake_daemon)["pending"] == 4)
             refused = await c.post("/v1/diffu/generate", json={**LONG, "seed": 99, "stream": False})
             for task in [running, *waiting]:
@@ -59,8 +62,9 @@ def test_full_queue_answers_503_with_retry_after(fake_daemon: DaemonProcess) -> 
     refused = asyncio.run(main())
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert "queue is full" in refused.json()["error"]["message"]
-    assert wait_until(lambda: _queue(fake_daemon) == {"pending": 0, "running": 0, "capacity": 4,
-                                                      "max_batch": 16})
+    assert wait_until(
+        lambda: _queue(fake_daemon) == {"pending": 0, "running": 0, "capacity": 4, "max_batch": 16}
+    )
 
 
 def _queue(daemon: DaemonProcess) -> dict[str, int]:
@@ -88,8 +92,16 @@ def test_time_budget_and_explicit_cancel(fake_daemon: DaemonProcess) -> None:
 
 def test_the_llama_time_budget_returns_what_is_unmasked(fake_daemon: DaemonProcess) -> None:
     with fake_daemon.client() as c:
-        r = c.post("/infill", json={"input_prefix": "def f():\n", "input_suffix": "\n", "n_predict": 64,
-                                    "steps": 1000, "t_max_predict_ms": 200})
+        r = c.post(
+            "/infill",
+            json={
+                "input_prefix": "def f():\n",
+                "input_suffix": "\n",
+                "n_predict": 64,
+                "steps": 1000,
+                "t_max_predict_ms": 200,
+            },
+        )
     assert r.status_code == 200 and r.json()["stop_type"] == "limit" and r.json()["timings"]["steps"] < 100
 
 
@@ -97,18 +109,27 @@ def test_cors_only_for_local_origins_and_body_limit(fake_daemon: DaemonProcess) 
     with fake_daemon.client() as c:
         ok = c.get("/v1/models", headers={"origin": "http://localhost:5173"})
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://localhost:5173"
-        preflight = c.options("/v1/chat/completions", headers={
-            "origin": "http://127.0.0.1:3000", "access-control-request-method": "POST",
-            "access-control-request-headers": "authorization, content-type"})
+        preflight = c.options(
+            "/v1/chat/completions",
+            headers={
+                "origin": "http://127.0.0.1:3000",
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "authorization, content-type",
+            },
+        )
         assert preflight.status_code == 204
         assert "authorization" in preflight.headers["access-control-allow-headers"]
         foreign = c.get("/v1/models", headers={"origin": "https://evil.example"})
         assert foreign.status_code == 403 and "access-control-allow-origin" not in foreign.headers
-        foreign_preflight = c.options("/v1/models", headers={"origin": "https://evil.example",
-                                                             "access-control-request-method": "GET"})
+        foreign_preflight = c.options(
+            "/v1/models", headers={"origin": "https://evil.example", "access-control-request-method": "GET"}
+        )
         assert foreign_preflight.status_code == 403
-        big = c.post("/v1/completions", content=b'{"prompt": "' + b"x" * 70000 + b'"}',
-                     headers={"content-type": "application/json"})
+        big = c.post(
+            "/v1/completions",
+            content=b'{"prompt": "' + b"x" * 70000 + b'"}',
+            headers={"content-type": "application/json"},
+        )
         assert big.status_code == 413 and "limit 65536 bytes" in big.json()["error"]["message"]
 
 
@@ -120,23 +141,32 @@ def test_streaming_client_that_leaves_cancels_its_job(fake_daemon: DaemonProcess
         for event in client.stream_generate(prompt="def f(x):", max_new_tokens=16, steps=1000):
             assert isinstance(event, Step)
             break  # leaving the loop closes the stream
-    assert wait_until(lambda: httpx.get(fake_daemon.url + "/v1/diffu/status", headers=fake_daemon.headers)
-                      .json()["counters"]["cancelled"] == before["cancelled"] + 1)
+    assert wait_until(
+        lambda: (
+            httpx.get(fake_daemon.url + "/v1/diffu/status", headers=fake_daemon.headers).json()["counters"][
+                "cancelled"
+            ]
+            == before["cancelled"] + 1
+        )
+    )
 
 
 def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
     from assistant.client import APIError, AsyncClient, Client, Done, Step
 
     with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
-        events = list(client.stream_generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8,
-                                             steps=4))
+        events = list(
+            client.stream_generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8, steps=4)
+        )
         assert [type(e) for e in events] == [Step] * 4 + [Done]
         done = client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8, steps=4)
         assert done.text == events[-1].text  # deterministic model: streamed and not agree
         infill = client.infill("def f(", "):\n", canvas_tokens=8, steps=4)
         assert infill.usage["completion_tokens"] <= 8
-        assert client.chat_completions([{"role": "user", "content": "hi"}], max_tokens=8)["object"] == \
-            "chat.completion"
+        assert (
+            client.chat_completions([{"role": "user", "content": "hi"}], max_tokens=8)["object"]
+            == "chat.completion"
+        )
         with pytest.raises(APIError) as info:
             client.generate(prompt="x", steps=0)
         assert info.value.status == 400 and info.value.param == "steps"
@@ -162,12 +192,16 @@ def test_no_auth_accepts_any_key_and_none(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
-@pytest.mark.parametrize(("sig", "steps", "grace", "finished"), [
-    (signal.SIGTERM, 1000, "0.5", False),  # 20 s of work, 0.5 s of grace: cancelled
-    (signal.SIGINT, 40, "10", True),  # 0.8 s of work within the grace period: finished
-])
+@pytest.mark.parametrize(
+    ("sig", "steps", "grace", "finished"),
+    [
+        (signal.SIGTERM, 1000, "0.5", False),  # 20 s of work, 0.5 s of grace: cancelled
+        (signal.SIGINT, 40, "10", True),  # 0.8 s of work within the grace period: finished
+    ],
+)
 def test_signals_stop_accepting_finish_or_cancel_work_and_remove_lock_and_discovery(
-        tmp_path: Path, sig: int, steps: int, grace: str, finished: bool) -> None:
+    tmp_path: Path, sig: int, steps: int, grace: str, finished: bool
+) -> None:
     env = isolated_env(tmp_path, DIFFU_SHUTDOWN_GRACE=grace)
     daemon = start_daemon(tmp_path, "fake:step_delay=0.02", env=env)
     run_dir = tmp_path / "run"
@@ -237,19 +271,37 @@ def test_a_non_loopback_bind_is_logged_and_skips_the_host_check(tmp_path: Path) 
 def test_serve_errors_exit_2_with_a_message(tmp_path: Path) -> None:
     env = isolated_env(tmp_path)
     run = [sys.executable, "-m", "assistant.cli"]
-    no_model = subprocess.run([*run, "serve", "--port", "0"], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=60)
-    assert no_model.returncode == 2 and "no model to serve: pass --model" in no_model.stderr
+    shown = subprocess.run(
+        [*run, "config", "show"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    # With no model configured, the daemon and its clients use the demo model bundled in the package.
+    assert (
+        shown.returncode == 0
+        and "bundled demo model" in shown.stdout
+        and "model_runtime/bundled" in shown.stdout
+    )
     empty = tmp_path / "not-a-checkpoint"
     empty.mkdir()
-    bad = subprocess.run([*run, "serve", "--model", str(empty), "--port", "0"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*run, "serve", "--model", str(empty), "--port", "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and f"cannot serve {empty}" in bad.stderr and "Traceback" not in bad.stderr
     assert not list((tmp_path / "run").glob("*.json"))
     daemon = start_daemon(tmp_path / "second", "fake")
     try:
-        twice = subprocess.run([*run, "serve", "--model", "fake", "--port", "0"], cwd=REPO, env=daemon.env,
-                               capture_output=True, text=True, timeout=60)
+        twice = subprocess.run(
+            [*run, "serve", "--model", "fake", "--port", "0"],
+            cwd=REPO,
+            env=daemon.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert twice.returncode == 2 and f"already running at {daemon.url}" in twice.stderr
     finally:
         daemon.stop()
@@ -259,8 +311,14 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
     env = isolated_env(tmp_path, DIFFU_MODEL="fake:load_delay=0.3,warmup_delay=0.05")
 
     def diffu(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "assistant.cli", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "assistant.cli", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     assert diffu("daemon", "status").returncode == 3
     start = diffu("daemon", "start", "--port", "0")
@@ -289,11 +347,15 @@ def test_health_stream_reports_a_failed_load(tmp_path: Path) -> None:
 
     daemon = start_daemon(tmp_path, "fake:load_delay=0.3,max_context=0", wait=False)
     try:
-        with Client(daemon.url, daemon.token, autostart=False) as client, \
-                pytest.raises(DaemonUnavailable, match="could not load its model: max_context: must be >= 2"):
+        with (
+            Client(daemon.url, daemon.token, autostart=False) as client,
+            pytest.raises(DaemonUnavailable, match="could not load its model: max_context: must be >= 2"),
+        ):
             client.connect()
     finally:
         daemon.proc.wait(30)
     assert daemon.proc.returncode == 2
-    assert "cannot serve fake:load_delay=0.3,max_context=0: max_context: must be >= 2" in \
-        (tmp_path / "stderr.txt").read_text()
+    assert (
+        "cannot serve fake:load_delay=0.3,max_context=0: max_context: must be >= 2"
+        in (tmp_path / "stderr.txt").read_text()
+    )

@@ -48,7 +48,7 @@ def test_parse_json_errors(body: bytes, message: str) -> None:
     ({"prompt": "x", "temperature": float("nan")}, "temperature: expected a finite number"),
     ({"prompt": "x", "alg": "greedy"}, "alg: must be one of origin, maskgit_plus, topk_margin, entropy"),
     ({"prompt": 5}, "prompt: expected a string, got 5"),
-    ({"prompt": "x", "max_new_tokens": -3}, "max_new_tokens: must be >= 1, got -3"),
+    ({"prompt": "x", "max_new_tokens": -3}, "max_new_tokens: must be >= 0, got -3"),
     ({"prompt": "x", "stream": "yes"}, "stream: expected true or false"),
     ({"messages": []}, "messages: expected a non-empty array"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role: expected 'system', 'user'"),

@@ -1,7 +1,7 @@
 """Fixtures for language-server tests: real ``diffu lsp`` processes over stdio, real daemons.
 
-The daemons are the daemon tests' own fixtures (the JAX-free fake backend and the tiny checkpoint),
-imported rather than redefined. Each test starts its own ``diffu lsp`` (under a second) with a pytest-lsp
+The daemons are the shared session fixtures of tests/conftest.py (the JAX-free fake backend and the
+tiny checkpoint). Each test starts its own ``diffu lsp`` (under a second) with a pytest-lsp
 client that also records the editor-side requests a server makes: capability registrations and
 workspace edits.
 """
@@ -25,7 +25,6 @@ pytest_asyncio = pytest.importorskip("pytest_asyncio")
 from lsprotocol import types  # noqa: E402
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities  # noqa: E402
 
-from tests.assistant.conftest import fake_daemon, micro_dir, tiny_daemon  # noqa: E402,F401
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
