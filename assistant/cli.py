@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "assistant.commands.serve",
     "assistant.commands.daemon",
     "assistant.commands.config",
+    "assistant.commands.train",
     "assistant.commands.lsp",
 )
 

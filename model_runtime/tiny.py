@@ -165,6 +165,29 @@ def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[
     return out
 
 
+def write_generation_files(out_dir: str | Path, cfg: DreamConfig) -> None:
+    """``generation_config.json`` and ``special_tokens_map.json`` as a published Dream directory has them.
+
+    diffu reads neither (the reference's diffusion_generate ignores generation_config.json too); they are
+    written so an exported directory looks like the real thing to other tools.
+    """
+    out = Path(out_dir)
+    gen = {
+        "_from_model_config": True,
+        "bos_token_id": cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+    }
+    special = {
+        "bos_token": "<|beginoftext|>",
+        "eos_token": "<|endoftext|>",
+        "mask_token": "<|mask|>",
+        "pad_token": "<|endoftext|>",
+    }
+    for name, obj in (("generation_config.json", gen), ("special_tokens_map.json", special)):
+        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def write_tiny_checkpoint(
     out_dir: str | Path,
     *,
@@ -188,26 +211,7 @@ def write_tiny_checkpoint(
     )
     cfg = DreamConfig.from_dict(cfg_dict)
     write_checkpoint(out, cfg_dict, random_tensors(cfg, seed), shards=shards, dtype=dtype)
-    gen = {
-        "_from_model_config": True,
-        "bos_token_id": cfg.eos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
-        "transformers_version": "4.51.3",
-    }
-    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(
-        json.dumps(
-            {
-                "bos_token": "<|beginoftext|>",
-                "eos_token": "<|endoftext|>",
-                "mask_token": "<|mask|>",
-                "pad_token": "<|endoftext|>",
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_generation_files(out, cfg)
     for name in _CUSTOM_CODE:
         (out / name).write_text(_TRAP)
     return out

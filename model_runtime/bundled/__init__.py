@@ -1,6 +1,6 @@
 """The bundled demo model: a small DiffuCoder-architecture model trained by ``diffu train``.
 
-It is a demonstration of the system, not DiffuCoder-7B: 3.2M parameters trained for about 45 minutes on
+It is a demonstration of the system, not DiffuCoder-7B: 3.2M parameters trained for about 30 minutes on
 two CPU cores on the Python standard library (``scripts/train_bundled.sh`` is the exact recipe; the
 held-out metrics are in ``model/metrics.json``). It ships inside the package so that ``diffu generate``,
 ``chat``, ``serve`` and ``lsp`` work on a fresh clone with no download. The directory holds only data

@@ -122,7 +122,7 @@ def build_eval_set(
     return EvalSet(windows, tuple(cases), top_token, top_line)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mask_id", "rate", "eps"))
+@partial(jax.jit, static_argnames=("graphdef", "mask_id", "eps"))
 def _window_stats(
     graphdef: nnx.GraphDef,
     params: nnx.State,
@@ -130,24 +130,26 @@ def _window_stats(
     valid: jax.Array,
     key: jax.Array,
     top_token: jax.Array,
+    rate: jax.Array,
     *,
     mask_id: int,
-    rate: float | None,
     eps: float,
 ) -> jax.Array:
     """Sums over the valid rows of one batch: [objective, masked, correct, CE, baseline correct].
 
-    ``rate=None`` draws t per row as in training (for the objective); a number masks at that rate.
+    ``rate < 0`` draws t per row as in training (for the objective); otherwise tokens are masked at
+    that rate. The rate is traced, not static, so one compiled program serves every rate.
     """
-    if rate is None:
-        noised = add_noise(key, tokens, mask_id, eps)
-    else:
-        noised = mask_at_rate(key, tokens, mask_id, rate)
-    logits = nnx.merge(graphdef, params)(noised.noisy)
+    drawn, fixed = add_noise(key, tokens, mask_id, eps), mask_at_rate(key, tokens, mask_id, rate)
+    use_drawn = rate < 0
+    noisy = jnp.where(use_drawn, drawn.noisy, fixed.noisy)
+    masked = jnp.where(use_drawn, drawn.masked, fixed.masked)
+    t = jnp.where(use_drawn, drawn.t, fixed.t)
+    logits = nnx.merge(graphdef, params)(noisy)
     ce = token_losses(logits, tokens)  # [B, L], shifted as in training
-    m = noised.masked & valid[:, None]
+    m = masked & valid[:, None]
     # Per-row 1/t-weighted objective, normalised by the row's scorable tokens (objective.py).
-    row_obj = jnp.sum(jnp.where(m, ce, 0.0), axis=-1) / noised.t / (tokens.shape[1] - 1)
+    row_obj = jnp.sum(jnp.where(m, ce, 0.0), axis=-1) / t / (tokens.shape[1] - 1)
     correct = jnp.argmax(shift_logits(logits), axis=-1) == tokens
     return jnp.stack(
         [
@@ -192,8 +194,8 @@ def masked_token_metrics(
                 jnp.asarray(valid),
                 k,
                 jnp.int32(ev.top_token),
+                jnp.float32(-1.0 if rate is None else rate),
                 mask_id=mask_id,
-                rate=None if rate is None else float(rate),
                 eps=eps,
             )
             totals += np.asarray(stats, dtype=np.float64)
@@ -208,26 +210,30 @@ def masked_token_metrics(
 
 
 def _fill(
-    graphdef: nnx.GraphDef, params: nnx.State, ids: jax.Array, attn: jax.Array, mask_id: int
+    graphdef: nnx.GraphDef, params: nnx.State, ids: jax.Array, attn: jax.Array, steps: jax.Array, mask_id: int
 ) -> jax.Array:
-    """Greedy iterative unmasking until no mask is left: each step commits, in every row, the masked
-    position whose argmax probability is highest."""
+    """Greedy iterative unmasking: each step commits, in every row that still has masks, the masked
+    position whose argmax probability is highest. ``steps`` (the largest hole) bounds the loop."""
     model = nnx.merge(graphdef, params)
     n = ids.shape[1]
 
-    def cond(x: jax.Array) -> jax.Array:
-        return jnp.any(x == mask_id)
+    def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
+        i, x = carry
+        return (i < steps) & jnp.any(x == mask_id)
 
-    def body(x: jax.Array) -> jax.Array:
+    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, x = carry
         logits = shift_logits(model(x, attn)).astype(jnp.float32)  # [B, L, V]
+        # <|mask|> is never a training target, but a committed mask would stay a hole: rule it out.
+        logits = logits.at[..., mask_id].set(-jnp.inf)
         probs = jax.nn.softmax(logits, axis=-1)
         conf, pred = jnp.max(probs, axis=-1), jnp.argmax(probs, axis=-1)  # [B, L]
         masked = x == mask_id
         pos = jnp.argmax(jnp.where(masked, conf, -1.0), axis=-1)  # [B]
         commit = (jnp.arange(n)[None, :] == pos[:, None]) & jnp.any(masked, axis=-1, keepdims=True)
-        return jnp.where(commit, pred, x)
+        return i + 1, jnp.where(commit, pred, x)
 
-    return jax.lax.while_loop(cond, body, ids)
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), ids))[1]
 
 
 _fill_jit = jax.jit(_fill, static_argnames=("graphdef", "mask_id"))
@@ -262,7 +268,8 @@ def infill_metrics(
             row = c.prefix + (mask_id,) * len(c.middle) + c.suffix
             ids[r, : len(row)] = row
             attn[r, : len(row)] = True
-        filled = np.asarray(_fill_jit(graphdef, params, jnp.asarray(ids), jnp.asarray(attn), mask_id))
+        steps = jnp.int32(max(len(cases[i].middle) for i in idx))
+        filled = np.asarray(_fill_jit(graphdef, params, jnp.asarray(ids), jnp.asarray(attn), steps, mask_id))
         for r, i in enumerate(idx):
             c = cases[i]
             got = tok.decode(filled[r, len(c.prefix) : len(c.prefix) + len(c.middle)].tolist())

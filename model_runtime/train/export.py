@@ -21,7 +21,7 @@ from flax import nnx
 
 from model_runtime.checkpoint import hf_state_dict
 from model_runtime.config import DreamConfig
-from model_runtime.tiny import write_checkpoint
+from model_runtime.tiny import write_checkpoint, write_generation_files
 from model_runtime.train.corpus import TOKENIZER_FILES
 
 # Beyond this many bytes per file, split the weights into shards as the hub checkpoints do.
@@ -62,22 +62,7 @@ def export_model(
         src = Path(tokenizer_dir) / name
         if src.is_file() and src.resolve() != (out / name).resolve():
             shutil.copyfile(src, out / name)
-    gen = {
-        "_from_model_config": True,
-        "bos_token_id": cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
-    }
-    _write_json(out / "generation_config.json", gen)
-    _write_json(
-        out / "special_tokens_map.json",
-        {
-            "bos_token": "<|beginoftext|>",
-            "eos_token": "<|endoftext|>",
-            "mask_token": "<|mask|>",
-            "pad_token": "<|endoftext|>",
-        },
-    )
+    write_generation_files(out, cfg)
     for name, obj in (extra_files or {}).items():
         _write_json(out / name, obj)
     return out

@@ -15,7 +15,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from model_runtime import compile_cache
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.model import DreamModel
@@ -80,7 +81,6 @@ class LoopOptions:
     on_step: Callable[[int, dict[str, float]], None] | None = None
     # Called every eval_every steps with (step, ema params); returns metrics to log.
     evaluate: Callable[[int, nnx.State], dict[str, Any]] | None = None
-    extra_log: dict[str, Any] = field(default_factory=dict)
 
 
 def schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -170,6 +170,8 @@ class Trainer:
         }
         self.step = 0
         self.train_seconds = 0.0  # wall time spent in steps, summed over resumed invocations
+        # The persistent compilation cache makes a resumed run (same shapes, same program) skip XLA.
+        compile_cache.enable()
         self._train_step = jax.jit(self._step_fn, donate_argnums=(0,))
         self._manager = None
 
@@ -238,7 +240,8 @@ class Trainer:
         return True
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _log(self, record: dict[str, Any]) -> None:
+    def log_record(self, record: dict[str, Any]) -> None:
+        """Append one JSON line to RUN/metrics.jsonl."""
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -250,13 +253,15 @@ class Trainer:
         """
         opts, cfg = self.options, self.cfg
         history: list[dict[str, float]] = []
-        previous = signal.getsignal(signal.SIGTERM)
-        installed = False
-        try:
-            signal.signal(signal.SIGTERM, _raise_interrupt)
-            installed = True
-        except ValueError:  # not the main thread: a caller that owns signals handles them
-            pass
+        # SIGTERM and the first Ctrl-C only set a flag: raising inside the jitted step would leave the
+        # donated state deleted and nothing to save. The loop checkpoints and stops after the step.
+        self._stop_signal: int | None = None
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, self._request_stop)
+            except ValueError:  # not the main thread: whoever owns the signals handles them
+                pass
         progress = _Progress(cfg.steps, self.step, enabled=opts.show_progress)
         tokens_per_step = cfg.batch_size * cfg.seq_len
         try:
@@ -282,21 +287,31 @@ class Trainer:
                         now = time.perf_counter()
                         tps = (self.step - n_last) * tokens_per_step / max(now - t_last, 1e-9)
                         t_last, n_last = now, self.step
-                        self._log({"step": self.step, "time": time.time(), "tokens_per_s": tps, **m})
+                        self.log_record({"step": self.step, "time": time.time(), "tokens_per_s": tps, **m})
                         progress.update(self.step, m, tps)
                     if self.step % opts.checkpoint_every == 0 or self.step == cfg.steps:
                         self.save()
                     if opts.eval_every and opts.evaluate and self.step % opts.eval_every == 0:
                         result = opts.evaluate(self.step, self.ema_params())
-                        self._log({"step": self.step, "eval": result})
+                        self.log_record({"step": self.step, "eval": result})
                         progress.note(f"step {self.step} eval: {_short(result)}")
+                    if self._stop_signal is not None:
+                        raise KeyboardInterrupt(f"signal {self._stop_signal}")
         except KeyboardInterrupt:
-            self.save()
+            # The state is whole unless the interrupt hit inside the step (a second Ctrl-C): then the
+            # donated buffers are gone and the last periodic checkpoint is what a resume gets.
+            if not any(x.is_deleted() for x in jax.tree.leaves(self.state)):
+                self.save()
             raise
         finally:
-            if installed:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return history
+
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        if self._stop_signal is not None:
+            raise KeyboardInterrupt(f"signal {signum}")  # asked twice: stop now
+        self._stop_signal = signum
 
     def params(self) -> nnx.State:
         return self.state["params"]
@@ -308,10 +323,6 @@ class Trainer:
         if self._manager is not None:
             self._manager.close()
             self._manager = None
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _short(result: dict[str, Any]) -> str:

@@ -57,7 +57,7 @@ def add_noise(key: jax.Array, tokens: jax.Array, mask_id: int, eps: float = DEFA
     return NoisedBatch(noisy.astype(jnp.int32), masked, t)
 
 
-def mask_at_rate(key: jax.Array, tokens: jax.Array, mask_id: int, rate: float) -> NoisedBatch:
+def mask_at_rate(key: jax.Array, tokens: jax.Array, mask_id: int, rate: float | jax.Array) -> NoisedBatch:
     """Mask each token (except position 0) with a fixed probability ``rate`` (evaluation)."""
     b, n = tokens.shape
     masked = jax.random.uniform(key, (b, n), dtype=jnp.float32) < rate

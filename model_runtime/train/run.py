@@ -18,7 +18,6 @@ import math
 import os
 import platform
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -251,7 +250,7 @@ def train_model(
             eps=cfg.eps,
             return_samples=8,
         )
-        trainer._log({"step": trainer.step, "final_eval": final})
+        trainer.log_record({"step": trainer.step, "final_eval": final})
         facts = {
             "heldout": final,
             "weights": f"EMA of the training weights (decay {cfg.ema_decay:g})",
@@ -302,7 +301,3 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [] if old == new else [f"{prefix.rstrip('.')}: was {old!r}, now {new!r}"]
-
-
-def elapsed(since: float) -> float:
-    return time.perf_counter() - since

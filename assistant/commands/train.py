@@ -1,0 +1,146 @@
+"""``diffu train``: train a DiffuCoder-architecture model on a directory of source files, or fine-tune one.
+
+One command runs the whole pipeline in ``--out``: a byte-level BPE tokenizer with DiffuCoder's special
+tokens (from scratch only), memory-mapped token shards with a held-out split by file, the masked-diffusion
+objective with AdamW + warmup/cosine, orbax checkpoints, periodic held-out evaluation, and an export to
+the published layout in ``OUT/model`` (``diffu serve --model OUT/model``). Running the same command again
+resumes from the last checkpoint; Ctrl-C or SIGTERM checkpoints before stopping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a small DiffuCoder-architecture model, or fine-tune one on your code",
+        description="Train (or, with --init-from, fine-tune) a Dream/DiffuCoder masked-diffusion model on "
+        "the source files under SOURCE. Re-running the same command resumes the run in --out.",
+    )
+    p.add_argument("source", type=Path, help="directory of source files (searched recursively)")
+    p.add_argument("--out", type=Path, required=True, help="run directory; the model lands in OUT/model")
+    p.add_argument(
+        "--init-from", default=None, metavar="MODEL", help="fine-tune this checkpoint (directory or hub id)"
+    )
+    g = p.add_argument_group("corpus")
+    g.add_argument(
+        "--suffix", action="append", default=None, help="file suffix to include; repeatable (default .py)"
+    )
+    g.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip paths with a component matching GLOB; repeatable (added to .*, __pycache__, "
+        "site-packages, node_modules, venv, build, dist)",
+    )
+    g.add_argument("--max-file-bytes", type=int, default=300_000, help="skip larger files (default 300000)")
+    g.add_argument(
+        "--heldout-permille", type=int, default=20, help="files per thousand held out for evaluation (20)"
+    )
+    g = p.add_argument_group("model (from scratch; ignored with --init-from)")
+    g.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (8192)")
+    g.add_argument("--hidden-size", type=int, default=256)
+    g.add_argument("--intermediate-size", type=int, default=768)
+    g.add_argument("--layers", type=int, default=6, help="num_hidden_layers (6)")
+    g.add_argument("--heads", type=int, default=4, help="num_attention_heads (4)")
+    g.add_argument("--kv-heads", type=int, default=2, help="num_key_value_heads (2)")
+    g.add_argument("--max-position", type=int, default=1024, help="max_position_embeddings (1024)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=1000)
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per step, over all devices (16)")
+    g.add_argument("--seq-len", type=int, default=256)
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
+    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps (100)")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor / peak (0.1)")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--ema-decay", type=float, default=0.995)
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("run")
+    g.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (100)")
+    g.add_argument("--log-every", type=int, default=10, help="steps between lines in OUT/metrics.jsonl (10)")
+    g.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: end)")
+    g.add_argument(
+        "--eval-infill-cases", type=int, default=256, help="held-out lines for the final infill eval (256)"
+    )
+    g.add_argument(
+        "--export-dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights of OUT/model"
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress bar (logs still go to OUT)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from assistant.cli import UsageError
+
+    if not args.source.is_dir():
+        raise UsageError(f"SOURCE {args.source} is not a directory")
+    if args.checkpoint_every < 1:
+        raise UsageError("--checkpoint-every: must be >= 1")
+    if args.log_every < 1:
+        raise UsageError("--log-every: must be >= 1")
+    if args.eval_every < 0:
+        raise UsageError("--eval-every: must be >= 0")
+
+    # Heavy imports only now: the CLI must start without JAX.
+    from rich.console import Console
+
+    from model_runtime.errors import DiffuError
+    from model_runtime.train.corpus import DEFAULT_EXCLUDES
+    from model_runtime.train.loop import LoopOptions, TrainConfig
+    from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions, train_model
+
+    console = Console(stderr=True)
+    try:
+        cfg = TrainConfig(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            learning_rate=args.lr,
+            warmup_steps=args.warmup,
+            min_lr_ratio=args.min_lr_ratio,
+            weight_decay=args.weight_decay,
+            ema_decay=args.ema_decay,
+            seed=args.seed,
+        )
+        shape = ModelShape(
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            intermediate_size=args.intermediate_size,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads,
+            max_position_embeddings=args.max_position,
+        )
+        copts = CorpusOptions(
+            suffixes=tuple(args.suffix or (".py",)),
+            excludes=DEFAULT_EXCLUDES + tuple(args.exclude),
+            max_file_bytes=args.max_file_bytes,
+            heldout_permille=args.heldout_permille,
+        )
+        ropts = RunOptions(
+            eval_infill_cases=args.eval_infill_cases,
+            export_dtype=args.export_dtype,
+            log=lambda msg: console.print(msg, highlight=False),
+            loop=LoopOptions(
+                checkpoint_every=args.checkpoint_every,
+                eval_every=args.eval_every,
+                log_every=args.log_every,
+                show_progress=not args.quiet,
+            ),
+        )
+        facts = train_model(
+            args.out, args.source, init_from=args.init_from, shape=shape, copts=copts, cfg=cfg, ropts=ropts
+        )
+    except DiffuError as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        console.print(f"stopped; the run is checkpointed: run the same command to resume ({args.out})")
+        return 130
+    held = {k: v for k, v in facts["heldout"].items() if not isinstance(v, list)}
+    print(json.dumps(held, indent=2))
+    return 0
