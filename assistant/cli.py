@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "assistant.commands.config",
     "assistant.commands.train",
     "assistant.commands.lsp",
+    "assistant.commands.chat",
 )
 
 

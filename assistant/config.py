@@ -140,6 +140,9 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# Tables of config.toml that belong to a client, which reads and validates them itself: diffu chat's
+# [chat] (generation defaults) and [keymap] (binding id -> keys), see tui/settings.py.
+CLIENT_TABLES = ("chat", "keymap")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -241,6 +244,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError("config.toml", str(path), f"invalid TOML: {exc}") from None
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if key in CLIENT_TABLES and isinstance(value, dict):
+            continue  # read and checked by the client that owns it
         if key not in FIELDS:
             raise ConfigError(key, str(path), f"unknown key (known: {', '.join(sorted(FIELDS))})")
         out[key] = _coerce(key, value, str(path))

@@ -143,7 +143,8 @@ class StepEvent:
     """One denoising step of a batch.
 
     ``canvas`` holds, per row, the generated region's token ids after this step (masks included);
-    ``unmasked`` the positions (relative to the generated region) committed in this step.
+    ``unmasked`` the positions (relative to the generated region) committed in this step; ``seconds`` this
+    step's own wall time (not the time since the generation started).
     """
 
     step: int

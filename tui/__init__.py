@@ -1,1 +1,7 @@
-"""diffu chat: the Textual terminal UI that shows the denoising live. Built in the tui issue."""
+"""diffu chat: the Textual terminal UI that shows the denoising live.
+
+``app`` (the ChatApp), ``widgets`` (prompt, live canvas, answers, inline errors), ``screens`` (replay,
+settings, conversations, help), ``render`` (Rich rendering of steps, shared with ``--once``), ``backend``
+(the daemon through ``assistant.client``), ``store`` (SQLite), ``settings`` and ``keys`` (config.toml's
+``[chat]`` and ``[keymap]``), ``once`` (``diffu chat --once``). Nothing here imports JAX.
+"""

@@ -1,0 +1,162 @@
+"""The chat's plain parts: canvas rendering, settings and keymap parsing, the SQLite store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.style import Style
+from rich.text import Text
+
+from assistant.client import Step
+from tests.assistant.helpers import REPO
+from tui import keys
+from tui.render import MASK_GLYPH, SPECIAL_GLYPH, CanvasStyles, Trace, canvas_text, header_text
+from tui.settings import ChatSettings, SettingsError, apply_saved, parse_field, read_chat_config
+from tui.store import ChatStore, StoreError, decode_trace, encode_trace
+
+STYLES = CanvasStyles(mask=Style(color="grey37"), fresh=Style(bgcolor="green"), special=Style(color="red"))
+
+
+def style_at(text: Text, index: int) -> Style:
+    return text.get_style_at_offset(Console(), index)
+
+
+def test_canvas_marks_masked_fresh_and_plain_tokens_and_folds_special_tokens() -> None:
+    # "def f" committed earlier, "(x)" in this step, two masks, then two pad tokens (one fresh).
+    canvas = "def f(x)" + MASK_GLYPH * 2 + "<|im_end|><|endoftext|>"
+    step = Step(
+        id="r", step=3, steps=8, canvas=canvas, masks=2, unmasked=[[5, 8], [10, 20]], masked=[[8, 10]]
+    )
+    text = canvas_text(step, STYLES)
+    assert text.plain == "def f(x)" + MASK_GLYPH * 2 + SPECIAL_GLYPH * 2
+    assert style_at(text, 0).bgcolor is None and style_at(text, 0).color is None  # plain
+    assert style_at(text, 5).bgcolor.name == "green"  # unmasked in this step
+    assert style_at(text, 8).color.name == "grey37"  # still masked
+    assert style_at(text, 10).bgcolor.name == "green"  # a pad token committed in this step
+    assert style_at(text, 11).color.name == "red"  # an older pad token
+
+
+def test_trace_counts_tokens_per_step_and_the_header_says_step_revealed_and_rate() -> None:
+    trace = Trace(total=10)
+    for i, masks in enumerate((7, 7, 2, 0)):
+        trace.add(Step(id="r", step=i, steps=4, canvas="", masks=masks, seconds=(i + 1) * 0.5))
+    assert trace.unmasked_per_step() == [3, 0, 5, 2]
+    assert trace.unmasked_per_step(upto=1) == [3, 0]
+    assert header_text(trace, 2).plain == "step 3/4 · 8/10 tokens revealed · 5 tok/s"
+    assert header_text(Trace(total=4)).plain == "waiting for the first step…"
+
+
+def test_settings_are_checked_like_the_runtime_checks_them() -> None:
+    assert ChatSettings().request_params() == {
+        "max_new_tokens": 256,
+        "temperature": 0.4,
+        "top_p": 0.95,
+        "alg": "entropy",
+        "decoder": "reference",
+    }
+    fast = ChatSettings(decoder="fast", steps=64)
+    assert fast.request_params()["block_length"] == 32 and fast.request_params()["threshold"] == 0.9
+    with pytest.raises(SettingsError, match=r"^top_p: must be in \(0, 1\], got 1.5"):
+        ChatSettings(top_p=1.5)
+    with pytest.raises(SettingsError, match="alg: must be one of origin, maskgit_plus"):
+        ChatSettings(alg="greedy")
+    with pytest.raises(SettingsError, match="temperature: must be a number, got 'hot'"):
+        ChatSettings.from_mapping({"temperature": "hot"})
+    assert parse_field("top_k", "") is None and parse_field("steps", " 12 ") == 12
+    with pytest.raises(SettingsError, match="max_new_tokens: must be set"):
+        parse_field("max_new_tokens", "")
+    with pytest.raises(SettingsError, match="temperature: must be a number, got 'x'"):
+        parse_field("temperature", "x")
+    settings, problem = apply_saved(ChatSettings(), {"steps": 0})
+    assert settings == ChatSettings() and "ignored the saved chat settings (steps: must be >= 1" in problem
+
+
+def test_config_file_chat_and_keymap_tables(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    assert read_chat_config(path, keys.DESCRIPTIONS).keymap == {}  # no file: defaults
+    path.write_text('model = "fake"\n[chat]\nsteps = 32\ndecoder = "fast"\n[keymap]\nreplay = "f6, ctrl+r"\n')
+    config = read_chat_config(path, keys.DESCRIPTIONS)
+    assert config.settings.steps == 32 and config.settings.decoder == "fast"
+    assert config.keymap == {"replay": "f6,ctrl+r"}
+    path.write_text("[chat]\ntemprature = 0.2\n")
+    with pytest.raises(SettingsError, match=r"config.toml: \[chat\] temprature: unknown setting"):
+        read_chat_config(path, keys.DESCRIPTIONS)
+    path.write_text("[chat]\nthreshold = 2.0\n")
+    with pytest.raises(SettingsError, match=r"\[chat\] threshold: must be in \(0, 1\], got 2.0"):
+        read_chat_config(path, keys.DESCRIPTIONS)
+    path.write_text('[keymap]\nreplay-answer = "f6"\n')
+    with pytest.raises(
+        SettingsError, match=r"\[keymap\] replay-answer: unknown binding id \(known: cancel, "
+    ):
+        read_chat_config(path, keys.DESCRIPTIONS)
+    path.write_text("[keymap]\nreplay = 6\n")
+    with pytest.raises(SettingsError, match=r"\[keymap\] replay: expected a key string"):
+        read_chat_config(path, keys.DESCRIPTIONS)
+    path.write_text("[chat\n")
+    with pytest.raises(SettingsError, match="invalid TOML"):
+        read_chat_config(path, keys.DESCRIPTIONS)
+
+
+def test_store_keeps_conversations_histories_settings_and_prompts(tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / "data" / "chat.sqlite3")
+    first = store.new_conversation("Write   quicksort\nin Python " + "please " * 20)
+    second = store.new_conversation("Another")
+    trace = Trace(
+        total=4,
+        frames=[
+            Step(
+                id="req",
+                step=0,
+                steps=2,
+                canvas="ab░░",
+                masks=2,
+                unmasked=[[0, 2]],
+                masked=[[2, 4]],
+                seconds=0.1,
+            )
+        ],
+    )
+    store.add_message(first, "user", "Write quicksort")
+    answer = store.add_message(
+        first, "assistant", "def qs(): ...", finish_reason="stop", stats={"steps": 2}, trace=trace
+    )
+    assert [c.id for c in store.conversations()] == [first, second]  # the last updated first
+    info = store.conversation(first)
+    assert info is not None and info.messages == 2 and info.title.startswith("Write quicksort in Python")
+    assert len(info.title) == 60 and info.title.endswith("…")
+    messages = store.messages(first)
+    assert [(m.role, m.has_trace) for m in messages] == [("user", False), ("assistant", True)]
+    assert messages[1].stats == {"steps": 2} and store.trace(answer) == trace
+    assert decode_trace(encode_trace(trace)) == trace
+    store.save_settings({"steps": 8})
+    for i in range(3):
+        store.add_prompt(f"prompt {i}")
+    store.close()
+
+    reopened = ChatStore(tmp_path / "data" / "chat.sqlite3")
+    assert reopened.saved_settings() == {"steps": 8}
+    assert reopened.prompts() == ["prompt 0", "prompt 1", "prompt 2"]
+    reopened.delete_conversation(first)
+    assert reopened.messages(first) == [] and reopened.conversation(first) is None
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+    reopened.close()
+    (tmp_path / "junk.sqlite3").write_text("not a database, just text that is long enough" * 20)
+    with pytest.raises(StoreError, match="cannot open the chat database"):
+        ChatStore(tmp_path / "junk.sqlite3")
+
+
+def test_the_chat_never_imports_jax() -> None:
+    """Rule 1 of the house: clients start fast and never touch the accelerator."""
+    code = (
+        "import sys, tui.app, tui.once, assistant.commands.chat; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'jaxlib')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,81 @@
+"""What the chat needs from a model server, and the implementation that talks to the diffu daemon.
+
+The app only sees :class:`Backend`: connect (with progress while a daemon starts, loads and compiles),
+stream one answer as ``Step`` events then one ``Done``, and cancel a request. Tests drive the app with
+scripted backends that yield the same event types; :class:`DaemonBackend` goes through
+``assistant.client`` like every other client, so the TUI never imports JAX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from assistant.client import AsyncClient, Done, Step, resolve_endpoint
+from assistant.config import Config
+
+Progress = Callable[[str, float, str], None]
+"""``progress(stage, fraction, detail)``: ``starting``, ``loading``, ``compiling``, then ``ok``."""
+
+
+class Backend(Protocol):
+    async def connect(self, progress: Progress) -> str:
+        """Reach (or start) the model server and wait until it is ready; returns the model's name."""
+        ...
+
+    def generate(
+        self, messages: list[dict[str, str]], params: dict[str, Any], *, session: str | None = None
+    ) -> AsyncIterator[Step | Done]:
+        """One answer to ``messages``: denoising steps, then one Done."""
+        ...
+
+    async def cancel(self, request_id: str) -> bool:
+        """Ask the server to stop a request; False if it no longer runs."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class DaemonBackend:
+    """The diffu daemon through :class:`assistant.client.AsyncClient` (discovery, auto-start, retries)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._client = AsyncClient(config=config)
+        # One connection attempt at a time: the startup connect and the first send must not both
+        # auto-start a daemon.
+        self._lock = asyncio.Lock()
+        self.model = ""
+
+    async def connect(self, progress: Progress) -> str:
+        async with self._lock:
+            existing = await asyncio.to_thread(resolve_endpoint, self.config)
+            if existing is None and self._client.autostart and self.config.model:
+                progress("starting", 0.0, f"starting a diffu daemon for {self.config.model}")
+            else:
+                progress("connecting", 0.0, existing.url if existing else "looking for a diffu daemon")
+            self._client.progress = progress
+            try:
+                await self._client.endpoint()
+            finally:
+                self._client.progress = None
+            status = await self._client.status()
+            self.model = str(status.get("model") or self.config.model or "")
+            return self.model
+
+    async def generate(
+        self, messages: list[dict[str, str]], params: dict[str, Any], *, session: str | None = None
+    ) -> AsyncIterator[Step | Done]:
+        body = dict(params)
+        if session:
+            # A newer request of the same conversation supersedes this one on the daemon.
+            body["session"] = session
+        async for event in self._client.stream_generate(messages=messages, **body):
+            yield event
+
+    async def cancel(self, request_id: str) -> bool:
+        return await self._client.cancel(request_id)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,87 @@
+"""``diffu chat --once PROMPT``: one answer without the full-screen app, for scripts and quick questions.
+
+While the answer denoises, the canvas is drawn in place on stderr (when it is a terminal; a transient Rich
+Live, redrawn at most 30 times a second); then the final answer is printed to stdout, so
+``diffu chat --once "..." > answer.md`` captures only the answer. No Textual import on this path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+
+from assistant.cli import UsageError
+from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, stderr_progress
+from assistant.config import Config
+from tui.render import Trace, canvas_text, header_text
+from tui.settings import ChatSettings
+
+_NOTES = {
+    "length": "the answer filled the whole canvas (max_new_tokens) and may be cut short",
+    "time": "the daemon's time budget ran out; the answer is unfinished",
+    "cancelled": "the daemon cancelled the request",
+}
+
+
+def _loading_progress() -> Callable[[str, float, str], None]:
+    """Report a daemon's loading and compiling on stderr, and nothing when it was ready anyway."""
+    report = stderr_progress()
+    loading = False
+
+    def progress(stage: str, fraction: float, detail: str) -> None:
+        nonlocal loading
+        if stage != "ok" or loading:
+            loading = True
+            report(stage, fraction, detail)
+
+    return progress
+
+
+def run_once(
+    config: Config,
+    settings: ChatSettings,
+    prompt: str,
+    *,
+    out: TextIO | None = None,
+    console: Console | None = None,
+) -> int:
+    """Answer ``prompt`` (one user turn), showing the denoising live; returns the exit code."""
+    out = out or sys.stdout
+    console = console or Console(stderr=True)
+    trace = Trace(settings.max_new_tokens)
+    done: Done | None = None
+    messages = [{"role": "user", "content": prompt}]
+    try:
+        with (
+            Client(config=config, progress=_loading_progress()) as client,
+            Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
+        ):
+            started = time.monotonic()
+            for event in client.stream_generate(messages=messages, **settings.request_params()):
+                if isinstance(event, Step):
+                    trace.add(dataclasses.replace(event, seconds=time.monotonic() - started))
+                    # Live redraws on its own clock (30 Hz); update() only swaps what it draws.
+                    live.update(Group(header_text(trace), canvas_text(event)), refresh=False)
+                else:
+                    done = event
+    except (DaemonUnavailable, APIError) as exc:
+        raise UsageError(str(exc)) from None
+    if done is None:
+        raise UsageError("the daemon ended the stream without an answer")
+    out.write(done.text if done.text.endswith("\n") else done.text + "\n")
+    out.flush()
+    stats = done.stats
+    if console.is_terminal:
+        console.print(
+            f"[dim]{stats.get('new_tokens', 0)} tokens · {stats.get('steps', len(trace))} steps · "
+            f"{float(stats.get('generate_seconds', 0.0)):.1f}s[/]"
+        )
+    if done.finish_reason in _NOTES:
+        console.print(f"diffu: note: {_NOTES[done.finish_reason]}", style="yellow", highlight=False)
+    return 0

@@ -1,0 +1,414 @@
+"""The chat's widgets: the prompt, the live denoising canvas, messages, inline errors, connect progress."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import Button, Label, Markdown, ProgressBar, Sparkline, Static, TextArea
+from textual.widgets.markdown import MarkdownFence
+
+from assistant.client import Done, Step
+from tui.render import CanvasStyles, Trace, canvas_text, header_text
+
+MAX_REDRAWS_PER_SECOND = 30
+EMPTY_ANSWER = "*(the model gave an empty answer)*"
+_FINISH_NOTES = {
+    "length": "used the whole canvas (max new tokens); the answer may be cut short",
+    "time": "stopped at the daemon's time budget; the rest is unfinished",
+}
+
+
+class PromptInput(TextArea):
+    """The prompt: Enter sends, shift+Enter / ctrl+j / alt+Enter add a line, up/down recall history.
+
+    History recall only happens on the first (up) or last (down) line, so multi-line prompts stay
+    editable with the arrow keys; a half-typed prompt is kept as a draft while browsing.
+    """
+
+    DEFAULT_CSS = """
+    PromptInput {
+        height: auto;
+        max-height: 12;
+        min-height: 3;
+    }
+    """
+
+    @dataclass
+    class Submitted(Message):
+        prompt: PromptInput
+        text: str
+
+    def __init__(self, history: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, highlight_cursor_line=False, **kwargs)
+        self.prompt_history: list[str] = list(history or [])
+        self._index = len(self.prompt_history)  # len(history) means "the draft", not a history entry
+        self._draft = ""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text.strip()
+            if text:
+                self.post_message(self.Submitted(self, self.text))
+            return
+        if event.key in ("shift+enter", "ctrl+j", "alt+enter"):
+            event.stop()
+            event.prevent_default()
+            start, end = self.selection
+            self.replace("\n", start, end, maintain_selection_offset=False)
+            return
+        await super()._on_key(event)
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.cursor_at_first_line and self._index > 0:
+            self._recall(self._index - 1)
+        else:
+            super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        if not select and self.cursor_at_last_line and self._index < len(self.prompt_history):
+            self._recall(self._index + 1)
+        else:
+            super().action_cursor_down(select)
+
+    def _recall(self, index: int) -> None:
+        if self._index == len(self.prompt_history):
+            self._draft = self.text
+        self._index = index
+        self.load_text(self._draft if index == len(self.prompt_history) else self.prompt_history[index])
+        self.move_cursor(self.document.end)
+
+    def remember(self, text: str) -> None:
+        """Add a sent prompt to the history and clear the input."""
+        if not self.prompt_history or self.prompt_history[-1] != text:
+            self.prompt_history.append(text)
+        self._index = len(self.prompt_history)
+        self._draft = ""
+        self.load_text("")
+
+
+class CanvasView(Static):
+    """The generated region's text; its component classes style the three kinds of position."""
+
+    COMPONENT_CLASSES = {"canvas--mask", "canvas--fresh", "canvas--special"}
+    DEFAULT_CSS = """
+    CanvasView { height: auto; }
+    CanvasView > .canvas--mask { color: $foreground 35%; }
+    CanvasView > .canvas--fresh { color: $background; background: $success; text-style: bold; }
+    CanvasView > .canvas--special { color: $foreground 25%; }
+    """
+
+    def show_step(self, step: Step) -> None:
+        styles = CanvasStyles(
+            mask=self.get_component_rich_style("canvas--mask"),
+            fresh=self.get_component_rich_style("canvas--fresh"),
+            special=self.get_component_rich_style("canvas--special"),
+        )
+        self.update(canvas_text(step, styles))
+
+
+class DenoiseView(Vertical):
+    """A trace drawn as header (step i/N, tokens revealed, tokens/s), canvas and tokens-per-step sparkline.
+
+    Live: :meth:`push` records every step but redraws at most ``MAX_REDRAWS_PER_SECOND`` times a second;
+    a fast model sends steps far quicker than a terminal can be repainted, and the prompt must stay
+    responsive meanwhile. Replay: :meth:`show` draws any frame.
+    """
+
+    DEFAULT_CSS = """
+    DenoiseView { height: auto; }
+    DenoiseView > .denoise--header { height: 1; color: $text-muted; }
+    DenoiseView > Horizontal { height: 1; margin: 0 0 1 0; }
+    DenoiseView .denoise--spark-label { width: auto; color: $text-muted; }
+    DenoiseView Sparkline { height: 1; width: 1fr; }
+    """
+
+    def __init__(self, trace: Trace, *, label: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.trace = trace
+        self.label = label
+        self.index = -1
+        self.redraws = 0
+        self._pending = False
+        self._timer: Timer | None = None
+        self._last_draw = 0.0
+
+    def compose(self) -> ComposeResult:
+        yield Static(header_text(self.trace, label=self.label), classes="denoise--header")
+        yield CanvasView()
+        with Horizontal():
+            yield Label("tokens unmasked per step ", classes="denoise--spark-label")
+            yield Sparkline([], id="sparkline")
+
+    def on_mount(self) -> None:
+        if self.trace.frames:
+            self.show(self.index)
+
+    def push(self, step: Step) -> None:
+        """Record a live step; the redraw is coalesced with the steps that follow within 1/30 s."""
+        self.trace.add(step)
+        if self._timer is not None:
+            self._pending = True  # the scheduled redraw will show this step
+            return
+        wait = self._last_draw + 1 / MAX_REDRAWS_PER_SECOND - time.monotonic()
+        if wait <= 0:
+            self.show(-1)  # slower than 30 steps a second: draw every step at once
+        else:
+            self._pending = True
+            self._timer = self.set_timer(wait, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        if self._pending:
+            self._pending = False
+            self.show(-1)
+
+    def show(self, index: int) -> None:
+        """Draw frame ``index`` of the trace (negative counts from the end)."""
+        if not self.trace.frames:
+            return
+        self.index = index % len(self.trace.frames)
+        self.query_one(".denoise--header", Static).update(
+            header_text(self.trace, self.index, label=self.label)
+        )
+        self.query_one(CanvasView).show_step(self.trace.frames[self.index])
+        self.query_one(Sparkline).data = [float(n) for n in self.trace.unmasked_per_step(self.index)]
+        self.redraws += 1
+        self._last_draw = time.monotonic()
+
+    def flush_now(self) -> None:
+        """Draw the newest step at once (when generation ends, so the last frame is never skipped)."""
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self._pending = False
+        self.show(-1)
+
+
+class UserMessage(Static):
+    DEFAULT_CSS = """
+    UserMessage {
+        margin: 1 0 0 8;
+        padding: 0 1;
+        background: $boost;
+        border-left: thick $accent;
+    }
+    """
+
+    def __init__(self, text: str) -> None:
+        # Markup off: prompts are code and often contain [brackets].
+        super().__init__(text, markup=False)
+        self.text = text
+
+
+class ErrorNotice(Vertical):
+    """An inline error with a Retry button (and a Settings button when a setting was refused)."""
+
+    DEFAULT_CSS = """
+    ErrorNotice {
+        height: auto;
+        margin: 1 0 0 0;
+        padding: 0 1;
+        border-left: thick $error;
+        background: $error 10%;
+    }
+    ErrorNotice > .error--message { color: $text-error; }
+    ErrorNotice > Horizontal { height: auto; }
+    ErrorNotice Button { margin: 0 1 0 0; min-width: 10; }
+    """
+
+    @dataclass
+    class Retry(Message):
+        notice: ErrorNotice
+
+    def __init__(self, message: str, *, kind: str, settings_button: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.message = message
+        self.kind = kind  # "connect" or "generate": what Retry does
+        self.settings_button = settings_button
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(self.message), classes="error--message")
+        with Horizontal():
+            yield Button("Retry", id="retry", variant="error", compact=True)
+            if self.settings_button:
+                yield Button("Settings", id="open-settings", compact=True)
+
+    @on(Button.Pressed, "#retry")
+    def _retry(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.post_message(self.Retry(self))
+
+    @on(Button.Pressed, "#open-settings")
+    def _settings(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.app.action_settings()  # type: ignore[attr-defined]
+
+
+class AnswerView(Vertical):
+    """One assistant answer: the live canvas while it denoises, then Markdown with a stats line.
+
+    ``message_id`` is its row in the chat database once saved; the trace is kept in memory for answers of
+    this session and loaded from the database on demand for reopened ones.
+    """
+
+    DEFAULT_CSS = """
+    AnswerView {
+        height: auto;
+        margin: 1 0 0 0;
+        padding: 0 1;
+        border-left: thick $primary 50%;
+    }
+    AnswerView.-live { border-left: thick $success; }
+    AnswerView.-failed { border-left: none; padding: 0; }
+    AnswerView > Markdown { margin: 0; padding: 0; }
+    AnswerView > .answer--footer { color: $text-muted; height: auto; }
+    AnswerView MarkdownFence.-selected { outline-left: thick $warning; }
+    """
+
+    def __init__(
+        self,
+        *,
+        total: int = 0,
+        content: str = "",
+        finish_reason: str | None = None,
+        stats: dict[str, Any] | None = None,
+        trace: Trace | None = None,
+        message_id: int | None = None,
+        live: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.trace = trace if trace is not None else Trace(total)
+        self.content = content
+        self.finish_reason = finish_reason
+        self.stats = stats or {}
+        self.message_id = message_id
+        self.live = live
+        self.request_id = ""
+        if live:
+            self.add_class("-live")
+
+    def compose(self) -> ComposeResult:
+        if self.live:
+            yield DenoiseView(self.trace)
+        else:
+            yield from self._final_widgets()
+
+    @property
+    def denoise(self) -> DenoiseView:
+        return self.query_one(DenoiseView)
+
+    @property
+    def answered(self) -> bool:
+        """A finished answer that belongs in the conversation context (not cancelled, not failed)."""
+        return not self.live and self.finish_reason not in (None, "cancelled") and bool(self.content)
+
+    def push(self, step: Step) -> None:
+        self.request_id = step.id or self.request_id
+        self.denoise.push(step)
+
+    def record(self, done: Done) -> None:
+        """Take the final text, finish reason and stats (before drawing them, so they can be saved)."""
+        self.content = done.text
+        self.finish_reason = done.finish_reason
+        self.stats = dict(done.stats)
+
+    async def finish(self, done: Done) -> None:
+        """The answer is final: the canvas becomes Markdown (or stays, frozen, when cancelled)."""
+        self.record(done)
+        if done.finish_reason == "cancelled":
+            self.denoise.label = ""  # no longer "cancelling…": the footer says what happened
+            self.denoise.flush_now()
+            await self.mount(Static(self._footer_text(), classes="answer--footer"))
+        else:
+            # The Markdown goes in before the canvas goes out: were the log to shrink in between, a reader
+            # who scrolled up would be clamped to the bottom and pulled along again.
+            canvas = list(self.children)
+            markdown = Markdown()
+            await self.mount_all([markdown, Static(self._footer_text(), classes="answer--footer")])
+            # Markdown parses after mounting; wait for it, so code blocks exist once the answer is final.
+            await markdown.update(self.content or EMPTY_ANSWER)
+            await self.remove_children(canvas)
+        self.live = False  # last: "not live" means the final view is complete
+        self.remove_class("-live")
+
+    async def fail(self, notice: ErrorNotice) -> None:
+        self.live = False
+        self.remove_class("-live")
+        self.add_class("-failed")  # the notice has its own (red) border
+        self.finish_reason = None
+        await self.remove_children()
+        await self.mount(notice)
+
+    def _final_widgets(self) -> list[Any]:
+        if self.finish_reason == "cancelled":
+            widgets: list[Any] = [DenoiseView(self.trace)] if self.trace.frames else []
+            return [*widgets, Static(self._footer_text(), classes="answer--footer")]
+        return [
+            Markdown(self.content or EMPTY_ANSWER),
+            Static(self._footer_text(), classes="answer--footer"),
+        ]
+
+    def _footer_text(self) -> Content:
+        stats = self.stats
+        if self.finish_reason == "cancelled":
+            last = self.trace.frames[-1] if self.trace.frames else None
+            if last is not None:
+                markup = f"[b]cancelled at step {last.step + 1}/{last.steps}[/b]"
+            else:
+                markup = f"[b]cancelled after {stats.get('steps', 0)} steps[/b]"
+        else:
+            parts = [f"{stats.get('new_tokens', 0)} tokens", f"{stats.get('steps', 0)} steps"]
+            if "generate_seconds" in stats:
+                parts.append(f"{float(stats['generate_seconds']):.1f}s")
+            if "tokens_per_second" in stats:
+                parts.append(f"{float(stats['tokens_per_second']):.0f} tok/s")
+            markup = " · ".join(parts)
+            note = _FINISH_NOTES.get(self.finish_reason or "")
+            if note:
+                markup += f" · [i]{note}[/i]"
+        if self.trace.frames or self.message_id is not None:
+            # A link: clicking it opens this answer's denoising history.
+            markup += f"  [@click=app.replay_answer('{self.id}')]⟲ replay[/]"
+        return Content.from_markup(markup)
+
+    def code_blocks(self) -> list[MarkdownFence]:
+        return list(self.query(MarkdownFence))
+
+
+class ConnectPanel(Vertical):
+    """Connection progress while a daemon starts, loads its model and compiles its shapes."""
+
+    DEFAULT_CSS = """
+    ConnectPanel {
+        height: auto;
+        padding: 0 1;
+        background: $boost;
+    }
+    ConnectPanel > Horizontal { height: 1; }
+    ConnectPanel #stage { width: auto; min-width: 12; text-style: bold; }
+    ConnectPanel ProgressBar { width: 40; margin: 0 2; }
+    ConnectPanel #detail { color: $text-muted; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Label("connecting", id="stage")
+            yield ProgressBar(total=1.0, show_eta=False, id="progress")
+            yield Label("", id="detail")
+
+    def report(self, stage: str, fraction: float, detail: str) -> None:
+        self.query_one("#stage", Label).update(stage)
+        self.query_one("#detail", Label).update(Text(detail))
+        self.query_one(ProgressBar).update(progress=max(0.0, min(fraction, 1.0)))
