@@ -208,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             server.run(sockets=[sock])
+            # uvicorn handles SIGINT/SIGTERM itself and may return normally (re-raising the signal only in
+            # some versions and timings); the only other way out of its loop is a fatal load error.
+            if not fatal and server.should_exit:
+                log.info("stopped by signal")
         except (_Terminated, KeyboardInterrupt):
             log.info("stopped by signal")
         finally:
