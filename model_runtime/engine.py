@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, fast, sharding
+from model_runtime import compile_cache, distributed, fast, sharding
 from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
@@ -350,7 +350,7 @@ class Runtime:
             jnp.int32(step),
             *_knobs(params),
         )
-        return np.asarray(out)
+        return distributed.host(out)
 
     def run(
         self,
@@ -506,11 +506,11 @@ class Runtime:
         if not stream:
             padded = np.ones(n_ratios, np.float32)
             padded[: params.steps] = ratios
-            prev = np.asarray(
+            prev = distributed.host(
                 program(self.state, x, attn, jnp.asarray(padded), jnp.int32(params.steps), base_key, *knobs)
             )
         else:
-            prev = np.asarray(x)
+            prev = distributed.host(x)
             for i in range(params.steps):
                 t0 = time.perf_counter()
                 x = program(
@@ -523,7 +523,7 @@ class Runtime:
                     jnp.int32(i),
                     *knobs,
                 )
-                cur = np.asarray(x)  # the one host transfer per step that streaming needs
+                cur = distributed.host(x)  # the one host transfer per step that streaming needs
                 yield self._step_event(rows, offsets, prev, cur, i, params.steps, time.perf_counter() - t0)
                 prev = cur
         yield self._done(
@@ -584,8 +584,8 @@ class Runtime:
                 threshold,
                 factor,
             )
-            cur = np.array(x)  # one host sync per block: the event, and the end-of-text check
-            forwards += 1 + int(iters)
+            cur = np.array(distributed.host(x))  # one host sync per block: the event, the end-of-text check
+            forwards += 1 + int(distributed.host(iters))
             done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
             if done and b < len(starts) - 1:
                 # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
@@ -618,8 +618,24 @@ class _Placed:
         self.shardings = compiled.input_shardings[0][1:]  # [0] positional args; state (first) is placed
 
     def __call__(self, state: nnx.State, *args: object) -> object:
-        moved = [jax.tree.map(jax.device_put, a, s) for a, s in zip(args, self.shardings, strict=True)]
+        moved = [jax.tree.map(_put, a, s) for a, s in zip(args, self.shardings, strict=True)]
         return self.compiled(state, *moved)
+
+
+def _put(value: object, target: NamedSharding) -> jax.Array:
+    """``value`` with sharding ``target``. With several processes every process holds the same host value
+    and contributes its own shards; arrays that already span the processes (program outputs) stay."""
+    if target is None or isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return value  # an input the compiled program does not use (None), or one already in place
+    if not distributed.multi():
+        return jax.device_put(value, target)
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        data = np.asarray(jax.random.key_data(value))
+        whole = NamedSharding(target.mesh, PartitionSpec())
+        placed = jax.make_array_from_callback(data.shape, whole, lambda index: data[index])
+        return jax.random.wrap_key_data(placed, impl=jax.random.key_impl(value))
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
 
 
 def _output_shardings(program: object) -> object:

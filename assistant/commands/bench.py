@@ -88,8 +88,10 @@ def _fresh_cache(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from assistant.commands.generate import load_with_progress
+    from assistant.commands.generate import init_multihost, load_with_progress
 
+    if hasattr(args, "coordinator"):  # bench generate takes the generate options, several hosts included
+        init_multihost(args)
     t0 = time.perf_counter()
     rt = load_with_progress(args.model or os.environ.get("DIFFU_MODEL"), args.dtype, tp=args.tp, dp=args.dp)
     return rt, time.perf_counter() - t0

@@ -86,6 +86,29 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp", type=int, default=None, help="data parallel replicas (default: the remaining devices)"
     )
+    add_multihost_options(p)
+
+
+def add_multihost_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several hosts (jax.distributed); every process runs the same command")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="process 0's address")
+    g.add_argument("--num-processes", type=int, default=None)
+    g.add_argument("--process-id", type=int, default=None)
+    g.add_argument(
+        "--multihost-auto",
+        action="store_true",
+        help="let JAX find the other hosts itself (TPU pod slices, SLURM)",
+    )
+
+
+def init_multihost(args: argparse.Namespace) -> None:
+    """Join the process group before the first device is touched (no-op without the options)."""
+    if args.coordinator or args.multihost_auto:
+        from model_runtime import distributed
+
+        distributed.initialize(
+            args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto
+        )
 
 
 def add_decoder_options(p: argparse.ArgumentParser) -> None:
@@ -151,11 +174,17 @@ def run(args: argparse.Namespace) -> int:
     from model_runtime.errors import DiffuError
 
     try:
+        init_multihost(args)
         rt = load_with_progress(model, args.dtype, tp=args.tp, dp=args.dp)
         rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
-        if args.json:
+        import jax
+
+        if jax.process_index() != 0:
+            for _ in events:  # the other hosts run the same steps; process 0 prints
+                pass
+        elif args.json:
             out = _collect_json(rt, rows, events, args.history)
             print(json.dumps(out))
         else:
