@@ -211,6 +211,21 @@ def _config(config: Config | None) -> Config:
     return config if config is not None else load_config()[0]
 
 
+def _settings(config: Config | None, url: str | None, api_key: str | None, autostart: bool | None,
+              timeout: float | None) -> tuple[Config, bool, httpx.Timeout]:
+    """What both clients take from their arguments: the effective config, auto-start, HTTP timeouts.
+
+    Reads may wait for a whole generation (the daemon's time budget plus a margin); connects should not.
+    """
+    config = _config(config)
+    if url:
+        config = config.replace(url=url)
+    if api_key:
+        config = config.replace(api_key=api_key)
+    read = timeout if timeout is not None else config.max_seconds + 60
+    return config, config.autostart if autostart is None else autostart, httpx.Timeout(10.0, read=read)
+
+
 # -- the sync client ----------------------------------------------------------------------------------
 class Client:
     """Synchronous client. The daemon is located (or started) on the first request, not at construction."""
@@ -218,15 +233,9 @@ class Client:
     def __init__(self, url: str | None = None, api_key: str | None = None, *, config: Config | None = None,
                  autostart: bool | None = None, progress: Progress | None = None,
                  timeout: float | None = None) -> None:
-        self.config = _config(config)
-        if url:
-            self.config = self.config.replace(url=url)
-        if api_key:
-            self.config = self.config.replace(api_key=api_key)
-        self.autostart = self.config.autostart if autostart is None else autostart
+        self.config, self.autostart, limits = _settings(config, url, api_key, autostart, timeout)
         self.progress = progress
-        read = timeout if timeout is not None else self.config.max_seconds + 60
-        self._http = httpx.Client(timeout=httpx.Timeout(10.0, read=read))
+        self._http = httpx.Client(timeout=limits)
         self._endpoint: Endpoint | None = None
 
     def __enter__(self) -> Client:
@@ -376,15 +385,9 @@ class AsyncClient:
     def __init__(self, url: str | None = None, api_key: str | None = None, *, config: Config | None = None,
                  autostart: bool | None = None, progress: Progress | None = None,
                  timeout: float | None = None) -> None:
-        self.config = _config(config)
-        if url:
-            self.config = self.config.replace(url=url)
-        if api_key:
-            self.config = self.config.replace(api_key=api_key)
-        self.autostart = self.config.autostart if autostart is None else autostart
+        self.config, self.autostart, limits = _settings(config, url, api_key, autostart, timeout)
         self.progress = progress
-        read = timeout if timeout is not None else self.config.max_seconds + 60
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=read))
+        self._http = httpx.AsyncClient(timeout=limits)
         self._endpoint: Endpoint | None = None
 
     async def __aenter__(self) -> AsyncClient:
