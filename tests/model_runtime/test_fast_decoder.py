@@ -37,9 +37,12 @@ def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
     attn[1, :9] = False  # a left-padded row
     full, caches = model.hidden(jnp.asarray(ids), jnp.asarray(attn))
     start, size = 24, 8
-    block, _ = model.hidden(jnp.asarray(ids[:, start:start + size]), jnp.asarray(attn), caches=caches,
-                            start=jnp.int32(start))
-    np.testing.assert_allclose(np.asarray(block), np.asarray(full[:, start:start + size]), rtol=1e-5, atol=1e-5)
+    block, _ = model.hidden(
+        jnp.asarray(ids[:, start : start + size]), jnp.asarray(attn), caches=caches, start=jnp.int32(start)
+    )
+    np.testing.assert_allclose(
+        np.asarray(block), np.asarray(full[:, start : start + size]), rtol=1e-5, atol=1e-5
+    )
 
 
 def fast(max_new_tokens=48, **kw):
@@ -118,8 +121,23 @@ def test_cli_fast_decoder(tiny_dir, capsys):
 
     from assistant.cli import main
 
-    args = ["generate", "--model", str(tiny_dir), "--raw", "--prompt", "def f():", "--max-new-tokens", "32",
-            "--decoder", "fast", "--block-length", "16", "--threshold", "0.5", "--json"]
+    args = [
+        "generate",
+        "--model",
+        str(tiny_dir),
+        "--raw",
+        "--prompt",
+        "def f():",
+        "--max-new-tokens",
+        "32",
+        "--decoder",
+        "fast",
+        "--block-length",
+        "16",
+        "--threshold",
+        "0.5",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["sequences"][0]) == len(out["prompt_ids"][0]) + 32

@@ -322,7 +322,7 @@ def test_bundled_model_is_small_self_contained_and_beats_the_token_baseline():
 @pytest.mark.xfail(
     strict=True,
     reason="the 700-step CPU demo model does not beat the most-frequent-line baseline on single-line "
-    "infill yet (README, "The bundled demo model"); a longer run of scripts/train_bundled.sh should",
+    "infill yet (README: the bundled demo model); a longer run of scripts/train_bundled.sh should",
 )
 def test_bundled_model_beats_the_line_baseline_on_infill():
     held = _bundled_heldout()
@@ -350,7 +350,7 @@ def _parses(line: str) -> bool:
 @pytest.mark.xfail(
     strict=True,
     reason="the 700-step CPU demo weights are too weak: under the default sampler most generated lines "
-    "are not Python ('# the the ...'); a longer run of the recipe is needed (README, "The bundled demo model")",
+    "are not Python ('# the the ...'); a longer run of the recipe is needed (README: the bundled demo model)",
 )
 def test_bundled_model_writes_python_for_a_python_prompt():
     import model_runtime
