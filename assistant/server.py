@@ -505,19 +505,36 @@ class Daemon:
 
     async def _native(self, request: Request, spec: GenSpec) -> Response:
         job, _ = await self.start_job(spec)
+        return await self._respond(
+            request,
+            job,
+            spec.stream,
+            lambda: self._native_events(job),
+            lambda done: self._native_done(job, done),
+        )
+
+    async def _respond(
+        self,
+        request: Request,
+        job: Job,
+        stream: bool,
+        events: Callable[[], AsyncIterator[bytes]],
+        body: Callable[[JobDone], Any],
+    ) -> Response:
+        """What every generation route does with its job: an SSE stream of ``events()`` (a client that
+        disconnects cancels the job), or else the finished job as the route's JSON ``body``; 499 when the
+        client left first, and the job's error as a RequestError."""
         headers = {"x-request-id": job.id}
-        if spec.stream:
+        if stream:
             return EventStream(
-                self._native_events(job),
-                headers=headers,
-                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
+                events(), headers=headers, on_disconnect=lambda: self.cancel_job(job, "client disconnected")
             )
         result = await self.wait_result(request, job)
         if result is None:
             return Response(status_code=499)
         if isinstance(result, JobError):
             raise RequestError(result.message, status=result.status, kind=result.kind)
-        return JSONResponse(self._native_done(job, result), headers=headers)
+        return JSONResponse(body(result), headers=headers)
 
     def _native_done(self, job: Job, done: JobDone) -> dict[str, Any]:
         body = {
@@ -597,34 +614,25 @@ class Daemon:
     async def _openai(self, request: Request, spec: GenSpec, *, chat: bool) -> Response:
         job, _ = await self.start_job(spec)
         response_id = ("chatcmpl-" if chat else "cmpl-") + job.id
-        headers = {"x-request-id": job.id}
-        if spec.stream:
-            return EventStream(
-                self._openai_events(job, spec, response_id, chat=chat),
-                headers=headers,
-                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
-            )
-        result = await self.wait_result(request, job)
-        if result is None:
-            return Response(status_code=499)
-        if isinstance(result, JobError):
-            raise RequestError(result.message, status=result.status, kind=result.kind)
-        text, reason = _openai_text(result, spec)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice.update(text=text, logprobs=None)
-        return JSONResponse(
-            {
+
+        def body(done: JobDone) -> dict[str, Any]:
+            text, reason = _openai_text(done, spec)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice.update(text=text, logprobs=None)
+            return {
                 "id": response_id,
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
                 "model": self.model_name(),
                 "choices": [choice],
-                "usage": _usage(job, result),
-            },
-            headers=headers,
+                "usage": _usage(job, done),
+            }
+
+        return await self._respond(
+            request, job, spec.stream, lambda: self._openai_events(job, spec, response_id, chat=chat), body
         )
 
     async def _openai_events(
@@ -700,20 +708,12 @@ class Daemon:
             }
             return JSONResponse(_select_fields(body, fields))
         job, truncated = await self.start_job(spec)
-        if spec.stream:
-            return EventStream(
-                self._llama_events(job, spec, truncated),
-                headers={"x-request-id": job.id},
-                on_disconnect=lambda: self.cancel_job(job, "client disconnected"),
-            )
-        result = await self.wait_result(request, job)
-        if result is None:
-            return Response(status_code=499)
-        if isinstance(result, JobError):
-            raise RequestError(result.message, status=result.status, kind=result.kind)
-        return JSONResponse(
-            _select_fields(self._llama_body(job, result, spec, truncated), fields),
-            headers={"x-request-id": job.id},
+        return await self._respond(
+            request,
+            job,
+            spec.stream,
+            lambda: self._llama_events(job, spec, truncated),
+            lambda done: _select_fields(self._llama_body(job, done, spec, truncated), fields),
         )
 
     def _llama_body(self, job: Job, done: JobDone, spec: GenSpec, truncated: bool) -> dict[str, Any]:

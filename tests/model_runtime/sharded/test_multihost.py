@@ -6,9 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
-
-import pytest
 
 
 def free_port() -> int:
@@ -17,32 +14,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from model_runtime.tiny import write_tiny_checkpoint
-
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("multihost") / "tiny", num_attention_heads=8, num_key_value_heads=2
-    )
-
-
-def test_two_hosts_generate_what_one_device_generates(model_dir):
-    args = [
-        sys.executable,
-        "-m",
-        "assistant",
-        "generate",
-        "--model",
-        str(model_dir),
-        "--raw",
-        "--prompt",
-        "def add(a, b):",
-        "--prompt",
-        "import os",
-        "--max-new-tokens",
-        "16",
-        "--json",
-    ]
+def test_two_hosts_generate_what_one_device_generates(generate_argv):
+    args = generate_argv
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     single = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert single.returncode == 0, single.stderr

@@ -17,16 +17,6 @@ EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS
 
 
 @pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory):
-    from model_runtime.tiny import write_tiny_checkpoint
-
-    # 8 query heads so that tp=8 shards heads too; 2 KV heads stay replicated at tp=4 and tp=8.
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("shard") / "tiny", num_attention_heads=8, num_key_value_heads=2
-    )
-
-
-@pytest.fixture(scope="module")
 def report(shard_dir):
     proc = subprocess.run(
         [sys.executable, str(HERE / "shard_check.py"), str(shard_dir)],
@@ -70,23 +60,8 @@ def test_each_device_holds_one_tp_th_of_every_sharded_weight(report):
                 assert fractions == [1.0], (name, fractions)  # 2 KV heads do not split 4 or 8 ways
 
 
-def test_cli_tp4_prints_the_tp1_sequences(shard_dir):
-    args = [
-        sys.executable,
-        "-m",
-        "assistant",
-        "generate",
-        "--model",
-        str(shard_dir),
-        "--raw",
-        "--prompt",
-        "def add(a, b):",
-        "--prompt",
-        "import os",
-        "--max-new-tokens",
-        "16",
-        "--json",
-    ]
+def test_cli_tp4_prints_the_tp1_sequences(generate_argv):
+    args = generate_argv
     env = {**os.environ, **EIGHT}
     one = subprocess.run(args + ["--tp", "1"], capture_output=True, text=True, timeout=300, env=env)
     four = subprocess.run(args + ["--tp", "4"], capture_output=True, text=True, timeout=300, env=env)
