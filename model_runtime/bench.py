@@ -7,6 +7,7 @@ full-canvas forward), so "GFLOP/s" can be set against the machine's own dense ma
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -35,8 +36,6 @@ def environment() -> dict[str, Any]:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    import os
-
     return {
         "backend": jax.default_backend(),
         "device": f"{devices[0].device_kind} x{len(devices)}",

@@ -1,4 +1,4 @@
-"""Several hosts (a TPU pod slice, a multi-node GPU job): ``jax.distributed`` and a command channel.
+"""Several hosts (a TPU pod slice, a multi-node GPU job): joining ``jax.distributed``, gathering results.
 
 JAX is multi-controller: every process runs the same program on its own devices, and the jitted steps
 span the global device mesh. ``diffu generate`` and ``diffu bench`` run that way: every process runs the
@@ -35,7 +35,7 @@ def initialize(
     if not auto and (num_processes is None or process_id is None):
         raise InputError(
             "multi-host needs --coordinator, --num-processes and --process-id together "
-            "(or --distributed auto on a TPU pod)"
+            "(or --multihost-auto on a TPU pod slice)"
         )
     if not auto and not 0 <= process_id < num_processes:
         raise InputError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
@@ -52,10 +52,6 @@ def initialize(
 
 def multi() -> bool:
     return jax.process_count() > 1
-
-
-def is_leader() -> bool:
-    return jax.process_index() == 0
 
 
 def host(x: jax.Array) -> np.ndarray:

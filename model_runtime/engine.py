@@ -144,7 +144,6 @@ class Runtime:
                 donate_argnames=("x",),
             ),
         }
-        self.compile_seconds_total = 0.0
 
     @property
     def mesh_info(self) -> dict[str, object]:
@@ -263,7 +262,6 @@ class Runtime:
         requests1, hits1 = compile_cache.counters()
         program = compiled if self.mesh is None else _Placed(compiled)
         self._programs[key] = program
-        self.compile_seconds_total += seconds
         hits = hits1 - hits0
         return program, seconds, (requests1 - requests0) - hits, hits
 
@@ -639,8 +637,8 @@ def _put(value: object, target: NamedSharding) -> jax.Array:
 
 
 def _output_shardings(program: object) -> object:
-    compiled = program.compiled if isinstance(program, _Placed) else program
-    return compiled.output_shardings if isinstance(program, _Placed) else None
+    """How a program on a mesh lays out its results (None off a mesh: one device, nothing to match)."""
+    return program.compiled.output_shardings if isinstance(program, _Placed) else None
 
 
 def _knobs(params: SamplingParams) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from model_runtime.checkpoint import name_map
@@ -93,11 +94,7 @@ def write_checkpoint(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    np_dtype = {"float32": np.float32, "bfloat16": "bfloat16", "float16": np.float16}[dtype]
-    if np_dtype == "bfloat16":
-        import ml_dtypes
-
-        np_dtype = ml_dtypes.bfloat16
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     names = list(tensors)
     per = math.ceil(len(names) / shards)
     weight_map, total = {}, 0
@@ -105,7 +102,7 @@ def write_checkpoint(
         chunk = names[s * per : (s + 1) * per]
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
         arrays = {n: np.ascontiguousarray(tensors[n]).astype(np_dtype) for n in chunk}
-        if np_dtype is not np.float32 and np_dtype is not np.float16:
+        if dtype == "bfloat16":
             _save_bf16(out / fname, arrays)
         else:
             save_file(arrays, str(out / fname), metadata={"format": "pt"})
