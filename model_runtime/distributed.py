@@ -2,8 +2,8 @@
 
 JAX is multi-controller: every process runs the same program on its own devices, and the jitted steps
 span the global device mesh. ``diffu generate`` and ``diffu bench`` run that way: every process runs the
-same command and process 0 prints. (A daemon whose process 0 serves HTTP while the others follow it is not
-built yet.)
+same command and process 0 prints. ``diffu serve`` runs the daemon on process 0 (``Leader``) while the
+others repeat its device calls (``follow``).
 """
 
 from __future__ import annotations
@@ -61,3 +61,152 @@ def host(x: jax.Array) -> np.ndarray:
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+# -- a daemon over several hosts: process 0 leads, the others follow ----------------------------------
+#
+# Every process must launch the same compiled programs in the same order (their collectives meet across
+# hosts), so the followers repeat each runtime call of the leader. The calls travel through the key-value
+# store of JAX's coordination service (the one jax.distributed.initialize started): the leader writes
+# job N under ``diffu/job/N``, and after each denoising step whether the batch goes on; the followers read
+# them with blocking gets. No device collective waits while the daemon is idle.
+
+_PREFIX = "diffu"
+_POLL_MS = 5_000
+
+
+def _client():
+    from jax._src import distributed as jax_distributed  # the coordination service client of this process
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialized")
+    return client
+
+
+def _encode_rows(rows) -> list[dict]:
+    return [{"ids": list(r.ids), "region": list(r.region), "chat": r.chat} for r in rows]
+
+
+def _decode_rows(data: list[dict]):
+    from model_runtime.engine import CanvasRow
+
+    return [CanvasRow(tuple(r["ids"]), tuple(r["region"]), bool(r["chat"])) for r in data]
+
+
+class Leader:
+    """Process 0's runtime: forwards everything, and publishes every call that runs device programs
+    (``warmup``, ``run``) to the followers before making it; ``shutdown()`` releases them."""
+
+    def __init__(self, runtime) -> None:
+        self._runtime = runtime
+        self._client = _client()
+        self._seq = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._runtime, name)
+
+    def _publish(self, call: dict) -> str:
+        import json
+
+        self._seq += 1
+        key = f"{_PREFIX}/job/{self._seq}"
+        self._client.key_value_set(key, json.dumps(call))
+        if self._seq > 2:  # every follower has read job N - 2: it has run job N - 1's collectives with us
+            self._client.key_value_delete(f"{_PREFIX}/job/{self._seq - 2}")
+            self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
+        return f"{_PREFIX}/step/{self._seq}/"
+
+    def warmup(self, params, progress=None, shapes=None, *, stream: bool = True) -> float:
+        self._publish(
+            {
+                "op": "warmup",
+                "params": params.to_dict(),
+                "shapes": [list(s) for s in shapes] if shapes else None,
+                "stream": stream,
+            }
+        )
+        return self._runtime.warmup(params, progress, shapes, stream=stream)
+
+    def run(self, rows, params, *, stream: bool = True, **hooks):
+        if hooks.get("logits_hook") or hooks.get("tokens_hook"):
+            raise InputError("hooks cannot run across several hosts")
+        steps = self._publish(
+            {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
+        )
+        events = self._runtime.run(rows, params, stream=stream)  # an InputError here is the followers' too
+        return self._lockstep(events, steps)
+
+    def _lockstep(self, events, steps: str):
+        """The events, telling the followers after each step whether the batch goes on: it stops when
+        the consumer closes this generator (every job of the batch cancelled or out of time)."""
+        from model_runtime.params import StepEvent
+
+        i = 0
+        try:
+            for event in events:
+                yield event
+                if isinstance(event, StepEvent):
+                    self._client.key_value_set(f"{steps}{i}", "go")
+                    i += 1
+        finally:
+            self._client.key_value_set(f"{steps}{i}", "stop", allow_overwrite=True)
+            events.close()
+
+    def shutdown(self) -> None:
+        """Tell the followers to exit (the daemon is stopping)."""
+        self._seq += 1
+        self._client.key_value_set(f"{_PREFIX}/job/{self._seq}", '{"op": "stop"}')
+        self._client.key_value_set(f"{_PREFIX}/stopped", "1")
+
+
+def _wait(client, key: str) -> str | None:
+    """The value of ``key`` once the leader writes it; None if the leader stopped first."""
+    while True:
+        try:
+            return client.blocking_key_value_get(key, _POLL_MS)
+        except Exception as exc:  # the wait timed out (DEADLINE_EXCEEDED) or the leader is gone
+            if "DEADLINE_EXCEEDED" not in str(exc) and "deadline" not in str(exc).lower():
+                raise
+        try:
+            client.key_value_try_get(f"{_PREFIX}/stopped")
+            return None
+        except Exception:  # not found: the leader is alive and idle
+            continue
+
+
+def follow(runtime, log) -> int:
+    """A follower's life: repeat each call process 0 publishes until it stops. Returns the jobs run."""
+    import json
+
+    from model_runtime.params import SamplingParams, StepEvent
+
+    client = _client()
+    seq = 0
+    while True:
+        seq += 1
+        raw = _wait(client, f"{_PREFIX}/job/{seq}")
+        if raw is None:
+            return seq - 1
+        call = json.loads(raw)
+        if call["op"] == "stop":
+            return seq - 1
+        params = SamplingParams.from_dict(call["params"])
+        if call["op"] == "warmup":
+            shapes = [tuple(s) for s in call["shapes"]] if call["shapes"] else None
+            runtime.warmup(params, None, shapes, stream=call["stream"])
+            continue
+        try:
+            events = runtime.run(_decode_rows(call["rows"]), params, stream=call["stream"])
+        except InputError as exc:  # the leader got the same error and answered its client
+            log.info("job %d refused on every host: %s", seq, exc)
+            continue
+        i = 0
+        try:
+            for event in events:
+                if isinstance(event, StepEvent):
+                    if _wait(client, f"{_PREFIX}/step/{seq}/{i}") != "go":
+                        break
+                    i += 1
+        finally:
+            events.close()

@@ -4,6 +4,10 @@ Order of events: read the config, take the model's lock, bind the socket (so ``-
 real port at once), publish the discovery file, then serve. The model loads and compiles in the engine
 thread while ``/health`` already answers 503 with progress. SIGTERM/SIGINT stop accepting connections,
 give in-flight requests ``shutdown_grace`` seconds, cancel the rest, and remove the lock and discovery file.
+
+Over several hosts (``--coordinator/--num-processes/--process-id`` or ``--multihost-auto``) every host runs
+the same command: process 0 is the daemon above, the others load their part of the model, repeat each
+device call process 0 makes (see ``model_runtime.distributed``), and exit when it stops.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ def register(subparsers: Any) -> None:
         description="Run the diffu daemon (HTTP API over the model) in the foreground.",
     )
     add_server_flags(parser)
+    from assistant.commands.generate import add_multihost_options
+
+    add_multihost_options(parser)
     # Set by 'diffu daemon start' / client auto-start: where to report "listening" and run without a terminal.
     parser.add_argument("--notify-fd", dest="notify_fd", type=int, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
@@ -144,6 +151,27 @@ def run(args: argparse.Namespace) -> int:
     config, _ = load_config(flags_of(args))
     if not config.model:
         raise UsageError("no model to serve: pass --model DIR (or set model in config.toml, or DIFFU_MODEL)")
+    leaders: list[Any] = []
+    loader = make_loader(config)
+    if getattr(args, "coordinator", None) or getattr(args, "multihost_auto", False):
+        import jax
+
+        from assistant.commands.generate import init_multihost
+        from model_runtime import distributed
+        from model_runtime.errors import DiffuError
+
+        try:
+            init_multihost(args)
+        except DiffuError as exc:
+            raise UsageError(str(exc)) from None
+        if jax.process_index() != 0:
+            return _follow(config, loader)
+        single = loader
+
+        def loader(progress: Any) -> Any:  # process 0: publish every device call to the followers
+            leaders.append(distributed.Leader(single(progress)))
+            return leaders[-1]
+
     background = args.notify_fd is not None
     key = daemon.model_key(config.model)
     log_file = daemon.log_path(key)
@@ -194,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             if server is not None:
                 server.should_exit = True  # read by uvicorn's main loop; starts the normal shutdown
 
-        state = Daemon(config, loader=make_loader(config), on_fatal=on_fatal)
+        state = Daemon(config, loader=loader, on_fatal=on_fatal)
         uv_config = uvicorn.Config(
             state.app(api_key=api_key),
             lifespan="on",
@@ -217,9 +245,33 @@ def run(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
             sock.close()
+            for leader in leaders:
+                leader.shutdown()
     finally:
         lock.release()
         log.info("daemon exited; lock and discovery file removed")
     if fatal:
         raise UsageError(f"cannot serve {config.model}: {fatal[0]}")
+    return 0
+
+
+def _follow(config: Any, loader: Any) -> int:
+    """A process other than 0 of a multi-host daemon: load this host's shards, then follow process 0."""
+    import jax
+
+    from assistant import daemon
+    from model_runtime import distributed
+    from model_runtime.errors import DiffuError
+
+    rank = jax.process_index()
+    log_file = daemon.log_path(f"{daemon.model_key(config.model)}-process{rank}")
+    setup_logging(log_file, config.log_level_number, to_stderr=True)
+    log.info("process %d of %d: loading %s", rank, jax.process_count(), config.model)
+    try:
+        runtime = loader(lambda detail, fraction: log.debug("loading: %s (%.0f%%)", detail, 100 * fraction))
+    except DiffuError as exc:
+        raise UsageError(f"cannot serve {config.model}: {exc}") from None
+    print(f"diffu serve: process {rank} follows process 0 (model {config.model})", flush=True)
+    jobs = distributed.follow(runtime, log)
+    log.info("process 0 stopped after %d jobs; process %d exits", jobs, rank)
     return 0
