@@ -676,26 +676,32 @@ def _denoise_step(
 ) -> jax.Array:
     """One step of ``_sample`` (dream-reference.md 2.4) on a ``[B, L]`` canvas; returns the new canvas.
 
-    ``window`` (static; 0 = the whole canvas) limits the logits and the sampler to the last ``window``
-    positions when the caller knows every mask lies there (plain generation: the appended region). The
-    reference computes logits for the whole canvas and then only uses masked positions, so this changes
-    no result, only the cost: ``lm_head`` and top-k over the vocabulary are a large part of a step.
+    ``window`` (static; 0 = the whole canvas) limits the sampler to the last ``window`` positions when
+    the caller knows every mask lies there (plain generation: the appended region). The reference computes
+    logits for the whole canvas and then only uses masked positions; we compute them for masked positions
+    only (``_sample_masked``). Neither changes a result, only the cost: ``lm_head`` and top-k over the
+    vocabulary are a large part of a step.
     """
     model = nnx.merge(graphdef, state)
     n = x.shape[1]
-    if window and window < n:
-        hidden, _ = model.hidden(x, attn)
-        # The shift: positions n - window .. n - 1 are predicted by outputs n - window - 1 .. n - 2.
-        logits = model.head(hidden[:, n - window - 1 : n - 1])  # [B, W, V]
-        head, x = x[:, : n - window], x[:, n - window :]
-    else:
-        logits = shift_logits(model(x, attn))  # [B, L, V]
-        head = None
+    w = window if window and window < n else n
+    hidden, _ = model.hidden(x, attn)
+    head, x = (x[:, : n - w], x[:, n - w :]) if w < n else (None, x)
     mask_index = x == mask_id  # masks inside the prompt are denoised too (infill)
-    if logits_hook is not None:
-        logits = logits_hook(step_index, x, logits)
     k_sample, k_commit = jax.random.split(key)
-    confidence, x0 = sample_tokens(logits, k_sample, spec, temperature, top_p)
+    # The shift: position p is predicted by the output at p - 1 (position 0 by itself, never a mask).
+    if w < n:
+        hidden = hidden[:, n - w - 1 : n - 1]
+    else:
+        hidden = shift_logits(hidden)  # the same row shift, before lm_head instead of after
+    if logits_hook is None and tokens_hook is None:
+        confidence, x0 = _sample_masked(model, hidden, mask_index, k_sample, spec, temperature, top_p)
+        logits = None
+    else:
+        logits = model.head(hidden)  # [B, W, V]: the hooks see every position's logits
+        if logits_hook is not None:
+            logits = logits_hook(step_index, x, logits)
+        confidence, x0 = sample_tokens(logits, k_sample, spec, temperature, top_p)
     if spec.alg == "origin":
         new = commit_origin(x, mask_index, x0, ratio, k_commit)
     else:
@@ -704,6 +710,47 @@ def _denoise_step(
     if tokens_hook is not None:
         new = tokens_hook(step_index, new, logits)
     return new if head is None else jnp.concatenate([head, new], axis=1)
+
+
+# Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
+_ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
+
+
+def _sample_masked(
+    model: DreamModel,
+    hidden: jax.Array,
+    mask_index: jax.Array,
+    key: jax.Array,
+    spec: SamplerSpec,
+    temperature: jax.Array,
+    top_p: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """``sample_tokens`` of the still-masked positions only: (confidence, proposal) over ``[B, W]``.
+
+    ``hidden`` holds the shifted hidden states of the ``W`` positions. A step's masks are gathered (in
+    position order) into the smallest row bucket that holds every row's, and ``lm_head`` and the sampler
+    run on those rows; early steps use all ``W`` rows, late ones a few. Other positions get confidence
+    -inf, which the commit ignores as the reference's ``logits[mask_index]`` gather does.
+    """
+    b, w, _ = hidden.shape
+    sizes = [m for m in _ROW_BUCKETS if m < w] + [w]
+    # Masked positions first, in position order (stable), so rows keep the reference's tie order.
+    order = jnp.argsort(~mask_index, axis=-1, stable=True)
+    rows = jnp.arange(b)[:, None]
+
+    def branch(m: int) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+        def run(hidden: jax.Array, order: jax.Array) -> tuple[jax.Array, jax.Array]:
+            idx = order[:, :m]
+            picked = jnp.take_along_axis(hidden, idx[..., None], axis=1)  # [B, m, D]
+            confidence, x0 = sample_tokens(model.head(picked), key, spec, temperature, top_p)
+            full_conf = jnp.full((b, w), -jnp.inf, confidence.dtype).at[rows, idx].set(confidence)
+            return full_conf, jnp.zeros((b, w), jnp.int32).at[rows, idx].set(x0)
+
+        return run
+
+    most = jnp.max(jnp.sum(mask_index, axis=-1))
+    pick = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), most.astype(jnp.int32))  # first size >= most
+    return jax.lax.switch(pick, [branch(m) for m in sizes], hidden, order)
 
 
 def _denoise_all(
@@ -743,6 +790,7 @@ def _denoise_all(
             mask_id=mask_id,
             logits_hook=logits_hook,
             tokens_hook=tokens_hook,
+            window=window,
         )
 
     return jax.lax.fori_loop(0, steps, body, x)
