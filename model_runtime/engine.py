@@ -685,19 +685,18 @@ def _denoise_step(
     model = nnx.merge(graphdef, state)
     n = x.shape[1]
     w = window if window and window < n else n
-    hidden, _ = model.hidden(x, attn)
+    canvas = x
     head, x = (x[:, : n - w], x[:, n - w :]) if w < n else (None, x)
     mask_index = x == mask_id  # masks inside the prompt are denoised too (infill)
     k_sample, k_commit = jax.random.split(key)
-    # The shift: position p is predicted by the output at p - 1 (position 0 by itself, never a mask).
-    if w < n:
-        hidden = hidden[:, n - w - 1 : n - 1]
-    else:
-        hidden = shift_logits(hidden)  # the same row shift, before lm_head instead of after
     if logits_hook is None and tokens_hook is None:
-        confidence, x0 = _sample_masked(model, hidden, mask_index, k_sample, spec, temperature, top_p)
+        trunk = model.trunk(canvas, attn)
+        confidence, x0 = _sample_masked(model, trunk, n - w, mask_index, k_sample, spec, temperature, top_p)
         logits = None
     else:
+        hidden, _ = model.hidden(canvas, attn)
+        # The shift: position p is predicted by the output at p - 1 (position 0 by itself, never a mask).
+        hidden = hidden[:, n - w - 1 : n - 1] if w < n else shift_logits(hidden)
         logits = model.head(hidden)  # [B, W, V]: the hooks see every position's logits
         if logits_hook is not None:
             logits = logits_hook(step_index, x, logits)
@@ -718,7 +717,8 @@ _ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 102
 
 def _sample_masked(
     model: DreamModel,
-    hidden: jax.Array,
+    trunk: tuple[jax.Array, jax.Array, jax.Array],
+    offset: int,
     mask_index: jax.Array,
     key: jax.Array,
     spec: SamplerSpec,
@@ -727,30 +727,32 @@ def _sample_masked(
 ) -> tuple[jax.Array, jax.Array]:
     """``sample_tokens`` of the still-masked positions only: (confidence, proposal) over ``[B, W]``.
 
-    ``hidden`` holds the shifted hidden states of the ``W`` positions. A step's masks are gathered (in
-    position order) into the smallest row bucket that holds every row's, and ``lm_head`` and the sampler
-    run on those rows; early steps use all ``W`` rows, late ones a few. Other positions get confidence
-    -inf, which the commit ignores as the reference's ``logits[mask_index]`` gather does.
+    ``trunk`` is ``model.trunk`` of the canvas, whose last ``W`` positions (from ``offset``) are sampled.
+    A step's masks are gathered (in position order) into the smallest row bucket that holds every row's,
+    and the last layer's queries and MLP, ``lm_head`` and the sampler run on those rows only; early steps
+    use all ``W`` rows, late ones a few. Other positions get confidence -inf, which the commit ignores as
+    the reference's ``logits[mask_index]`` gather does.
     """
-    b, w, _ = hidden.shape
+    b, w = mask_index.shape
     sizes = [m for m in _ROW_BUCKETS if m < w] + [w]
     # Masked positions first, in position order (stable), so rows keep the reference's tie order.
     order = jnp.argsort(~mask_index, axis=-1, stable=True)
-    rows = jnp.arange(b)[:, None]
+    batch = jnp.arange(b)[:, None]
 
-    def branch(m: int) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
-        def run(hidden: jax.Array, order: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def branch(m: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
+        def run(order: jax.Array, *trunk: jax.Array) -> tuple[jax.Array, jax.Array]:
             idx = order[:, :m]
-            picked = jnp.take_along_axis(hidden, idx[..., None], axis=1)  # [B, m, D]
-            confidence, x0 = sample_tokens(model.head(picked), key, spec, temperature, top_p)
-            full_conf = jnp.full((b, w), -jnp.inf, confidence.dtype).at[rows, idx].set(confidence)
-            return full_conf, jnp.zeros((b, w), jnp.int32).at[rows, idx].set(x0)
+            # The shift: position p is predicted by the output at p - 1 (position 0 by itself).
+            hidden = model.finish(*trunk, jnp.maximum(idx + offset - 1, 0))  # [B, m, D]
+            confidence, x0 = sample_tokens(model.head(hidden), key, spec, temperature, top_p)
+            full_conf = jnp.full((b, w), -jnp.inf, confidence.dtype).at[batch, idx].set(confidence)
+            return full_conf, jnp.zeros((b, w), jnp.int32).at[batch, idx].set(x0)
 
         return run
 
     most = jnp.max(jnp.sum(mask_index, axis=-1))
     pick = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), most.astype(jnp.int32))  # first size >= most
-    return jax.lax.switch(pick, [branch(m) for m in sizes], hidden, order)
+    return jax.lax.switch(pick, [branch(m) for m in sizes], order, *trunk)
 
 
 def _denoise_all(

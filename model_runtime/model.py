@@ -35,6 +35,16 @@ def positions_and_mask(attention_mask: jax.Array) -> jax.Array:
     return jnp.where(attention_mask, pos, 1)
 
 
+def _canvas_mask(
+    input_ids: jax.Array, attention_mask: jax.Array | None, positions: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """The ``[B, L]`` padding mask (all True by default) and the positions that go with it."""
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, dtype=bool)
+    attention_mask = attention_mask.astype(bool)
+    return attention_mask, positions_and_mask(attention_mask) if positions is None else positions
+
+
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs | None = None) -> None:
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
@@ -81,20 +91,27 @@ class Attention(nnx.Module):
         mask: jax.Array,
         cache: KV | None = None,
         start: jax.Array | None = None,
+        rows: jax.Array | None = None,
     ) -> tuple[jax.Array, KV]:
         """Attention of the ``Lq`` queries in ``x`` over ``Lk`` keys; returns (output, (k, v) of all keys).
 
         ``mask`` is ``[B, Lq, Lk]`` (True = may attend). With ``cache`` (keys/values ``[B, K, Lk, E]`` of the
         whole canvas, after RoPE), this block's fresh k/v are written at ``start`` and the queries attend
-        over the updated cache: the DualCache step of the fast decoder.
+        over the updated cache: the DualCache step of the fast decoder. With ``rows`` (``[B, M]`` indices),
+        only those positions of ``x`` ask queries; all of them give keys and values.
         """
-        b, n, _ = x.shape
+        xq, qpos = x, positions
+        if rows is not None:
+            xq = jnp.take_along_axis(x, rows[..., None], axis=1)
+            qpos = jnp.take_along_axis(positions, rows, axis=1)
+            mask = jnp.take_along_axis(mask, rows[..., None], axis=1)
+        b, n, _ = xq.shape
         # Heads-first layout ([B, N, L, E]): the score and mixing products are then plain batched
         # matmuls; with heads in the middle XLA's CPU backend ran attention about 2x slower.
-        q = jnp.einsum("bld,dhe->bhle", x, self.q_kernel[...]) + self.q_bias[...][:, None, :]
+        q = jnp.einsum("bld,dhe->bhle", xq, self.q_kernel[...]) + self.q_bias[...][:, None, :]
         k = jnp.einsum("bld,dke->bkle", x, self.k_kernel[...]) + self.k_bias[...][:, None, :]
         v = jnp.einsum("bld,dke->bkle", x, self.v_kernel[...]) + self.v_bias[...][:, None, :]
-        q, k = rope(q, positions, self.theta), rope(k, positions, self.theta)
+        q, k = rope(q, qpos, self.theta), rope(k, positions, self.theta)
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, 0, start, 0))
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, 0, start, 0))
@@ -141,8 +158,12 @@ class Block(nnx.Module):
         mask: jax.Array,
         cache: KV | None = None,
         start: jax.Array | None = None,
+        rows: jax.Array | None = None,
     ) -> tuple[jax.Array, KV]:
-        h, kv = self.attn(self.input_layernorm(x), positions, mask, cache, start)
+        """``rows`` (``[B, M]``): compute only those positions' outputs (their keys still see all of x)."""
+        h, kv = self.attn(self.input_layernorm(x), positions, mask, cache, start, rows)
+        if rows is not None:
+            x = jnp.take_along_axis(x, rows[..., None], axis=1)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -191,11 +212,7 @@ class DreamModel(nnx.Module):
         starting at ``start``: ``attention_mask`` and ``positions`` still describe the whole canvas, the
         block's rows are sliced out of them, and its keys/values replace the cached ones in place.
         """
-        if attention_mask is None:
-            attention_mask = jnp.ones(input_ids.shape, dtype=bool)
-        attention_mask = attention_mask.astype(bool)
-        if positions is None:
-            positions = positions_and_mask(attention_mask)
+        attention_mask, positions = _canvas_mask(input_ids, attention_mask, positions)
         if caches is None:
             query_mask, query_pos = attention_mask, positions
         else:
@@ -209,6 +226,25 @@ class DreamModel(nnx.Module):
             x, kv = layer(x, query_pos, mask, None if caches is None else caches[i], start)
             new_caches.append(kv)
         return self.norm(x), new_caches
+
+    def trunk(
+        self, input_ids: jax.Array, attention_mask: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The whole canvas through every layer but the last: (residual stream ``[B, L, D]``, positions,
+        ``[B, L, L]`` mask), for ``finish``."""
+        attention_mask, positions = _canvas_mask(input_ids, attention_mask, None)
+        mask = attention_mask[:, :, None] & attention_mask[:, None, :]
+        x = jnp.take(self.embed[...], input_ids, axis=0)
+        for layer in list(self.layers)[:-1]:
+            x, _ = layer(x, positions, mask)
+        return x, positions, mask
+
+    def finish(self, x: jax.Array, positions: jax.Array, mask: jax.Array, rows: jax.Array) -> jax.Array:
+        """The last layer and the final norm for the positions ``rows`` (``[B, M]``) only: their hidden
+        states ``[B, M, D]``, equal to those rows of ``hidden``. Every position still gives keys and
+        values; a sampler that needs a few rows' logits skips the queries and MLP of the others."""
+        x, _ = self.layers[-1](x, positions, mask, rows=rows)
+        return self.norm(x)
 
     def head(self, hidden: jax.Array) -> jax.Array:
         """``lm_head`` (or the tied embedding) over hidden states ``[..., D]`` -> logits ``[..., V]``."""
