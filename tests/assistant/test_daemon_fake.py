@@ -230,9 +230,11 @@ def test_signals_stop_accepting_finish_or_cancel_work_and_remove_lock_and_discov
 
 
 def _refused(daemon: DaemonProcess) -> bool:
+    """Whether a new connection goes unanswered: refused outright, or (when it raced the listening
+    socket's close and sat in the kernel's accept queue) reset or closed before any response."""
     try:
         httpx.get(daemon.url + "/health", timeout=1)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
