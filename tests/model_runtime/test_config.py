@@ -4,41 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from model_runtime.config import DreamConfig
+from model_runtime.config import DIFFUCODER_7B, DreamConfig
 from model_runtime.errors import ConfigError
 from model_runtime.tiny import tiny_config
-
-# The published apple/DiffuCoder-7B-Instruct config.json (dream-reference.md 1.1).
-DIFFUCODER_7B = {
-    "architectures": ["DreamModel"],
-    "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "bos_token_id": 151643,
-    "eos_token_id": 151643,
-    "hidden_act": "silu",
-    "hidden_size": 3584,
-    "initializer_range": 0.02,
-    "intermediate_size": 18944,
-    "mask_token_id": 151666,
-    "max_position_embeddings": 131072,
-    "max_window_layers": 28,
-    "model_type": "Dream",
-    "num_attention_heads": 28,
-    "num_hidden_layers": 28,
-    "num_key_value_heads": 4,
-    "pad_token_id": 151643,
-    "rms_norm_eps": 1e-06,
-    "rope_scaling": None,
-    "rope_theta": 1000000.0,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "transformers_version": "4.51.3",
-    "use_cache": False,
-    "use_mrope": False,
-    "use_sliding_window": False,
-    "vocab_size": 152064,
-}
 
 
 def test_published_7b_config_parses_with_derived_shapes():

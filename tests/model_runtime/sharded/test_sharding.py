@@ -85,9 +85,8 @@ def test_mesh_errors_are_clear():
 
 
 def test_7b_weight_memory_per_device():
-    from model_runtime.config import DreamConfig
+    from model_runtime.config import DIFFUCODER_7B, DreamConfig
     from model_runtime.sharding import weight_bytes_per_device
-    from tests.model_runtime.test_config import DIFFUCODER_7B
 
     cfg = DreamConfig.from_dict(DIFFUCODER_7B)
     assert weight_bytes_per_device(cfg, 1) == 2 * cfg.param_count()  # 15.23 GB in bfloat16
