@@ -150,14 +150,18 @@ class DreamTokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
 
-def _byte_level_pipeline(tok: Tokenizer) -> Tokenizer:
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
+def _pre_tokenizer(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
+
+
+def _byte_level_pipeline(tok: Tokenizer) -> Tokenizer:
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer(PRETOKENIZE_REGEX)
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -249,13 +253,27 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
     return DreamTokenizer(tok, mask_id=mask_id, pad_id=pad_id, eos_id=eos_id)
 
 
+# For training new vocabularies only: Qwen2's pattern with the newlines that follow punctuation split off
+# into a piece of their own (the same newline run Qwen2 would have appended). No learned merge then joins
+# a newline to the symbols before it, so under Qwen2's own pattern (what every load uses) ``):`` and a
+# following newline still become separate tokens: a prompt that stops at the end of a line, and an infill
+# suffix that starts with its newline, are tokenized exactly as the same text inside a file.
+TRAIN_PRETOKENIZE_REGEX = PRETOKENIZE_REGEX.replace(
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|", r" ?[^\s\p{L}\p{N}]+|(?<=[^\s\p{L}\p{N}])[\r\n]+|"
+)
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, *, instruct: bool = True) -> Tokenizer:
     """Train a Qwen2-style byte-level BPE, then append DiffuCoder's special tokens after the merges.
 
     The special tokens get consecutive ids right after the learned vocabulary, in the published order
     (Qwen2.5's 22, ``<|beginoftext|>``, ``<|mask|>``, and ``<|dlm_pad|>`` for Instruct-style models).
+    Merges are learned under ``TRAIN_PRETOKENIZE_REGEX``; the returned tokenizer uses Qwen2's pattern, as
+    a loaded one does.
     """
     tok = _byte_level_pipeline(Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False)))
+    qwen_pre = tok.pre_tokenizer
+    tok.pre_tokenizer = _pre_tokenizer(TRAIN_PRETOKENIZE_REGEX)
     specials = QWEN_SPECIAL_TOKENS + DREAM_SPECIAL_TOKENS + (INSTRUCT_SPECIAL_TOKENS if instruct else ())
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(specials),
@@ -264,6 +282,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, instruct: bool = True) -
         special_tokens=[],
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok.pre_tokenizer = qwen_pre
     tok.add_special_tokens([AddedToken(c, special=c not in _NON_SPECIAL, normalized=False) for c in specials])
     return tok
 

@@ -71,6 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--export-dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights of OUT/model"
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar (logs still go to OUT)")
+    g.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="build the tokenizer and the token shards in OUT, then stop (train later, or elsewhere)",
+    )
     p.set_defaults(func=run)
 
 
@@ -134,13 +139,23 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
         facts = train_model(
-            args.out, args.source, init_from=args.init_from, shape=shape, copts=copts, cfg=cfg, ropts=ropts
+            args.out,
+            args.source,
+            init_from=args.init_from,
+            shape=shape,
+            copts=copts,
+            cfg=cfg,
+            ropts=ropts,
+            prepare_only=args.prepare_only,
         )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         console.print(f"stopped; the run is checkpointed: run the same command to resume ({args.out})")
         return 130
+    if args.prepare_only:
+        print(json.dumps(facts["corpus"], indent=2))
+        return 0
     held = {k: v for k, v in facts["heldout"].items() if not isinstance(v, list)}
     print(json.dumps(held, indent=2))
     return 0

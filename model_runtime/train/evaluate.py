@@ -83,14 +83,18 @@ def infill_cases(
             break
         f, i = candidates[j]
         lines = split[f]
-        middle = tok.encode(lines[i])
+        # The hidden span is the line *with* its newline: byte-level BPE merges a line's last symbols
+        # with the newline (``):\n``, ``\"\"\"\n``), so cutting before the newline would ask for token
+        # boundaries the model never sees in running text (nor does an editor's infill at a line end).
+        last = i + 1 == len(lines)
+        middle = tok.encode(lines[i] if last else lines[i] + "\n")
         if not 0 < len(middle) <= max_line_tokens:
             continue
         # Tokenize a character window that surely holds more than the token budget, then cut by tokens.
         before = "\n".join(lines[:i]) + "\n" if i else ""
-        after = "\n" + "\n".join(lines[i + 1 :])
+        after = "\n".join(lines[i + 1 :])
         pre = tok.encode(before[-prefix_tokens * 16 :])[-prefix_tokens:] if before else []
-        suf = tok.encode(after[: suffix_tokens * 16])[:suffix_tokens]
+        suf = tok.encode(after[: suffix_tokens * 16])[:suffix_tokens] if after else []
         if not pre:
             continue  # position 0 must be visible context (the shifted prediction needs a left neighbour)
         cases.append(InfillCase(texts[f][0], lines[i], tuple(pre), tuple(middle), tuple(suf)))

@@ -135,10 +135,13 @@ def train_model(
     copts: CorpusOptions = CorpusOptions(),
     cfg: TrainConfig | None = None,
     ropts: RunOptions | None = None,
+    prepare_only: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) a training run in ``run_dir`` on the source files under ``source``.
 
-    Returns the final held-out metrics, also written to ``RUN/model/metrics.json``.
+    Returns the final held-out metrics, also written to ``RUN/model/metrics.json``. With
+    ``prepare_only`` it stops once the tokenizer and the corpus are built and returns the corpus facts
+    (prepare on one machine, copy the run directory, train on another).
     """
     ropts = ropts or RunOptions()
     cfg = cfg or TrainConfig()
@@ -189,6 +192,8 @@ def train_model(
         f"corpus: {meta['train_files']} files, {meta['train_tokens']:,} training tokens; "
         f"{len(meta['heldout_files'])} held-out files, {meta['heldout_tokens']:,} tokens"
     )
+    if prepare_only:
+        return {"corpus": {k: v for k, v in meta.items() if k not in ("heldout_files", "shards")}}
 
     # A resumed run must compute the same thing: refuse silently changed settings.
     record = run_config_dict(

@@ -192,3 +192,19 @@ def test_missing_tokenizer_files_are_named(tiny_dir, tmp_path, tok):
         load_tokenizer(d, mask_id=tok.mask_id, pad_id=tok.pad_id, eos_id=tok.eos_id)
     with pytest.raises(ModelError, match="mask_token_id=99999"):
         load_tokenizer(tiny_dir, mask_id=99999, pad_id=tok.pad_id, eos_id=tok.eos_id)
+
+
+def test_a_trained_vocabulary_tokenizes_a_text_cut_at_a_line_end_as_the_whole_text(tok):
+    """Merges learned by train_bpe never join a newline to the symbols before it: a prompt that stops at
+    the end of a line (``def f(x):``) and an infill suffix that starts with the newline get the tokens
+    they have inside the file, so the model sees the boundaries it was trained on."""
+    from model_runtime.tiny import default_corpus
+
+    text = "\n".join(default_corpus())
+    lines = text.split("\n")
+    ends_in_symbol = [bool(ln.strip()) and ln.rstrip()[-1] in "):,]}'\"" for ln in lines]
+    cuts = [i for i in range(1, len(lines)) if ends_in_symbol[i - 1]]
+    assert len(cuts) > 100
+    for i in cuts[:300]:
+        head, tail = "\n".join(lines[:i]), "\n" + "\n".join(lines[i:])
+        assert tok.encode(head) + tok.encode(tail) == tok.encode(text), repr(lines[i - 1])

@@ -99,8 +99,15 @@ def test_batches_are_a_pure_function_of_seed_and_step(tmp_path):
 @pytest.fixture(scope="module")
 def smoke_run(source_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "smoke"
+    # Prepared first (tokenizer and shards only, as on a CPU box before an accelerator run), then trained
+    # by the same command without --prepare-only, which reuses what is there.
+    assert main(["train", str(source_dir), "--out", str(out), *SMOKE_FLAGS, "--prepare-only"]) == 0
+    assert (out / "corpus" / "meta.json").is_file() and (out / "tokenizer" / "vocab.json").is_file()
+    assert not (out / "run.json").exists() and not (out / "checkpoints").exists()
+    shards = {p.name: p.read_bytes() for p in (out / "corpus").glob("*.bin")}
     code = main(["train", str(source_dir), "--out", str(out), *SMOKE_FLAGS])
     assert code == 0
+    assert {p.name: p.read_bytes() for p in (out / "corpus").glob("*.bin")} == shards  # not rebuilt
     return out
 
 
@@ -166,6 +173,8 @@ def test_infill_cases_hide_exactly_one_line_between_its_real_neighbours(smoke_ru
     assert sorted(c.line for c in cases) == ["    return y", "    y = x + 1"]
     for c in cases:
         assert tok.decode(c.prefix) + tok.decode(c.middle) + tok.decode(c.suffix) == text
+        # The hole is the line with its newline: tokens as they fall inside the file, not cut before it.
+        assert tok.decode(c.middle) == c.line + "\n"
 
 
 def test_rerunning_a_finished_run_resumes_and_changed_settings_are_refused(smoke_run, source_dir, capsys):
