@@ -449,7 +449,7 @@ class Engine:
         gen_s = end - (job.started or end)
         return {
             "steps": steps, "new_tokens": new_tokens, "prompt_tokens": job.prompt_tokens,
-            "canvas_tokens": job.canvas_tokens, "batch_size": batch_size,
+            "canvas_tokens": job.canvas_tokens, "batch_size": batch_size, "decoder": job.params.decoder,
             "bucket": list(bucket) if bucket else None,
             "queue_seconds": round((job.started or end) - job.created, 4),
             "generate_seconds": round(gen_s, 4), "compile_seconds": round(compile_seconds, 4),

@@ -279,6 +279,10 @@ class Daemon:
                 code="context_length_exceeded",
             )
         sampling = dict(spec.sampling)
+        if "decoder" not in sampling and spec.canvas_tokens:
+            # A request that names no decoder gets the one its model recommends (holes inside a prompt,
+            # canvas_tokens 0, always take the reference decoder: the fast one cannot fill them).
+            sampling["decoder"] = getattr(rt, "default_decoder", "reference")
         steps = sampling.setdefault("steps", max(spec.canvas_tokens, 1))
         if steps > self.config.max_steps:
             raise RequestError(
@@ -461,6 +465,7 @@ class Daemon:
                 "device": getattr(rt, "device", None),
                 "dtype": getattr(rt, "dtype", None),
                 "max_context": getattr(rt, "max_context", None),
+                "default_decoder": getattr(rt, "default_decoder", None),
                 "mesh": getattr(rt, "mesh_info", None),
                 "buckets": [list(b) for b in rt.buckets] if rt is not None else [],
                 "engine": self.engine.status.to_dict(),

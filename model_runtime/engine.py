@@ -10,6 +10,7 @@ timed, and also stored in JAX's persistent compilation cache.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from model_runtime.checkpoint import check_names, list_tensors, read_tensors, re
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel, shift_logits
-from model_runtime.params import DoneEvent, GenerationStats, SamplingParams, StepEvent
+from model_runtime.params import DECODERS, DoneEvent, GenerationStats, SamplingParams, StepEvent
 from model_runtime.sampling import (
     SamplerSpec,
     commit_by_confidence,
@@ -103,8 +104,12 @@ class Runtime:
         length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
         mesh: Mesh | None = None,
+        default_decoder: str = "reference",
     ) -> None:
         self.config = cfg
+        # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
+        # ``diffu_decoder``, see recommended_decoder), else the reference decoder.
+        self.default_decoder = default_decoder
         self.mesh = mesh
         self.tokenizer = tokenizer
         self.graphdef = graphdef
@@ -448,6 +453,7 @@ class Runtime:
         compile_s: float,
         compiled: int,
         hits: int,
+        decoder: str = "reference",
     ) -> DoneEvent:
         pad_id = self.config.pad_token_id
         longest = max(len(r.ids) for r in rows)
@@ -469,6 +475,7 @@ class Runtime:
             compiled_programs=compiled,
             cache_hits=hits,
             bucket=shape,
+            decoder=decoder,
         )
         return DoneEvent(
             texts=texts,
@@ -604,6 +611,7 @@ class Runtime:
             compile_s=compile_s,
             compiled=compiled,
             hits=hits,
+            decoder="fast",
         )
 
 
@@ -798,6 +806,27 @@ def _denoise_all(
     return jax.lax.fori_loop(0, steps, body, x)
 
 
+def recommended_decoder(model_dir: Path) -> str:
+    """The decoder a model directory recommends: ``diffu_decoder`` in its ``generation_config.json``.
+
+    Published checkpoints carry no such key and get the reference decoder. A model trained by ``diffu
+    train`` gets it only where ``scripts/decoder_quality.py --record`` measured the fast decoder writing
+    better code on the model's held-out files (the bundled demo model does).
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return "reference"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("diffu_decoder", "reference")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ModelError(f"generation_config.json: cannot read it as a JSON object ({exc})") from None
+    if value not in DECODERS:
+        raise ModelError(
+            f"generation_config.json: diffu_decoder must be one of {', '.join(DECODERS)}, got {value!r}"
+        )
+    return value
+
+
 def load(
     model: str | os.PathLike | None = None,
     *,
@@ -880,4 +909,5 @@ def load(
         length_buckets=length_buckets,
         batch_buckets=batch_buckets,
         mesh=mesh,
+        default_decoder=recommended_decoder(model_dir),
     )

@@ -168,6 +168,7 @@ class GenerationStats:
     compiled_programs: int = 0
     cache_hits: int = 0
     bucket: tuple[int, int] = (0, 0)
+    decoder: str = "reference"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -165,8 +165,9 @@ def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[
 def write_generation_files(out_dir: str | Path, cfg: DreamConfig) -> None:
     """``generation_config.json`` and ``special_tokens_map.json`` as a published Dream directory has them.
 
-    diffu reads neither (the reference's diffusion_generate ignores generation_config.json too); they are
-    written so an exported directory looks like the real thing to other tools.
+    They are written so an exported directory looks like the real thing to other tools. diffu reads only
+    one key of generation_config.json, its own ``diffu_decoder`` (``engine.recommended_decoder``), which
+    published checkpoints do not have; the reference's diffusion_generate ignores the file altogether.
     """
     out = Path(out_dir)
     gen = {

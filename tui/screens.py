@@ -229,9 +229,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
 
     @on(Select.Changed, "#field-decoder")
     def _sync_decoder(self) -> None:
-        fast = self.query_one("#field-decoder", Select).value == "fast"
-        for name in ("block_length", "threshold"):
-            self.query_one(f"#field-{name}", Input).disabled = not fast
+        reference = self.query_one("#field-decoder", Select).value == "reference"
+        for name in ("block_length", "threshold"):  # fast-decoder knobs, kept for "model" (it may pick fast)
+            self.query_one(f"#field-{name}", Input).disabled = reference
 
     def _value(self, name: str) -> Any:
         widget = self.query_one(f"#field-{name}")

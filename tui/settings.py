@@ -56,7 +56,7 @@ class ChatSettings:
     top_k: int | None = _knob(None, "top-k filtering; empty: the reference's implicit 50; 0: off")
     alg: str = _knob("entropy", "which masked positions to commit first")
     alg_temp: float | None = _knob(None, "sample positions at this temperature; empty: most confident")
-    decoder: str = _knob("reference", "reference: the published sampler; fast: parallel unmasking")
+    decoder: str = _knob("model", "model: what the model recommends; or reference, fast")
     block_length: int = _knob(32, "fast decoder: tokens per block")
     threshold: float = _knob(0.9, "fast decoder: commit positions at least this confident")
 
@@ -78,7 +78,7 @@ class ChatSettings:
             top_k=self.top_k,
             alg=self.alg,
             alg_temp=self.alg_temp,
-            decoder=self.decoder,
+            decoder="reference" if self.decoder == MODEL_DECODER else self.decoder,
             block_length=self.block_length,
             threshold=self.threshold,
         )
@@ -86,7 +86,9 @@ class ChatSettings:
     def request_params(self) -> dict[str, Any]:
         """The fields of a ``/v1/diffu/generate`` body; unset knobs are left to the daemon's defaults."""
         params = {name: value for name, value in self.to_dict().items() if value is not None}
-        if self.decoder != "fast":
+        if self.decoder == MODEL_DECODER:
+            params.pop("decoder")  # the daemon picks the decoder its model recommends
+        if self.decoder == "reference":
             # The reference decoder ignores them; leaving them out keeps requests minimal and readable.
             params.pop("block_length", None)
             params.pop("threshold", None)
@@ -123,7 +125,9 @@ def apply_saved(baseline: ChatSettings, saved: Mapping[str, Any]) -> tuple[ChatS
 
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(ChatSettings)}
-CHOICES: dict[str, tuple[str, ...]] = {"alg": ALGS, "decoder": DECODERS}
+# "model": no decoder in the request; the daemon uses its model's (Runtime.default_decoder).
+MODEL_DECODER = "model"
+CHOICES: dict[str, tuple[str, ...]] = {"alg": ALGS, "decoder": (MODEL_DECODER, *DECODERS)}
 
 
 def field_kind(name: str) -> tuple[str, bool]:

@@ -17,6 +17,7 @@ from assistant.commands.generate import (
     add_generation_options,
     build_rows,
     check_infill_args,
+    model_decoder,
     sampling_params,
 )
 
@@ -196,6 +197,7 @@ def run_generate(args: argparse.Namespace) -> int:
     _fresh_cache(args)
     try:
         rt, load_seconds = _load(args)
+        params = model_decoder(args, params, rt)
         rows = build_rows(rt, args, params)
         prompts = [list(r.ids[: r.region[0]]) for r in rows]
         if args.suffix is not None:

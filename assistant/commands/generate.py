@@ -9,6 +9,7 @@ current step highlighted; then the answer. With ``--json`` one object is printed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -115,9 +116,10 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decoder",
         choices=DECODERS,
-        default="reference",
-        help="reference: exact published sampler (default); fast: DualCache blocks with "
-        "confidence-threshold parallel unmasking",
+        default=None,
+        help="reference: exact published sampler; fast: DualCache blocks with confidence-threshold "
+        "parallel unmasking (default: the model's recommendation, reference unless its "
+        "generation_config.json names diffu_decoder, as the bundled demo model's does)",
     )
     p.add_argument("--block-length", type=int, default=32, help="fast decoder: block size (default 32)")
     p.add_argument(
@@ -132,6 +134,13 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fast decoder: use the factor rule with this factor instead of the threshold",
     )
+
+
+def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: object) -> SamplingParams:
+    """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
+    if args.decoder is None and params.decoder != rt.default_decoder:
+        return dataclasses.replace(params, decoder=rt.default_decoder)
+    return params
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
@@ -149,7 +158,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
             top_k=args.top_k,
             eps=args.eps,
             seed=args.seed,
-            decoder=args.decoder,
+            decoder=args.decoder or "reference",
             block_length=args.block_length,
             threshold=args.threshold,
             factor=args.factor,
@@ -176,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         init_multihost(args)
         rt = load_with_progress(model, args.dtype, tp=args.tp, dp=args.dp)
+        params = model_decoder(args, params, rt)
         rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
@@ -213,7 +223,9 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
         config = load_config({"model": args.model} if args.model else None)[0]
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    knobs = {k: v for k, v in params.to_dict().items() if k != "max_new_tokens"}
+    # Without --decoder the daemon picks the decoder its model recommends.
+    skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
+    knobs = {k: v for k, v in params.to_dict().items() if k not in skip}
     results = []
     console = Console()
     try:

@@ -17,7 +17,14 @@ import httpx
 import pytest
 
 from assistant import sse
-from tests.assistant.helpers import REPO, TINY_ENV, DaemonProcess, isolated_env, stop_background_daemons
+from tests.assistant.helpers import (
+    REPO,
+    TINY_ENV,
+    DaemonProcess,
+    isolated_env,
+    start_daemon,
+    stop_background_daemons,
+)
 
 CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
 
@@ -605,3 +612,26 @@ def test_holes_in_a_raw_prompt_are_filled_in_one_run(tiny_daemon: DaemonProcess)
             timeout=60,
         )
         assert r.status_code == 400 and message in r.json()["error"]["message"]
+
+
+def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: Path, micro_dir: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in micro_dir.iterdir():
+        if f.is_file() and f.name != "generation_config.json":
+            (model / f.name).symlink_to(f)
+    (model / "generation_config.json").write_text(json.dumps({"diffu_decoder": "fast"}))
+    daemon = start_daemon(tmp_path, str(model), env=isolated_env(tmp_path, **TINY_ENV))
+    try:
+        with daemon.client() as c:
+            assert c.get("/v1/diffu/status").json()["default_decoder"] == "fast"
+            body = {"prompt": "def f(x):", "max_new_tokens": 8, "stream": False}
+            assert c.post("/v1/diffu/generate", json=body).json()["stats"]["decoder"] == "fast"
+            named = c.post("/v1/diffu/generate", json={**body, "decoder": "reference"}).json()
+            assert named["stats"]["decoder"] == "reference"
+            # Holes inside a prompt need the reference decoder: a request naming none still gets them filled.
+            holes = {"prompt": "x = <|mask|><|mask|>\n", "max_new_tokens": 0, "stream": False}
+            r = c.post("/v1/diffu/generate", json=holes)
+            assert r.status_code == 200 and r.json()["stats"]["decoder"] == "reference", r.text
+    finally:
+        daemon.stop()

@@ -121,7 +121,8 @@ async def test_multi_turn_context_and_prompt_history(
             "temperature": 0.0,
             "top_p": 0.95,
             "alg": "entropy",
-            "decoder": "reference",
+            "block_length": 32,
+            "threshold": 0.9,
         }
         # Both requests belong to the conversation's session (a newer one supersedes an older one).
         assert backend.requests[0].session == backend.requests[1].session == app.conversation_id
@@ -333,7 +334,10 @@ async def test_settings_screen_validates_saves_and_applies(
         await pilot.press("f2")
         screen = app.screen
         assert isinstance(screen, SettingsScreen)
-        assert screen.query_one("#field-block_length", Input).disabled  # only for the fast decoder
+        assert not screen.query_one("#field-block_length", Input).disabled  # "model" may pick the fast one
+        screen.query_one("#field-decoder", Select).value = "reference"
+        await pilot.pause()
+        assert screen.query_one("#field-block_length", Input).disabled  # the reference decoder ignores it
         steps = screen.query_one("#field-steps", Input)
         steps.value = "8"
         screen.query_one("#field-top_p", Input).value = "1.5"

@@ -56,8 +56,10 @@ def test_settings_are_checked_like_the_runtime_checks_them() -> None:
         "temperature": 0.4,
         "top_p": 0.95,
         "alg": "entropy",
-        "decoder": "reference",
+        "block_length": 32,  # no decoder: the daemon's model picks it, maybe the fast one
+        "threshold": 0.9,
     }
+    assert "block_length" not in ChatSettings(decoder="reference").request_params()
     fast = ChatSettings(decoder="fast", steps=64)
     assert fast.request_params()["block_length"] == 32 and fast.request_params()["threshold"] == 0.9
     with pytest.raises(SettingsError, match=r"^top_p: must be in \(0, 1\], got 1.5"):

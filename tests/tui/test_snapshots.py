@@ -45,7 +45,7 @@ def test_replay_view(snap_compare: Any, make_app: Callable[..., ChatApp]) -> Non
 
 
 def test_settings_screen(snap_compare: Any, make_app: Callable[..., ChatApp]) -> None:
-    """The settings form with the test settings, the fast-decoder fields disabled."""
+    """The settings form with the test settings (decoder: the model's choice)."""
     app = make_app(ScriptedBackend())
 
     async def run_before(pilot: Pilot) -> None:
