@@ -10,8 +10,9 @@ which the model never saw, supply both tests. The model defaults to RUN_DIR/mode
   order, one token per step; the fast decoder with its defaults (block 32, threshold 0.9). Exact match
   as in the evaluation.
 - Free generation: the first `def ...:` line of held-out files as a raw prompt, 128 new tokens, greedy:
-  the share of generated lines that are Python statements on their own (the bundled-model test's rule),
-  and the share of distinct lines (repetition shows up here).
+  the share of generated lines that are code parsing with the prompt as one program
+  (model_runtime.train.evaluate.python_share, the bundled-model test's rule), and the share of distinct
+  lines (repetition shows up here).
 
 ``--record`` writes the verdict into the model's generation_config.json as ``diffu_decoder``: ``fast`` when
 the fast decoder is at least as good on infill and better on free generation, else ``reference``. diffu
@@ -21,7 +22,6 @@ uses it as the default decoder of that model (``model_runtime.engine.recommended
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import re
 import statistics
@@ -31,22 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def parses(line: str) -> bool:
-    """One line is a Python statement on its own (a block header gets a body); comments do not count."""
-    s = line.strip()
-    if s.startswith("#"):
-        return False
-    if s.startswith(("else", "elif", "except", "finally")):
-        s = ("if 1: pass\n" if s.startswith(("else", "elif")) else "try: pass\n") + s
-    if s.endswith(":"):
-        s += " pass"
-    try:
-        ast.parse(s)
-    except SyntaxError:
-        return False
-    return True
 
 
 def def_prompts(texts: list[tuple[str, str]], n: int) -> list[str]:
@@ -76,7 +60,7 @@ def main() -> int:
     from model_runtime.engine import CanvasRow
     from model_runtime.params import SamplingParams
     from model_runtime.train import corpus as corpus_lib
-    from model_runtime.train.evaluate import infill_cases
+    from model_runtime.train.evaluate import infill_cases, python_share
 
     rt = model_runtime.load(args.model or args.run / "model", dtype="float32")
     tok = rt.tokenizer
@@ -105,7 +89,7 @@ def main() -> int:
         for p in prompts:
             done = list(rt.generate([tok.encode(p)], make(128), chat=False, stream=False))[-1]
             lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
-            parsed.append(sum(map(parses, lines)) / max(len(lines), 1))
+            parsed.append(python_share(p, done.texts[0]))
             distinct.append(len(set(ln.strip() for ln in lines)) / max(len(lines), 1))
             if len(samples) < 3:
                 samples.append({"prompt": p, "text": done.texts[0]})

@@ -14,6 +14,7 @@ canvas equal to the line, both stripped of surrounding whitespace.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -291,6 +292,32 @@ def infill_metrics(
     if return_samples:
         out["infill_samples"] = samples
     return out
+
+
+def python_share(prompt: str, text: str) -> float:
+    """How much of a generation is Python: the share of its non-empty lines that are code (not comment-only)
+    and lie inside the longest line prefix of ``prompt + text`` that parses as a Python module.
+
+    Judging the program as a whole, not line by line, treats docstring delimiters, block headers and
+    bracketed continuations as Python, and still stops at the first line that breaks the program.
+    """
+    lines = (prompt + text).split("\n")
+    first = prompt.count("\n")  # the line where the generated text starts
+    generated = [
+        i
+        for i in range(first, len(lines))
+        if (text.split("\n")[0] if i == first else lines[i]).strip()
+    ]
+    if not generated:
+        return 0.0
+    for k in range(len(lines), first, -1):
+        try:
+            ast.parse("\n".join(lines[:k]))
+        except (SyntaxError, ValueError):
+            continue
+        code = [i for i in generated if i < k and not lines[i].strip().startswith("#")]
+        return len(code) / len(generated)
+    return 0.0
 
 
 def evaluate(
