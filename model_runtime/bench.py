@@ -68,6 +68,26 @@ def forward_flops(cfg: DreamConfig, batch: int, length: int, *, logits_rows: int
     return float(per_token * tokens + attention + head)
 
 
+def reference_step_flops(cfg: DreamConfig, batch: int, length: int, rows: int) -> float:
+    """FLOPs one reference-decoder step executes when it gathers ``rows`` positions per row for the last
+    layer, ``lm_head`` and the sampler (``engine._sample_masked``): every layer but the last over the
+    whole canvas, the last layer's keys and values for every position, and its queries, attention,
+    output and MLP for the gathered positions only. ``rows == length`` is ``forward_flops``."""
+    d, f, h, k, e = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    )
+    q_o, kv, mlp = 2 * 2 * d * h * e, 2 * 2 * d * k * e, 2 * 3 * d * f
+    attention = 2 * 2 * length * h * e  # per query: scores and mixing over the whole canvas
+    canvas, gathered = batch * length, batch * rows
+    trunk = (cfg.num_hidden_layers - 1) * (q_o + kv + mlp + attention) * canvas + kv * canvas
+    last = (q_o + mlp + attention) * gathered
+    return float(trunk + last + 2 * gathered * d * cfg.vocab_size)
+
+
 def _median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
     jax.block_until_ready(fn())  # warm-up (and compile, if needed)
     times = []

@@ -723,6 +723,16 @@ def _denoise_step(
 _ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
 
 
+def row_sizes(window: int) -> list[int]:
+    """The row counts ``_sample_masked`` may gather over a ``window``-position region, smallest first."""
+    return [m for m in _ROW_BUCKETS if m < window] + [window]
+
+
+def gathered_rows(masks: int, window: int) -> int:
+    """Rows a reference step gathers when its fullest row holds ``masks`` masks (for FLOP counts)."""
+    return next(m for m in row_sizes(window) if m >= masks)
+
+
 def _sample_masked(
     model: DreamModel,
     trunk: tuple[jax.Array, jax.Array, jax.Array],
@@ -742,7 +752,7 @@ def _sample_masked(
     the reference's ``logits[mask_index]`` gather does.
     """
     b, w = mask_index.shape
-    sizes = [m for m in _ROW_BUCKETS if m < w] + [w]
+    sizes = row_sizes(w)
     # Masked positions first, in position order (stable), so rows keep the reference's tie order.
     order = jnp.argsort(~mask_index, axis=-1, stable=True)
     batch = jnp.arange(b)[:, None]

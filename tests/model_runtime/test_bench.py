@@ -94,3 +94,19 @@ def test_bench_rejects_bad_grids(tiny_dir, capsys):
     assert "expected" in capsys.readouterr().err
     assert main(["bench", "--model", str(tiny_dir), "--lengths", "5000", "--repeat", "1"]) == 2
     assert "exceeds the model's context" in capsys.readouterr().err
+
+
+def test_reference_step_flops_count_the_gathered_rows_only(tiny_dir):
+    from model_runtime import bench
+    from model_runtime.config import load_config
+
+    cfg = load_config(tiny_dir)
+    full = bench.forward_flops(cfg, 2, 64)
+    assert bench.reference_step_flops(cfg, 2, 64, 64) == full  # every row gathered: a full forward
+    fewer = bench.reference_step_flops(cfg, 2, 64, 8)
+    # 56 fewer rows per sequence skip lm_head and the last layer's queries, attention, output and MLP.
+    d, v = cfg.hidden_size, cfg.vocab_size
+    assert (
+        full - fewer > 2 * 2 * 56 * d * v
+        and fewer > full * (cfg.num_hidden_layers - 1) / cfg.num_hidden_layers / 2
+    )
