@@ -48,44 +48,38 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _layer_flops(cfg: DreamConfig, length: int) -> tuple[int, int, int, int]:
+    """FLOPs per position and layer (2 per multiply-add): query and output projections, key and value
+    projections, the MLP, and attention (scores and mixing) of one query over ``length`` keys."""
+    d, f, h, k, e = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    )
+    return 2 * 2 * d * h * e, 2 * 2 * d * k * e, 2 * 3 * d * f, 2 * 2 * length * h * e
+
+
 def forward_flops(cfg: DreamConfig, batch: int, length: int, *, logits_rows: int | None = None) -> float:
     """FLOPs of one forward over a ``[batch, length]`` canvas (2 per multiply-add).
 
     Projections, MLP and ``lm_head`` (on ``logits_rows`` positions, default all) plus attention scores
     and mixing; norms, RoPE and softmax are left out (a few percent at most).
     """
-    d, f, h, k, e = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    )
-    tokens = batch * length
-    per_token = 2 * (d * h * e + 2 * d * k * e + h * e * d + 3 * d * f) * cfg.num_hidden_layers
-    attention = 2 * 2 * batch * length * length * h * e * cfg.num_hidden_layers
-    head = 2 * batch * (length if logits_rows is None else logits_rows) * d * cfg.vocab_size
-    return float(per_token * tokens + attention + head)
+    per_token = sum(_layer_flops(cfg, length)) * cfg.num_hidden_layers
+    head = 2 * batch * (length if logits_rows is None else logits_rows) * cfg.hidden_size * cfg.vocab_size
+    return float(per_token * batch * length + head)
 
 
 def reference_step_flops(cfg: DreamConfig, batch: int, length: int, rows: int) -> float:
     """FLOPs one reference-decoder step executes when it gathers ``rows`` positions per row for the last
-    layer, ``lm_head`` and the sampler (``engine._sample_masked``): every layer but the last over the
-    whole canvas, the last layer's keys and values for every position, and its queries, attention,
-    output and MLP for the gathered positions only. ``rows == length`` is ``forward_flops``."""
-    d, f, h, k, e = (
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    )
-    q_o, kv, mlp = 2 * 2 * d * h * e, 2 * 2 * d * k * e, 2 * 3 * d * f
-    attention = 2 * 2 * length * h * e  # per query: scores and mixing over the whole canvas
-    canvas, gathered = batch * length, batch * rows
-    trunk = (cfg.num_hidden_layers - 1) * (q_o + kv + mlp + attention) * canvas + kv * canvas
-    last = (q_o + mlp + attention) * gathered
-    return float(trunk + last + 2 * gathered * d * cfg.vocab_size)
+    layer, ``lm_head`` and the sampler (``engine._sample_masked``): a forward with logits for those rows,
+    less the last layer's queries, attention, output and MLP for the other positions (every position
+    still gives keys and values). ``rows == length`` is ``forward_flops``."""
+    q_o, _, mlp, attention = _layer_flops(cfg, length)
+    skipped = (q_o + mlp + attention) * batch * (length - rows)
+    return forward_flops(cfg, batch, length, logits_rows=rows) - skipped
 
 
 def _median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
