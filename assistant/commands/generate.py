@@ -138,9 +138,7 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
 
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: object) -> SamplingParams:
     """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
-    if args.decoder is None and params.decoder != rt.default_decoder:
-        return dataclasses.replace(params, decoder=rt.default_decoder)
-    return params
+    return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
