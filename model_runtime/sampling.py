@@ -82,28 +82,46 @@ def top_p_logits(logits: jax.Array, top_p: jax.Array) -> jax.Array:
     return jnp.where(logits < threshold, jnp.finfo(logits.dtype).min, logits)
 
 
-def top_k_values(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """``lax.top_k`` over the last axis, through chunk maxima when the vocabulary is large.
+def _chunk_for(v: int, k: int) -> int | None:
+    """The chunk size ``top_k_values`` splits a ``v``-wide axis into, or None for a plain ``lax.top_k``.
 
-    The k largest entries lie in the k chunks with the largest maxima (any other chunk has k chunks
-    whose maxima beat everything in it), so a max pass, a top-k over chunk maxima and a top-k over those
-    k chunks give the same values and indices as a top-k over the whole vocabulary; on a 152k
-    vocabulary that is about 3x faster on CPU.
+    Chunks must tile the axis exactly (no padding entries that could be picked), and leave at least
+    ``2k`` chunk maxima so that the k best chunks are a small part of the axis.
     """
-    v = x.shape[-1]
-    chunk = 64
-    if v < 32768 or k * chunk >= v:
+    return next((c for c in (16, 8, 4) if v % c == 0 and v // c >= 2 * k), None)
+
+
+def top_k_values(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The ``k`` largest entries of the last axis, descending, and their indices, as ``lax.top_k``.
+
+    The k largest entries lie in the k chunks with the largest maxima (any other chunk has k chunks whose
+    maxima beat everything in it). So: chunk maxima, their top k (recursively), then one ``lax.top_k``
+    over those k chunks with each chunk's maximum moved to the front. XLA's CPU TopK is a per-row partial
+    sort whose cost is mostly heap insertions; starting from the k chunk maxima, which are already the
+    best k candidates in order, few entries get in. On CPU that is about 2x faster than ``lax.top_k`` on
+    an 8k vocabulary and 5x on 152k.
+
+    The values are those of ``lax.top_k``; indices may come in another order only among equal values (the
+    first index is still the lowest position of the maximum), which nothing downstream depends on: the
+    confidences depend on values only and a greedy pick takes the first.
+    """
+    lead, v = x.shape[:-1], x.shape[-1]
+    chunk = _chunk_for(v, k)
+    if chunk is None:
         return jax.lax.top_k(x, k)
-    lead = x.shape[:-1]
-    pad = (-v) % chunk
-    if pad:
-        x = jnp.concatenate([x, jnp.full((*lead, pad), -jnp.inf, x.dtype)], axis=-1)
-    chunks = x.reshape(*lead, -1, chunk)  # [..., C, chunk]
-    _, best = jax.lax.top_k(jnp.max(chunks, axis=-1), k)  # [..., k] chunk ids
-    candidates = jnp.take_along_axis(chunks, best[..., None], axis=-2).reshape(*lead, k * chunk)
-    values, pos = jax.lax.top_k(candidates, k)
-    index = jnp.take_along_axis(best, pos // chunk, axis=-1) * chunk + pos % chunk
-    return values, index
+    chunks = x.reshape(*lead, v // chunk, chunk)
+    top, best = top_k_values(jnp.max(chunks, axis=-1), k)  # [..., k] chunk maxima and chunk ids
+    cand = jnp.take_along_axis(chunks, best[..., None], axis=-2)  # [..., k, chunk]
+    lane = jnp.arange(chunk, dtype=jnp.int32)
+    # Each chunk's maximum (its first occurrence) goes to the front; -inf takes its place in the chunk.
+    first = jnp.min(jnp.where(cand == top[..., None], lane, chunk), axis=-1)  # [..., k]
+    rest = jnp.where(lane == first[..., None], -jnp.inf, cand).reshape(*lead, k * chunk)
+    values, pos = jax.lax.top_k(jnp.concatenate([top, rest], axis=-1), k)
+    front = pos < k
+    rest_pos = jnp.maximum(pos - k, 0)
+    which = jnp.where(front, pos, rest_pos // chunk)  # index into the k chunks
+    lanes = jnp.where(front, jnp.take_along_axis(first, which, axis=-1), rest_pos % chunk)
+    return values, jnp.take_along_axis(best, which, axis=-1) * chunk + lanes
 
 
 def top2_margin(probs: jax.Array) -> jax.Array:

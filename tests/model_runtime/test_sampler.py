@@ -254,13 +254,33 @@ def test_fused_loop_gives_the_streamed_result(runtime, extra):
     assert len(rt._programs) == before
 
 
-def test_chunked_top_k_equals_lax_top_k_on_a_large_vocabulary():
+@pytest.mark.parametrize("vocab", [152064, 8192, 4096, 40003])
+def test_chunked_top_k_equals_lax_top_k(vocab):
     from model_runtime.sampling import top_k_values
 
-    x = jnp.asarray(
-        np.random.default_rng(3).standard_normal((3, 7, 40003)), jnp.float32
-    )  # not a chunk multiple
+    x = jnp.asarray(np.random.default_rng(vocab).standard_normal((3, 7, vocab)), jnp.float32)
     values, index = top_k_values(x, 50)
     want_values, want_index = jax.lax.top_k(x, 50)
     np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
     np.testing.assert_array_equal(np.asarray(index), np.asarray(want_index))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_chunked_top_k_with_many_equal_values(dtype):
+    """Ties everywhere (a few distinct values, as bf16 logits of a large vocabulary have): the values are
+    lax.top_k's, every index points at its value once, and the first index is the lowest position of the
+    maximum (what a greedy pick takes)."""
+    from model_runtime.sampling import top_k_values
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.integers(-20, 8, (16, 8192)), dtype)
+    x = x.at[3].set(-jnp.inf).at[3, 100:140].set(1.0)  # fewer than k finite entries in row 3
+    values, index = map(np.asarray, top_k_values(x, 50))
+    want_values, want_index = map(np.asarray, jax.lax.top_k(x, 50))
+    np.testing.assert_array_equal(values, want_values)
+    np.testing.assert_array_equal(index[:, 0], want_index[:, 0])
+    xs = np.asarray(x)
+    for row in range(x.shape[0]):
+        finite = values[row] > -np.inf
+        np.testing.assert_array_equal(xs[row, index[row]][finite], values[row][finite])
+        assert len(set(index[row][finite].tolist())) == int(finite.sum())
