@@ -10,7 +10,8 @@ one warm-up generation (compilation, oneDNN primitive creation); then --repeat i
 the PyTorch sampler, our reference decoder, our fast decoder and the matmul ceiling back to back (this
 kind of machine drifts in speed over minutes), and the medians are reported.
 
-The ceiling is the faster of two 2048 x 2048 float32 matmul rates (XLA's and PyTorch's), medians over the rounds.
+The ceiling is the faster of two 2048 x 2048 float32 matmul rates (XLA's and PyTorch's), medians over the
+rounds.
 Two efficiency figures for our reference decoder: the published step's FLOPs (one full-canvas forward with
 logits for every position, what the reference computes) over our time per step, and the FLOPs our step
 actually executes (the last layer, lm_head and the sampler only for the still-masked rows, gathered into
@@ -123,10 +124,10 @@ def main() -> int:
             times.append(time.perf_counter() - t0)
         return 2 * 2048**3 / statistics.median(times) / 1e9
 
-    # Warm-up: compilation, oneDNN primitive creation, first-touch of the weights.
+    # Warm-up: compilation, oneDNN primitive creation, first-touch of the weights (the matmul rates take
+    # medians, and XLA's warms itself up).
     torch_seq = torch_generate()
     ours_done, fast_done = ours_generate(params), ours_generate(fast_params)
-    bench.matmul_gflops(repeat=2), torch_matmul()
 
     # Interleaved rounds: this machine's speed drifts by 20% or more over minutes, so each round times
     # every implementation and the matmul ceiling back to back, and drift hits them all alike.
@@ -160,12 +161,9 @@ def main() -> int:
         f"{fast_seconds:.2f}s (medians of {args.repeat} interleaved rounds)",
         file=sys.stderr,
     )
-    ours = {"generated": ours_done.generated, "seconds": ours_seconds}
-    fast = {"generated": fast_done.generated, "seconds": fast_seconds, "forwards": fast_done.stats.steps}
-
     # Same outputs: identical tokens, or else every step tie-aware (replay each reference step from our
     # previous canvas; positions may differ only where the reference's confidences tie).
-    identical = torch_seq[0, PROMPT_TOKENS:].tolist() == ours["generated"][0]
+    identical = torch_seq[0, PROMPT_TOKENS:].tolist() == ours_done.generated[0]
     ties_ok = identical
     if not identical:
         from model_runtime.params import StepEvent
@@ -184,7 +182,7 @@ def main() -> int:
         except AssertionError as exc:
             ties_ok = False
             print(f"parity: {exc}", file=sys.stderr)
-    agreement = float(np.mean(np.array(fast["generated"][0]) == np.array(ours["generated"][0])))
+    agreement = float(np.mean(np.array(fast_done.generated[0]) == np.array(ours_done.generated[0])))
 
     torch_tps, ours_tps, fast_tps = (NEW_TOKENS / t for t in (torch_seconds, ours_seconds, fast_seconds))
     step_seconds = ours_seconds / STEPS
@@ -230,10 +228,12 @@ def main() -> int:
             "seconds": fast_seconds,
             "runs": runs["fast"],
             "tokens_per_second": fast_tps,
-            "forwards": fast["forwards"],
+            "forwards": fast_done.stats.steps,
         },
         "reference_vs_pytorch": ours_tps / torch_tps,
-        "reference_vs_pytorch_per_round": [t / o for t, o in zip(runs["pytorch"], runs["reference"])],
+        "reference_vs_pytorch_per_round": [
+            t / o for t, o in zip(runs["pytorch"], runs["reference"], strict=True)
+        ],
         "matmul_efficiency": flops_per_step / step_seconds / 1e9 / matmul,
         "executed_matmul_efficiency": executed_per_step / step_seconds / 1e9 / matmul,
         "pytorch_matmul_efficiency": flops_per_step / (torch_seconds / STEPS) / 1e9 / matmul,
