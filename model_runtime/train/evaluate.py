@@ -303,11 +303,8 @@ def python_share(prompt: str, text: str) -> float:
     """
     lines = (prompt + text).split("\n")
     first = prompt.count("\n")  # the line where the generated text starts
-    generated = [
-        i
-        for i in range(first, len(lines))
-        if (text.split("\n")[0] if i == first else lines[i]).strip()
-    ]
+    own = text.split("\n")[0]  # the generated part of that line
+    generated = [i for i in range(first, len(lines)) if (own if i == first else lines[i]).strip()]
     if not generated:
         return 0.0
     for k in range(len(lines), first, -1):
