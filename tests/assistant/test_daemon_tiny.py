@@ -25,6 +25,7 @@ from tests.assistant.helpers import (
     start_daemon,
     stop_background_daemons,
 )
+from tests.model_copies import with_generation_config
 
 CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
 
@@ -615,12 +616,7 @@ def test_holes_in_a_raw_prompt_are_filled_in_one_run(tiny_daemon: DaemonProcess)
 
 
 def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: Path, micro_dir: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in micro_dir.iterdir():
-        if f.is_file() and f.name != "generation_config.json":
-            (model / f.name).symlink_to(f)
-    (model / "generation_config.json").write_text(json.dumps({"diffu_decoder": "fast"}))
+    model = with_generation_config(micro_dir, tmp_path / "model", diffu_decoder="fast")
     daemon = start_daemon(tmp_path, str(model), env=isolated_env(tmp_path, **TINY_ENV))
     try:
         with daemon.client() as c:

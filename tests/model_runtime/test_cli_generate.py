@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from assistant.cli import main
+from tests.model_copies import with_generation_config
 from tests.reference import dream_torch
 from tests.reference.parity import assert_step_matches
 
@@ -275,20 +276,8 @@ def test_loading_never_executes_model_directory_code(runtime, code_marker):
     assert not code_marker.exists()
 
 
-def _with_generation_config(tiny_dir: Path, tmp_path: Path, **keys: object) -> Path:
-    """A copy of the tiny checkpoint whose generation_config.json carries ``keys``."""
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in tiny_dir.iterdir():
-        if f.is_file():
-            (model / f.name).symlink_to(f)
-    (model / "generation_config.json").unlink(missing_ok=True)
-    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 0, **keys}))
-    return model
-
-
 def test_a_model_that_recommends_the_fast_decoder_gets_it_unless_one_is_named(tiny_dir, tmp_path, capsys):
-    model = _with_generation_config(tiny_dir, tmp_path, diffu_decoder="fast")
+    model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_decoder="fast")
     run = ["generate", "--model", str(model), "--raw", "--prompt", "import os", "--max-new-tokens", "8"]
     assert main([*run, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "fast"
@@ -302,7 +291,7 @@ def test_a_model_that_recommends_the_fast_decoder_gets_it_unless_one_is_named(ti
 
 
 def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
-    model = _with_generation_config(tiny_dir, tmp_path, diffu_decoder="turbo")
+    model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_decoder="turbo")
     assert main(["generate", "--model", str(model), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert "generation_config.json: diffu_decoder must be one of reference, fast, got 'turbo'" in err
