@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "assistant.commands.train",
     "assistant.commands.lsp",
     "assistant.commands.chat",
+    "assistant.commands.eval",
 )
 
 

@@ -63,6 +63,36 @@ _NON_SPECIAL = (
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 
+def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
+    """The Instruct prompt, byte-exact with the DiffuCoder README for a single user turn.
+
+    The README writes ``<|im_start|>user\\n{query.strip()}\\n<|im_end|>`` (note the newline before
+    ``<|im_end|>``) and ends with ``<|im_start|>assistant\\n``. Earlier assistant turns of a multi-turn
+    chat are closed with a plain ``<|im_end|>``, as ChatML does; a system message replaces the default.
+    """
+    if not messages:
+        raise ValueError("messages: at least one message is needed")
+    system = SYSTEM_PROMPT
+    turns = list(messages)
+    if turns[0].get("role") == "system":
+        system = str(turns.pop(0).get("content", ""))
+    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
+    for i, msg in enumerate(turns):
+        role, content = msg.get("role"), msg.get("content")
+        if role not in ("user", "assistant"):
+            raise ValueError(f"messages[{i}].role: expected 'user' or 'assistant', got {role!r}")
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content: expected a string, got {type(content).__name__}")
+        if role == "user":
+            parts.append(f"<|im_start|>user\n{content.strip()}\n<|im_end|>\n")
+        else:
+            parts.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
+    if turns and turns[-1].get("role") != "user":
+        raise ValueError("messages: the last message must come from the user")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
 class DreamTokenizer:
     """Byte-level BPE with DiffuCoder's special tokens; ids for mask/pad/eos come from config.json."""
 
@@ -85,33 +115,7 @@ class DreamTokenizer:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        """The Instruct prompt, byte-exact with the DiffuCoder README for a single user turn.
-
-        The README writes ``<|im_start|>user\\n{query.strip()}\\n<|im_end|>`` (note the newline before
-        ``<|im_end|>``) and ends with ``<|im_start|>assistant\\n``. Earlier assistant turns of a multi-turn
-        chat are closed with a plain ``<|im_end|>``, as ChatML does; a system message replaces the default.
-        """
-        if not messages:
-            raise ValueError("messages: at least one message is needed")
-        system = SYSTEM_PROMPT
-        turns = list(messages)
-        if turns[0].get("role") == "system":
-            system = str(turns.pop(0).get("content", ""))
-        parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
-        for i, msg in enumerate(turns):
-            role, content = msg.get("role"), msg.get("content")
-            if role not in ("user", "assistant"):
-                raise ValueError(f"messages[{i}].role: expected 'user' or 'assistant', got {role!r}")
-            if not isinstance(content, str):
-                raise ValueError(f"messages[{i}].content: expected a string, got {type(content).__name__}")
-            if role == "user":
-                parts.append(f"<|im_start|>user\n{content.strip()}\n<|im_end|>\n")
-            else:
-                parts.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
-        if turns and turns[-1].get("role") != "user":
-            raise ValueError("messages: the last message must come from the user")
-        parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+        return chat_prompt(messages)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.encode(self.chat_prompt(messages))

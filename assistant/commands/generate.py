@@ -40,7 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
     """Model, prompt and sampling flags, shared by ``diffu generate`` and ``diffu bench generate``."""
-    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
     p.add_argument(
         "--prompt", action="append", required=True, help="prompt text; repeat it for a left-padded batch"
     )
@@ -58,6 +57,13 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         help="size of the hole with --suffix (default: --max-new-tokens)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128, help="canvas length to generate (default 128)")
+    add_sampling_options(p)
+    add_multihost_options(p)
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """Model, sampler, decoder and device flags, shared by generate, bench generate and eval."""
+    p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: max new tokens)")
     p.add_argument("--alg", choices=ALGS, default="entropy", help="unmasking order (default entropy)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
@@ -87,7 +93,6 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp", type=int, default=None, help="data parallel replicas (default: the remaining devices)"
     )
-    add_multihost_options(p)
 
 
 def add_multihost_options(p: argparse.ArgumentParser) -> None:
@@ -141,10 +146,16 @@ def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: object) 
     return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
+def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None) -> SamplingParams:
+    """The sampling flags as SamplingParams; ``max_new_tokens`` overrides the prompt flags' canvas size."""
     from assistant.cli import UsageError
 
-    max_new = args.infill_tokens if args.suffix is not None and args.infill_tokens else args.max_new_tokens
+    if max_new_tokens is not None:
+        max_new = max_new_tokens
+    elif args.suffix is not None and args.infill_tokens:
+        max_new = args.infill_tokens
+    else:
+        max_new = args.max_new_tokens
     try:
         return SamplingParams(
             max_new_tokens=max_new,

@@ -1,0 +1,338 @@
+"""Generate answers for benchmark tasks (in this process or through the daemon), run them, score them.
+
+A benchmark run is: a list of generation jobs (one per task and sample), a generator that answers them
+in batches, a program per answer, the sandbox, and a report with pass rates beside tokens/s and
+seconds of generation, so quality and speed always come from the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from assistant.evals import humaneval as he
+from assistant.sandbox import Limits, Sandbox
+
+Advance = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation: a raw prompt (``suffix`` None) or an infill between ``prompt`` and ``suffix``."""
+
+    prompt: str
+    tokens: int
+    suffix: str | None = None
+    chat: bool = False  # the prompt is a chat transcript: cut the answer at end-of-turn too
+    seed: int = 0
+
+
+@dataclass
+class Generated:
+    text: str
+    seconds: float  # this job's share of its batch's generation time
+    tokens: int
+    error: str | None = None
+
+
+class Generator:
+    """Answers jobs; ``describe`` says what answered (model, device, decoder settings)."""
+
+    def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class LocalGenerator(Generator):
+    """The model in this process, batched: left-padded rows of up to ``batch`` jobs with the same seed.
+
+    The fast decoder needs every row's region in the same columns, so its batches also share the
+    number of tokens after the region (infill jobs with different suffix lengths run apart).
+    """
+
+    def __init__(self, rt: Any, params: Any, batch: int) -> None:
+        self.rt = rt
+        self.params = params
+        self.batch = max(1, batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.rt.model_name,
+            "device": self.rt.device,
+            "dtype": self.rt.dtype,
+            "through": "in-process",
+            "sampling": self.params.to_dict(),
+        }
+
+    def _row(self, job: Job) -> Any:
+        if job.suffix is not None:
+            return self.rt.make_infill_row(job.prompt, job.suffix, job.tokens)
+        return self.rt.make_row(self.rt.tokenizer.encode(job.prompt), job.tokens, chat=job.chat)
+
+    def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
+        import dataclasses
+
+        out: list[Generated | None] = [None] * len(jobs)
+        groups: dict[tuple, list[tuple[int, Any]]] = {}
+        for i, job in enumerate(jobs):
+            row = self._row(job)
+            if len(row.ids) > self.rt.max_context:
+                out[i] = Generated(
+                    "",
+                    0.0,
+                    0,
+                    f"prompt too long: {len(row.ids)} tokens with the canvas, "
+                    f"the model's context is {self.rt.max_context}",
+                )
+                advance(1)
+                continue
+            after = len(row.ids) - row.region[1] if self.params.decoder == "fast" else 0
+            groups.setdefault((job.seed, job.tokens, after), []).append((i, row))
+        for (seed, tokens, _), members in groups.items():
+            params = dataclasses.replace(
+                self.params, seed=seed, max_new_tokens=tokens, steps=min(self.params.steps, tokens)
+            )
+            for lo in range(0, len(members), self.batch):
+                chunk = members[lo : lo + self.batch]
+                done = None
+                for event in self.rt.run([row for _, row in chunk], params, stream=False):
+                    done = event
+                share = done.stats.generate_seconds / len(chunk)
+                for (i, row), text in zip(chunk, done.texts, strict=True):
+                    out[i] = Generated(text, share, row.region[1] - row.region[0])
+                advance(len(chunk))
+        return [g for g in out if g is not None]
+
+
+class DaemonGenerator(Generator):
+    """The running daemon: ``concurrency`` requests in flight, which the daemon batches itself."""
+
+    def __init__(self, config: Any, knobs: dict[str, Any], concurrency: int) -> None:
+        self.config = config
+        self.knobs = knobs
+        self.concurrency = max(1, concurrency)
+        self._status: dict[str, Any] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self._status.get("model"),
+            "device": self._status.get("device"),
+            "through": "daemon",
+            "sampling": self.knobs,
+        }
+
+    def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
+        import threading
+
+        from assistant.client import APIError, Client
+
+        local = threading.local()
+        clients: list[Client] = []
+        lock = threading.Lock()
+
+        def client() -> Client:
+            if not hasattr(local, "client"):
+                local.client = Client(config=self.config)
+                with lock:
+                    clients.append(local.client)
+            return local.client
+
+        def one(job: Job) -> Generated:
+            knobs = {
+                **self.knobs,
+                "seed": job.seed,
+                "steps": min(self.knobs.get("steps") or job.tokens, job.tokens),
+            }
+            try:
+                if job.suffix is not None:
+                    done = client().infill(job.prompt, job.suffix, canvas_tokens=job.tokens, **knobs)
+                else:
+                    done = client().generate(prompt=job.prompt, max_new_tokens=job.tokens, **knobs)
+            except APIError as exc:
+                if exc.status != 400:
+                    raise
+                advance(1)
+                return Generated("", 0.0, 0, exc.message)  # this task's input (too long a prompt)
+            advance(1)
+            return Generated(done.text, float(done.stats.get("generate_seconds", 0.0)), job.tokens)
+
+        try:
+            self._status = client().status()
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                return list(pool.map(one, jobs))
+        finally:
+            for c in clients:
+                c.close()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k), as a stable product."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+@dataclass
+class Task:
+    """What to generate for one benchmark task and how to turn an answer into a checked program."""
+
+    task_id: str
+    job: Job
+    program: Callable[[str], str]
+    completion: Callable[[str], str] = field(default=lambda text: text)
+
+
+def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> list[Task]:
+    from model_runtime.tokenizer import chat_prompt
+
+    tasks = []
+    for p in problems:
+        if style == "base":
+            tasks.append(Task(p.task_id, Job(p.prompt, tokens), p.program, he.cut_base))
+        else:
+            prompt = chat_prompt(he.instruct_messages(p)) + he.instruct_response_start()
+            tasks.append(
+                Task(
+                    p.task_id,
+                    Job(prompt, tokens, chat=True),
+                    lambda code, p=p: he.instruct_program(p, code),
+                    he.cut_instruct,
+                )
+            )
+    return tasks
+
+
+def infill_tasks(items: Sequence[he.InfillTask], tokens: int) -> list[Task]:
+    """Infill through the editor's path: the daemon's infill canvas, then the LSP's post-processing.
+
+    The hidden lines' place is an empty line with the cursor at its start, as when a user opens a line
+    to write; the language server's classifier picks the mode from that cursor (a block body after a
+    line ending in ``:``, else the next statement) and its post-processing cleans the suggestion.
+    """
+    from lsp.context import classify
+    from lsp.postprocess import postprocess
+
+    def clean(item: he.InfillTask) -> Callable[[str], str]:
+        above = item.prefix.rstrip("\n").rsplit("\n", 1)[-1]
+        mode = classify("", "", above)
+
+        def run(text: str) -> str:
+            fill = postprocess(
+                text, suffix=item.suffix, mode=mode, cursor_line="", line_above=above, min_chars=1
+            )
+            return fill or ""
+
+        return run
+
+    return [Task(t.task_id, Job(t.prefix, tokens, suffix=t.suffix), t.program, clean(t)) for t in items]
+
+
+@dataclass
+class Report:
+    summary: dict[str, Any]
+    results: list[dict[str, Any]]
+
+
+def score(
+    tasks: Sequence[Task],
+    completions: Sequence[Sequence[str]],
+    *,
+    ks: Sequence[int],
+    sandbox_limits: Limits,
+    workers: int | None,
+    advance: Advance,
+    gen_seconds: Sequence[Sequence[float]] | None = None,
+    errors: Sequence[Sequence[str | None]] | None = None,
+) -> Report:
+    """Run every completion's program; per-sample results and pass@k (k at most the samples per task)."""
+    flat = [(ti, j, c) for ti, cs in enumerate(completions) for j, c in enumerate(cs)]
+    programs = [tasks[ti].program(c) for ti, _, c in flat]
+    results = []
+    isolation: dict[str, Any] = {}
+    with Sandbox(sandbox_limits, workers=workers) as sandbox:
+        for (ti, j, c), outcome in zip(flat, sandbox.map(programs, advance), strict=True):
+            gen_error = errors[ti][j] if errors is not None else None
+            isolation = outcome.isolation or isolation
+            results.append(
+                {
+                    "task_id": tasks[ti].task_id,
+                    "sample": j,
+                    "passed": outcome.passed and gen_error is None,
+                    "status": "generation_error" if gen_error else outcome.status,
+                    "error": gen_error or outcome.error,
+                    "completion": c,
+                    "generate_seconds": round(gen_seconds[ti][j], 4) if gen_seconds is not None else None,
+                    "exec_seconds": round(outcome.seconds, 4),
+                }
+            )
+    by_task: dict[str, list[bool]] = {}
+    for r in results:
+        by_task.setdefault(r["task_id"], []).append(r["passed"])
+    n = min(len(v) for v in by_task.values())
+    summary: dict[str, Any] = {
+        "tasks": len(by_task),
+        "samples_per_task": n,
+        "passed_samples": sum(r["passed"] for r in results),
+    }
+    for k in ks:
+        if k <= n:
+            rates = [pass_at_k(len(v), sum(v), k) for v in by_task.values()]
+            summary[f"pass@{k}"] = sum(rates) / len(rates)
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    summary["statuses"] = dict(sorted(statuses.items()))
+    summary["isolation"] = isolation
+    return Report(summary, results)
+
+
+def run_benchmark(
+    tasks: Sequence[Task],
+    generator: Generator,
+    *,
+    samples: int,
+    seed: int,
+    ks: Sequence[int],
+    limits: Limits,
+    workers: int | None,
+    progress: Callable[[str, int], Advance],
+) -> Report:
+    """Generate ``samples`` answers per task (sample j with seed ``seed + j``), then score them."""
+    jobs = [
+        Job(t.job.prompt, t.job.tokens, t.job.suffix, t.job.chat, seed + j)
+        for j in range(samples)
+        for t in tasks
+    ]
+    start = time.perf_counter()
+    generated = generator.generate(jobs, progress("generating", len(jobs)))
+    wall = time.perf_counter() - start
+    per_task = [[generated[j * len(tasks) + i] for j in range(samples)] for i in range(len(tasks))]
+    completions = [[t.completion(g.text) for g in gs] for t, gs in zip(tasks, per_task, strict=True)]
+    report = score(
+        tasks,
+        completions,
+        ks=ks,
+        sandbox_limits=limits,
+        workers=workers,
+        advance=progress("running tests", len(jobs)),
+        gen_seconds=[[g.seconds for g in gs] for gs in per_task],
+        errors=[[g.error for g in gs] for gs in per_task],
+    )
+    gen_s = sum(g.seconds for g in generated)
+    tokens = sum(g.tokens for g in generated if g.error is None)
+    report.summary.update(
+        {
+            "generate_seconds": round(gen_s, 3),
+            "wall_seconds": round(wall, 3),
+            "new_tokens": tokens,
+            "tokens_per_second": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
+            **generator.describe(),
+        }
+    )
+    return report

@@ -1,0 +1,227 @@
+"""``diffu eval``: HumanEval scoring, the infilling tasks, pass@k, bad input, reproducible runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from assistant.cli import main
+from assistant.evals import humaneval as he
+from assistant.evals import runner
+from assistant.sandbox import Limits
+
+
+@pytest.fixture(scope="module")
+def problems() -> list[he.Problem]:
+    return he.load_problems()
+
+
+def _samples(tmp_path, name, rows) -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_canonical_solutions_pass_and_empty_completions_fail(problems, tmp_path, capsys):
+    canon = _samples(
+        tmp_path,
+        "canon.jsonl",
+        [{"task_id": p.task_id, "completion": p.canonical_solution} for p in problems],
+    )
+    assert main(["eval", "humaneval", "--samples", canon, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["tasks"] == 164 and out["summary"]["passed_samples"] == 164
+    assert out["summary"]["pass@1"] == 1.0
+    assert {r["status"] for r in out["results"]} == {"passed"}
+
+    empty = _samples(tmp_path, "empty.jsonl", [{"task_id": p.task_id, "completion": ""} for p in problems])
+    assert main(["eval", "humaneval", "--samples", empty, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["passed_samples"] == 0 and out["summary"]["pass@1"] == 0.0
+    assert all(r["error"] for r in out["results"])
+
+
+def test_infilling_tasks_match_the_published_counts(problems):
+    single = he.infill_tasks(problems, "single-line")
+    multi = he.infill_tasks(problems, "multi-line")
+    assert len(single) == 1033 and len(multi) == 5815
+    assert single == he.infill_tasks(problems, "single-line")  # deterministic
+    for t in single[:50] + multi[:50]:
+        assert t.prefix + t.middle + t.suffix == t.problem.prompt + t.problem.canonical_solution
+
+
+def test_infill_scoring_passes_the_hidden_lines_and_fails_without_them(problems, tmp_path, capsys):
+    tasks = he.infill_tasks(problems, "multi-line")[:30]
+    right = _samples(tmp_path, "right.jsonl", [{"task_id": t.task_id, "completion": t.middle} for t in tasks])
+    assert (
+        main(
+            [
+                "eval",
+                "humaneval-infill",
+                "--variant",
+                "multi-line",
+                "--limit",
+                "30",
+                "--samples",
+                right,
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["summary"]["passed_samples"] == 30
+    wrong = _samples(
+        tmp_path, "wrong.jsonl", [{"task_id": t.task_id, "completion": "    return None\n"} for t in tasks]
+    )
+    assert (
+        main(
+            [
+                "eval",
+                "humaneval-infill",
+                "--variant",
+                "multi-line",
+                "--limit",
+                "30",
+                "--samples",
+                wrong,
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["summary"]["passed_samples"] < 10
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    for n, c, k in [(10, 3, 1), (10, 3, 5), (20, 0, 10), (5, 5, 2), (7, 2, 7)]:
+        # The probability that k of n samples drawn without replacement hold at least one correct one.
+        combos = list(itertools.combinations([True] * c + [False] * (n - c), k))
+        expected = sum(any(x) for x in combos) / len(combos)
+        assert math.isclose(runner.pass_at_k(n, c, k), expected, rel_tol=1e-9)
+
+
+def test_instruct_answers_are_extracted_from_the_fence(problems):
+    p = problems[0]
+    code = f"from typing import List\n\ndef {p.entry_point}(numbers, threshold):\n    return False\n"
+    text = code + "```\nThis checks nothing.<|im_end|>"
+    assert he.cut_instruct(text) == code
+    program = he.instruct_program(p, he.cut_instruct(text))
+    assert program.startswith("from typing import List") and f"check({p.entry_point})" in program
+    # A body without a signature is completed onto the prompt.
+    assert he.instruct_program(p, "    return False\n").startswith(p.prompt)
+    assert he.cut_base("    return 1\n\ndef helper():\n    pass\n") == "    return 1\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "mbpp"], "unknown benchmark 'mbpp'"),
+        (["eval", "humaneval", "--limit", "0"], "--limit"),
+        (["eval", "humaneval", "--n", "4"], "--temperature"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and err.startswith("diffu: error:")
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"task_id": "HumanEval/0", "completion": "x"}', "{not json"], ":2: not a JSON object"),
+        (['{"completion": "    return 1"}'], ":1: missing task_id"),
+        (['{"task_id": "HumanEval/999", "completion": ""}'], "unknown task_id 'HumanEval/999'"),
+    ],
+)
+def test_bad_samples_files_are_one_line_and_exit_2(lines, message, tmp_path, capsys):
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["eval", "humaneval", "--samples", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_same_seed_and_settings_give_the_same_results(runtime, problems):
+    from model_runtime.params import SamplingParams
+
+    tasks = runner.humaneval_tasks(problems[:3], "base", 16)
+    params = SamplingParams(max_new_tokens=16, steps=8, temperature=0.9, top_p=0.95, seed=5)
+
+    def once():
+        report = runner.run_benchmark(
+            tasks,
+            runner.LocalGenerator(runtime, params, batch=2),
+            samples=2,
+            seed=5,
+            ks=[1, 2],
+            limits=Limits(),
+            workers=2,
+            progress=lambda _name, _total: lambda _n: None,
+        )
+        return [(r["task_id"], r["sample"], r["completion"], r["status"]) for r in report.results], report
+
+    first, report = once()
+    second, _ = once()
+    assert first == second
+    assert len(first) == 6 and report.summary["samples_per_task"] == 2 and "pass@2" in report.summary
+    assert report.summary["new_tokens"] == 6 * 16 and report.summary["tokens_per_second"] > 0
+    # A different seed draws different answers from a random model.
+    other = runner.run_benchmark(
+        tasks,
+        runner.LocalGenerator(runtime, dataclasses.replace(params, seed=6), batch=2),
+        samples=2,
+        seed=6,
+        ks=[1],
+        limits=Limits(),
+        workers=2,
+        progress=lambda _name, _total: lambda _n: None,
+    )
+    assert [r["completion"] for r in other.results] != [c for _, _, c, _ in first]
+
+
+def test_eval_through_the_daemon(fake_daemon, tmp_path):
+    from tests.assistant.helpers import isolated_env
+
+    env = isolated_env(tmp_path, DIFFU_URL=fake_daemon.url, DIFFU_API_KEY=fake_daemon.token)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "assistant",
+            "eval",
+            "humaneval",
+            "--style",
+            "base",
+            "--daemon",
+            "--task",
+            "HumanEval/129",
+            "--task",
+            "HumanEval/2",
+            "--task",
+            "HumanEval/53",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["summary"]["tasks"] == 3 and data["summary"]["through"] == "daemon"
+    results = {r["task_id"]: r for r in data["results"]}
+    # HumanEval/129's prompt does not fit the fake model's 512-token context: that task fails alone.
+    assert results["HumanEval/129"]["status"] == "generation_error"
+    assert "context" in results["HumanEval/129"]["error"]
+    for tid in ("HumanEval/2", "HumanEval/53"):
+        assert results[tid]["status"] != "generation_error" and results[tid]["completion"] != ""
+    assert data["summary"]["generate_seconds"] > 0 and "humaneval (base)" in out.stderr
