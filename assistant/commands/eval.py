@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_sampling_options(p)
     add_multihost_options(p)
-    p.add_argument("--batch", type=int, default=8, help="answers generated together (default 8)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=16,
+        help="answers generated together (default 16, the largest batch bucket)",
+    )
     p.add_argument(
         "--daemon",
         action="store_true",
@@ -275,12 +279,24 @@ def _generators(args: argparse.Namespace, tokens: int):
         return daemon
 
     from assistant.commands.generate import init_multihost, load_with_progress, model_decoder
+    from assistant.config import ConfigError, load_config
     from model_runtime.errors import DiffuError
 
     try:
+        config = load_config({"model": args.model} if args.model else None)[0]
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    try:
         init_multihost(args)
+        # The daemon's shape buckets: few programs to compile, the shapes a daemon run would use.
         rt = load_with_progress(
-            args.model or os.environ.get("DIFFU_MODEL"), args.dtype, tp=args.tp, dp=args.dp
+            config.model,
+            args.dtype,
+            tp=args.tp,
+            dp=args.dp,
+            length_buckets=config.length_buckets,
+            batch_buckets=config.batch_buckets,
+            max_context=config.max_context,
         )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None

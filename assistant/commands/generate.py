@@ -311,8 +311,13 @@ def check_infill_args(args: argparse.Namespace) -> None:
         raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
 
 
-def load_with_progress(model: str | None, dtype: str | None, *, tp: int = 1, dp: int | None = None):
-    """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean)."""
+def load_with_progress(
+    model: str | None, dtype: str | None, *, tp: int = 1, dp: int | None = None, **options: object
+):
+    """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean).
+
+    ``options`` go to ``model_runtime.load`` (shape buckets, context).
+    """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -333,7 +338,7 @@ def load_with_progress(model: str | None, dtype: str | None, *, tp: int = 1, dp:
         def report(stage: str, fraction: float) -> None:
             progress.update(task, description=stage, completed=fraction)
 
-        return model_runtime.load(model, dtype=dtype, progress=report, tp=tp, dp=dp)
+        return model_runtime.load(model, dtype=dtype, progress=report, tp=tp, dp=dp, **options)
 
 
 def _collect_json(rt, rows, events, with_history: bool) -> dict[str, Any]:

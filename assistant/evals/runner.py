@@ -95,6 +95,8 @@ class LocalGenerator(Generator):
             after = len(row.ids) - row.region[1] if self.params.decoder == "fast" else 0
             groups.setdefault((job.seed, job.tokens, after), []).append((i, row))
         for (seed, tokens, _), members in groups.items():
+            # Similar lengths together: less padding, and fewer distinct shapes to compile.
+            members.sort(key=lambda m: len(m[1].ids))
             params = dataclasses.replace(
                 self.params, seed=seed, max_new_tokens=tokens, steps=min(self.params.steps, tokens)
             )
