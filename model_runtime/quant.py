@@ -187,3 +187,60 @@ def _grouped_dim(w_shape: tuple[int, ...], s_shape: tuple[int, ...]) -> int | No
         if b != a and b != 1:
             return i
     return None
+
+
+def quantize_device(w, spec: ParamSpec, q: QuantSpec):
+    """``quantize`` for a weight already on a device (our layout): same rounding, same layout, done by
+    XLA. For models that exist only in memory (random-weight benchmarks, a model just trained)."""
+    import jax.numpy as jnp
+
+    dtype = w.dtype
+    w32 = w.astype(jnp.float32)
+    if q.mode == "int8":
+        grouped = w32
+        amax = jnp.max(jnp.abs(w32), axis=spec.contract, keepdims=True)
+    else:
+        last = spec.contract[-1]
+        g = q.group_for(spec)
+        grouped = w32.reshape(w.shape[:last] + (w.shape[last] // g, g) + w.shape[last + 1 :])
+        amax = jnp.max(jnp.abs(grouped), axis=last + 1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / _QMAX[q.mode], 1.0).astype(dtype).astype(jnp.float32)
+    values = jnp.clip(jnp.rint(grouped / scale), _QMIN[q.mode], _QMAX[q.mode])
+    values = values.reshape(w.shape).astype(q.np_dtype)
+    if q.mode == "int4":
+        scale = jnp.squeeze(scale, axis=spec.contract[-1] + 1)
+    return values, scale.astype(dtype)
+
+
+def quantize_state(state, cfg, q: QuantSpec, *, delete: bool = True):
+    """A float model's NNX state -> (graphdef, state) of the same model quantized, tensor by tensor on
+    its devices (each float weight is deleted once quantized when ``delete``, so the peak is one tensor
+    above the quantized model plus the float remainder)."""
+    import jax
+    from flax import nnx
+
+    from model_runtime.model import DreamModel
+    from model_runtime.weights import by_path
+
+    dtype = jax.tree.leaves(state)[0].dtype
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=dtype, rngs=nnx.Rngs(0), quant=q))
+    graphdef, out_state = nnx.split(abstract)
+    src, out = nnx.to_pure_dict(state), nnx.to_pure_dict(out_state)
+    fns: dict = {}
+    for path, spec in by_path(cfg).items():
+        s, o = src, out
+        for part in path[:-1]:
+            s, o = s[part], o[part]
+        leaf = path[-1]
+        w = s[leaf]
+        if q.applies(spec):
+            key = (spec.shape, spec.contract, str(w.dtype))
+            fn = fns.setdefault(key, jax.jit(lambda w, spec=spec: quantize_device(w, spec, q)))
+            o[leaf], o[str(leaf) + "_scale"] = fn(w)
+            if delete:
+                jax.block_until_ready(o[leaf])
+                w.delete()
+        else:
+            o[leaf] = w
+    nnx.replace_by_pure_dict(out_state, out)
+    return graphdef, out_state
