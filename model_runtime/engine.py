@@ -864,6 +864,18 @@ def load(
     qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
     compile_cache.enable(cache_dir)
     mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
+    if (
+        qspec is not None
+        and qspec.mode == "int4"
+        and mesh is not None
+        and mesh.devices.flat[0].platform == "cpu"
+    ):
+        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
+        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
+        raise InputError(
+            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
+            "use --quantize int8, or one device (tp=1, dp=1)"
+        )
     if model is None:
         # No model configured: the small demo model trained by `diffu train` that ships in the package.
         from model_runtime.bundled import bundled_model_dir

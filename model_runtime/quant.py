@@ -15,7 +15,8 @@ Layout (for every quantizable parameter of ``weights.param_table``):
   (the GPTQ/AWQ convention); a dimension smaller than the group is one group. A size-1 or undivisible
   dimension of a scale is replicated by the sharding rules, the others are split with their weight's.
 
-Symmetric, round to nearest: ``scale = max|w| / 127`` (int8) or ``/ 7`` (int4, values in -8..7). The
+Symmetric, round to nearest: ``scale = max|w| / 127.5`` (int8, values in -128..127) or ``/ 7.5`` (int4,
+-8..7), the largest magnitude rounding to the top value. The
 scales are stored in the model dtype. In the forward, int8 multiplies the matmul's *output* by the
 per-channel scale (exact: the scale does not depend on the summed index); int4 dequantizes
 ``values * scale`` in the einsum's input and relies on XLA fusing that into the matmul
@@ -35,7 +36,10 @@ from model_runtime.weights import ParamSpec
 MODES = ("int8", "int4")
 DEFAULT_GROUP = 128
 _QMAX = {"int8": 127, "int4": 7}
-_QMIN = {"int8": -127, "int4": -8}
+_QMIN = {"int8": -128, "int4": -8}
+# The largest magnitude maps to qmax + 1/2, not qmax: the top bucket then covers [qmax - 1/2, qmax + 1/2)
+# like every other one (the half-step bound qwix uses), a step 7% finer at int4 than amax / 7.
+_BOUND = {"int8": 127.5, "int4": 7.5}
 _NP_DTYPE = {"int8": np.dtype(np.int8), "int4": np.dtype(ml_dtypes.int4)}
 _BITS = {"int8": 8, "int4": 4}
 
@@ -117,7 +121,7 @@ def quantize(w: np.ndarray, spec: ParamSpec, q: QuantSpec, dtype: np.dtype) -> t
         # [.., C, ..] -> [.., C/g, g, ..]: the group's inputs in a dimension of their own.
         grouped = w.reshape(w.shape[:last] + (w.shape[last] // g, g) + w.shape[last + 1 :])
         amax = np.max(np.abs(grouped), axis=last + 1, keepdims=True)
-    scale = np.where(amax > 0, amax / _QMAX[q.mode], 1.0).astype(np.float32)
+    scale = np.where(amax > 0, amax / _BOUND[q.mode], 1.0).astype(np.float32)
     # The values are rounded against the scale as it will be stored (model dtype), so the stored pair
     # reconstructs the weight as closely as that dtype allows.
     scale = scale.astype(dtype).astype(np.float32)
@@ -190,8 +194,9 @@ def _grouped_dim(w_shape: tuple[int, ...], s_shape: tuple[int, ...]) -> int | No
 
 
 def quantize_device(w, spec: ParamSpec, q: QuantSpec):
-    """``quantize`` for a weight already on a device (our layout): same rounding, same layout, done by
-    XLA. For models that exist only in memory (random-weight benchmarks, a model just trained)."""
+    """``quantize`` for a weight already on a device (our layout): same layout and rounding, done by
+    XLA (whose ``amax / 127.5`` may differ in the last bit, so a channel's ``-amax`` can round to
+    ``-127`` instead of ``-128``). For models that exist only in memory (random-weight benchmarks, a model just trained)."""
     import jax.numpy as jnp
 
     dtype = w.dtype
@@ -204,7 +209,7 @@ def quantize_device(w, spec: ParamSpec, q: QuantSpec):
         g = q.group_for(spec)
         grouped = w32.reshape(w.shape[:last] + (w.shape[last] // g, g) + w.shape[last + 1 :])
         amax = jnp.max(jnp.abs(grouped), axis=last + 1, keepdims=True)
-    scale = jnp.where(amax > 0, amax / _QMAX[q.mode], 1.0).astype(dtype).astype(jnp.float32)
+    scale = jnp.where(amax > 0, amax / _BOUND[q.mode], 1.0).astype(dtype).astype(jnp.float32)
     values = jnp.clip(jnp.rint(grouped / scale), _QMIN[q.mode], _QMAX[q.mode])
     values = values.reshape(w.shape).astype(q.np_dtype)
     if q.mode == "int4":
