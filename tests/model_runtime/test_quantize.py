@@ -216,3 +216,24 @@ def test_generate_flag_runs_the_quantized_model(tiny_dir: Path, quantized, capsy
     params = model_runtime.SamplingParams(max_new_tokens=16, steps=16)
     want = list(rt.generate([rt.tokenizer.encode(PROMPTS[0])], params, chat=False, stream=False))[-1]
     assert out["sequences"] == want.sequences
+
+
+def test_daemon_serves_the_quantized_model(micro_dir: Path, tmp_path: Path) -> None:
+    from tests.assistant.helpers import isolated_env, start_daemon
+
+    env = isolated_env(
+        tmp_path,
+        DIFFU_LENGTH_BUCKETS="64",
+        DIFFU_BATCH_BUCKETS="1",
+        DIFFU_MAX_CONTEXT="64",
+        DIFFU_QUANTIZE="int8",
+    )
+    daemon = start_daemon(tmp_path, str(micro_dir), "--no-warmup", env=env)
+    try:
+        with daemon.client() as c:
+            status = c.get("/v1/diffu/status").json()
+            answer = c.post("/v1/completions", json={"prompt": "def add(a, b):", "max_tokens": 8})
+        assert status["quantize"] == "int8" and status["engine"]["stage"] == "ready"
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
+    finally:
+        daemon.stop()
