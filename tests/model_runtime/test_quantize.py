@@ -130,7 +130,7 @@ def test_rounding_error_is_at_most_half_a_step(tiny_dir: Path, mode: str) -> Non
     q = quant.QuantSpec(mode, group=16)
     rng = np.random.default_rng(1)
     for spec in param_table(cfg).values():
-        if not spec.quantizable:
+        if not spec.quantizable or spec.path[:2] == ("layers", 1):  # layer 1 repeats layer 0's shapes
             continue
         w = rng.standard_normal(spec.shape).astype(np.float32)
         values, scale = quant.quantize(w, spec, q, np.dtype(np.float32))

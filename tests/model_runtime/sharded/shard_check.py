@@ -69,8 +69,6 @@ def main(model_dir: str) -> None:
     out["quantized"] = {
         "max_rel_err": float(np.max(np.abs(got - qref)) / np.max(np.abs(qref))),
         "greedy_equal": list(rt.generate(prompts, greedy, chat=False))[-1].sequences == qwant,
-        "fast_equal": list(rt.generate(prompts, fast, chat=False))[-1].sequences
-        == list(qbase.generate(prompts, fast, chat=False))[-1].sequences,
         "fractions": fractions_of(rt),
         "dtypes": {name: str(arr.dtype) for name, arr in flat(rt)},
     }

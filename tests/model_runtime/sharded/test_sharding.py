@@ -62,7 +62,7 @@ def test_each_device_holds_one_tp_th_of_every_sharded_weight(report):
 
 def test_quantized_weights_and_their_scales_shard_together(report):
     q = report["quantized"]
-    assert q["max_rel_err"] < 1e-5 and q["greedy_equal"] and q["fast_equal"]
+    assert q["max_rel_err"] < 1e-5 and q["greedy_equal"]
     fr, dtypes = q["fractions"], q["dtypes"]
     # Per-channel scales take their weight's output axes: split where those are (heads, MLP hidden,
     # vocabulary), replicated where the output is the hidden size (o_proj, down_proj) or 2 KV heads.
