@@ -134,6 +134,13 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
                 start, end = (base + int(o) for o in meta["data_offsets"])
                 shape = tuple(int(s) for s in meta["shape"])
             except KeyError:
+                if str(meta.get("dtype", "")).startswith(("I", "U")):
+                    # Someone else's quantized export: we quantize float weights ourselves instead.
+                    raise WeightsError(
+                        name,
+                        f"is an integer tensor ({meta['dtype']}) in {fname}: diffu reads floating-point "
+                        "checkpoints (F32, BF16, F16) and quantizes them itself (--quantize int8|int4)",
+                    ) from None
                 raise WeightsError(
                     name, f"unsupported or missing dtype {meta.get('dtype')!r} in {fname}"
                 ) from None

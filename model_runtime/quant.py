@@ -196,7 +196,8 @@ def _grouped_dim(w_shape: tuple[int, ...], s_shape: tuple[int, ...]) -> int | No
 def quantize_device(w, spec: ParamSpec, q: QuantSpec):
     """``quantize`` for a weight already on a device (our layout): same layout and rounding, done by
     XLA (whose ``amax / 127.5`` may differ in the last bit, so a channel's ``-amax`` can round to
-    ``-127`` instead of ``-128``). For models that exist only in memory (random-weight benchmarks, a model just trained)."""
+    ``-127`` instead of ``-128``). For models that exist only in memory (random-weight benchmarks, a
+    model just trained)."""
     import jax.numpy as jnp
 
     dtype = w.dtype

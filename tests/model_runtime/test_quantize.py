@@ -202,7 +202,7 @@ def test_an_integer_checkpoint_is_refused_with_one_line(tiny_dir: Path, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("diffu: error: ")
     # The reader refuses integer tensors before anything is quantized, naming the first one.
-    assert ".weight: unsupported or missing dtype 'I8'" in err
+    assert ".weight: is an integer tensor (I8) in model.safetensors" in err and "--quantize" in err
     spec = param_table(cfg)["lm_head.weight"]
     with pytest.raises(InputError, match="lm_head.weight is already an integer tensor"):
         quant.quantize(np.zeros(spec.shape, np.int8), spec, quant.QuantSpec("int8"), np.dtype(np.float32))
