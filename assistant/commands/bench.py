@@ -216,7 +216,11 @@ def run_generate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result.pop("generated")
     result.update(
-        load_seconds=load_seconds, model=rt.model_name, dtype=rt.dtype, environment=bench.environment()
+        load_seconds=load_seconds,
+        model=rt.model_name,
+        dtype=rt.dtype,
+        quantize=getattr(rt.quantize, "mode", None),
+        environment=bench.environment(),
     )
     if args.json:
         print(json.dumps(result))
