@@ -8,7 +8,8 @@ dequantization into the matmul?
     weight bytes (by the loader's rules, and the device's own bytes-in-use where it reports them), one
     full forward (batch 1, canvas 512), the fast decoder's refresh and block step (canvas 512, block 32).
 (b) The optimized HLO of one quantized projection (``[1, 32, 3584] x [3584, 18944]``, the MLP's gate,
-    the block step's shape) and of a one-layer forward, for int8 and int4: does any computation outside
+    the block step's shape), of a one-layer forward and of the fast decoder's own refresh and block-step
+    programs (the 28-layer ones timed in (a)), for int8 and int4: does any computation outside
     a fusion produce a float tensor the size of a quantized weight? If none does and a fusion converts
     the integer weight and feeds a dot, the dequantization is fused into the matmul: the verdict says
     which. The HLO texts are written under ``--hlo-dir``.
@@ -230,6 +231,19 @@ def timings(mode: str | None, args) -> dict:
     prompt = rt.tokenizer.encode("def parse_config(path):\n    " * 64)[: args.length // 2]
     parts = b7.fast_parts(rt, prompt, args.repeat)
     res |= {k: parts[k] for k in ("canvas", "refresh_ms", "block_step_ms", "block_forwards")}
+    if mode:
+        # The real block step (already compiled above): its while loop must neither dequantize weights
+        # outside a fusion nor hoist a dequantized copy out of the loop.
+        from model_runtime.weights import by_path
+
+        sizes = {s.size for s in by_path(cfg).values() if rt.quantize.applies(s)}
+        for (kind, *_), program in rt._programs.items():
+            if kind in ("block", "refresh"):
+                text = getattr(program, "compiled", program).as_text()
+                if args.hlo_dir:
+                    (args.hlo_dir / f"{kind}_{mode}.hlo.txt").write_text(text)
+                res[f"{kind}_hlo"] = fusion_verdict(text, sizes)
+                say(f"HLO {kind} program {mode}: {res[f'{kind}_hlo']['verdict']}")
     say(f"{res['mode']}: {res}")
     del rt
     gc.collect()
@@ -282,6 +296,10 @@ def main() -> int:
     print("\nsummary", file=sys.stderr)
     for key, res in result["hlo"].items():
         print(f"  {key}: {res['verdict']}", file=sys.stderr)
+    for row in result.get("timings", []):
+        for kind in ("refresh", "block"):
+            if f"{kind}_hlo" in row:
+                print(f"  {kind} program {row['mode']}: {row[f'{kind}_hlo']['verdict']}", file=sys.stderr)
     for row in result.get("timings", []):
         ratios = (
             f" (block step x{row['block_step_vs_bf16']:.2f}, refresh x{row['refresh_vs_bf16']:.2f}, "
