@@ -43,14 +43,8 @@ class DaemonUnavailable(Exception):
 class APIError(Exception):
     """The daemon answered with an error (``status`` and the OpenAI-style ``error`` fields)."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "",
-        param: str | None = None,
-        retry_after: float | None = None,
-    ) -> None:
+    def __init__(self, status: int, message: str, kind: str = "", param: str | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
@@ -86,26 +80,14 @@ class Done:
 
 
 def _step(data: dict[str, Any]) -> Step:
-    return Step(
-        id=data.get("id", ""),
-        step=data["step"],
-        steps=data["steps"],
-        canvas=data["canvas"],
-        masks=data["masks"],
-        unmasked=data.get("unmasked", []),
-        masked=data.get("masked", []),
-        seconds=data.get("seconds", 0.0),
-    )
+    return Step(id=data.get("id", ""), step=data["step"], steps=data["steps"], canvas=data["canvas"],
+                masks=data["masks"], unmasked=data.get("unmasked", []), masked=data.get("masked", []),
+                seconds=data.get("seconds", 0.0))
 
 
 def _done(data: dict[str, Any]) -> Done:
-    return Done(
-        id=data.get("id", ""),
-        text=data["text"],
-        finish_reason=data["finish_reason"],
-        stats=data.get("stats", {}),
-        usage=data.get("usage", {}),
-    )
+    return Done(id=data.get("id", ""), text=data["text"], finish_reason=data["finish_reason"],
+                stats=data.get("stats", {}), usage=data.get("usage", {}))
 
 
 def _native_event(event: sse.ServerSentEvent) -> Step | Done | None:
@@ -177,10 +159,8 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
     busy port is an error instead.
     """
     if not config.model:
-        raise DaemonUnavailable(
-            "no diffu daemon is running and no model is configured: pass --model, set "
-            'DIFFU_MODEL, or put model = "..." in config.toml'
-        )
+        raise DaemonUnavailable("no diffu daemon is running and no model is configured: pass --model, set "
+                                "DIFFU_MODEL, or put model = \"...\" in config.toml")
     port = config.port if exact_port or (config.port and _port_free(config.host, config.port)) else 0
     args: list[str] = []
     if not config.auth:
@@ -233,9 +213,8 @@ def _config(config: Config | None) -> Config:
     return config if config is not None else load_config()[0]
 
 
-def _settings(
-    config: Config | None, url: str | None, api_key: str | None, autostart: bool | None, timeout: float | None
-) -> tuple[Config, bool, httpx.Timeout]:
+def _settings(config: Config | None, url: str | None, api_key: str | None, autostart: bool | None,
+              timeout: float | None) -> tuple[Config, bool, httpx.Timeout]:
     """What both clients take from their arguments: the effective config, auto-start, HTTP timeouts.
 
     Reads may wait for a whole generation (the daemon's time budget plus a margin); connects should not.
@@ -253,16 +232,9 @@ def _settings(
 class Client:
     """Synchronous client. The daemon is located (or started) on the first request, not at construction."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        api_key: str | None = None,
-        *,
-        config: Config | None = None,
-        autostart: bool | None = None,
-        progress: Progress | None = None,
-        timeout: float | None = None,
-    ) -> None:
+    def __init__(self, url: str | None = None, api_key: str | None = None, *, config: Config | None = None,
+                 autostart: bool | None = None, progress: Progress | None = None,
+                 timeout: float | None = None) -> None:
         self.config, self.autostart, limits = _settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.Client(timeout=limits)
@@ -289,10 +261,8 @@ class Client:
         endpoint = resolve_endpoint(self.config)
         if endpoint is None:
             if not self.autostart:
-                raise DaemonUnavailable(
-                    "no diffu daemon is running; start one with 'diffu daemon start' or "
-                    "'diffu serve', or set DIFFU_URL"
-                )
+                raise DaemonUnavailable("no diffu daemon is running; start one with 'diffu daemon start' or "
+                                        "'diffu serve', or set DIFFU_URL")
             endpoint = start_daemon(self.config)
         self.wait_ready(endpoint)
         self._endpoint = endpoint
@@ -300,9 +270,8 @@ class Client:
 
     def wait_ready(self, endpoint: Endpoint) -> None:
         try:
-            with self._http.stream(
-                "GET", endpoint.url + "/health", params={"stream": "1"}, headers=endpoint.headers
-            ) as response:
+            with self._http.stream("GET", endpoint.url + "/health", params={"stream": "1"},
+                                   headers=endpoint.headers) as response:
                 _raise_for(response, response.read() if response.status_code >= 400 else None)
                 for event in sse.iter_events(response.iter_lines()):
                     if event.event == "status" and _health_update(event, self.progress):
@@ -339,9 +308,8 @@ class Client:
             endpoint = self.endpoint
             started = False
             try:
-                with self._http.stream(
-                    "POST", endpoint.url + path, json=body, headers=endpoint.headers
-                ) as resp:
+                with self._http.stream("POST", endpoint.url + path, json=body,
+                                       headers=endpoint.headers) as resp:
                     _raise_for(resp, resp.read() if resp.status_code >= 400 else None)
                     for event in sse.iter_events(resp.iter_lines()):
                         started = True
@@ -371,9 +339,8 @@ class Client:
                 return False
             raise
 
-    def stream_generate(
-        self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None, **params: Any
-    ) -> Iterator[Step | Done]:
+    def stream_generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+                        **params: Any) -> Iterator[Step | Done]:
         """Step events then one Done. Leaving the loop early closes the stream, which cancels the job."""
         body = _generate_body(messages, prompt, params, stream=True)
         for event in self.stream("/v1/diffu/generate", body):
@@ -381,25 +348,20 @@ class Client:
             if parsed is not None:
                 yield parsed
 
-    def generate(
-        self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None, **params: Any
-    ) -> Done:
+    def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+                 **params: Any) -> Done:
         return _done(self.request("POST", "/v1/diffu/generate", _generate_body(messages, prompt, params)))
 
     def stream_infill(self, prefix: str, suffix: str = "", **params: Any) -> Iterator[Step | Done]:
-        for event in self.stream(
-            "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params, "stream": True}
-        ):
+        for event in self.stream("/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params,
+                                                       "stream": True}):
             parsed = _native_event(event)
             if parsed is not None:
                 yield parsed
 
     def infill(self, prefix: str, suffix: str = "", **params: Any) -> Done:
-        return _done(
-            self.request(
-                "POST", "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params, "stream": False}
-            )
-        )
+        return _done(self.request("POST", "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params,
+                                                                "stream": False}))
 
     def chat_completions(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
         return self.request("POST", "/v1/chat/completions", {"messages": messages, **kwargs, "stream": False})
@@ -408,9 +370,8 @@ class Client:
         return self.request("POST", "/v1/completions", {"prompt": prompt, **kwargs, "stream": False})
 
 
-def _generate_body(
-    messages: list[dict[str, str]] | None, prompt: str | None, params: dict[str, Any], *, stream: bool = False
-) -> dict[str, Any]:
+def _generate_body(messages: list[dict[str, str]] | None, prompt: str | None, params: dict[str, Any], *,
+                   stream: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {**params, "stream": stream}
     if messages is not None:
         body["messages"] = messages
@@ -423,16 +384,9 @@ def _generate_body(
 class AsyncClient:
     """Asynchronous twin of :class:`Client` (for the TUI and the language server)."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        api_key: str | None = None,
-        *,
-        config: Config | None = None,
-        autostart: bool | None = None,
-        progress: Progress | None = None,
-        timeout: float | None = None,
-    ) -> None:
+    def __init__(self, url: str | None = None, api_key: str | None = None, *, config: Config | None = None,
+                 autostart: bool | None = None, progress: Progress | None = None,
+                 timeout: float | None = None) -> None:
         self.config, self.autostart, limits = _settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.AsyncClient(timeout=limits)
@@ -459,10 +413,8 @@ class AsyncClient:
         endpoint = await asyncio.to_thread(resolve_endpoint, self.config)
         if endpoint is None:
             if not self.autostart:
-                raise DaemonUnavailable(
-                    "no diffu daemon is running; start one with 'diffu daemon start' or "
-                    "'diffu serve', or set DIFFU_URL"
-                )
+                raise DaemonUnavailable("no diffu daemon is running; start one with 'diffu daemon start' or "
+                                        "'diffu serve', or set DIFFU_URL")
             endpoint = await asyncio.to_thread(start_daemon, self.config)
         await self.wait_ready(endpoint)
         self._endpoint = endpoint
@@ -470,9 +422,8 @@ class AsyncClient:
 
     async def wait_ready(self, endpoint: Endpoint) -> None:
         try:
-            async with self._http.stream(
-                "GET", endpoint.url + "/health", params={"stream": "1"}, headers=endpoint.headers
-            ) as response:
+            async with self._http.stream("GET", endpoint.url + "/health", params={"stream": "1"},
+                                         headers=endpoint.headers) as response:
                 if response.status_code >= 400:
                     _raise_for(response, await response.aread())
                 async for event in sse.aiter_events(response.aiter_lines()):
@@ -486,9 +437,8 @@ class AsyncClient:
         for tries in range(RETRIES + 1):
             endpoint = await self.endpoint()
             try:
-                response = await self._http.request(
-                    method, endpoint.url + path, json=body, headers=endpoint.headers
-                )
+                response = await self._http.request(method, endpoint.url + path, json=body,
+                                                    headers=endpoint.headers)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 self._endpoint = None
                 if tries == RETRIES or endpoint.info is None and self.config.url:
@@ -503,9 +453,8 @@ class AsyncClient:
             endpoint = await self.endpoint()
             started = False
             try:
-                async with self._http.stream(
-                    "POST", endpoint.url + path, json=body, headers=endpoint.headers
-                ) as resp:
+                async with self._http.stream("POST", endpoint.url + path, json=body,
+                                             headers=endpoint.headers) as resp:
                     if resp.status_code >= 400:
                         _raise_for(resp, await resp.aread())
                     async for event in sse.aiter_events(resp.aiter_lines()):
@@ -528,41 +477,33 @@ class AsyncClient:
                 return False
             raise
 
-    async def stream_generate(
-        self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None, **params: Any
-    ) -> AsyncIterator[Step | Done]:
-        async for event in self.stream(
-            "/v1/diffu/generate", _generate_body(messages, prompt, params, stream=True)
-        ):
+    async def stream_generate(self, *, messages: list[dict[str, str]] | None = None,
+                              prompt: str | None = None, **params: Any) -> AsyncIterator[Step | Done]:
+        async for event in self.stream("/v1/diffu/generate", _generate_body(messages, prompt, params,
+                                                                             stream=True)):
             parsed = _native_event(event)
             if parsed is not None:
                 yield parsed
 
-    async def generate(
-        self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None, **params: Any
-    ) -> Done:
+    async def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
+                       **params: Any) -> Done:
         body = _generate_body(messages, prompt, params)
         return _done(await self.request("POST", "/v1/diffu/generate", body))
 
     async def stream_infill(self, prefix: str, suffix: str = "", **params: Any) -> AsyncIterator[Step | Done]:
-        async for event in self.stream(
-            "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params, "stream": True}
-        ):
+        async for event in self.stream("/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params,
+                                                             "stream": True}):
             parsed = _native_event(event)
             if parsed is not None:
                 yield parsed
 
     async def infill(self, prefix: str, suffix: str = "", **params: Any) -> Done:
-        return _done(
-            await self.request(
-                "POST", "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix, **params, "stream": False}
-            )
-        )
+        return _done(await self.request("POST", "/v1/diffu/infill", {"prefix": prefix, "suffix": suffix,
+                                                                      **params, "stream": False}))
 
     async def chat_completions(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
-        return await self.request(
-            "POST", "/v1/chat/completions", {"messages": messages, **kwargs, "stream": False}
-        )
+        return await self.request("POST", "/v1/chat/completions", {"messages": messages, **kwargs,
+                                                                    "stream": False})
 
     async def completions(self, prompt: str, **kwargs: Any) -> dict[str, Any]:
         return await self.request("POST", "/v1/completions", {"prompt": prompt, **kwargs, "stream": False})

@@ -37,13 +37,7 @@ COALESCE_SECONDS = 0.02
 
 # Engine stages as /health reports them.
 STARTING, LOADING, COMPILING, READY, FAILED, STOPPING = (
-    "starting",
-    "loading",
-    "compiling",
-    "ready",
-    "failed",
-    "stopping",
-)
+    "starting", "loading", "compiling", "ready", "failed", "stopping")
 
 
 class EngineError(Exception):
@@ -171,12 +165,8 @@ class EngineStatus:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "progress": round(self.progress, 4),
-            "detail": self.detail,
-            "error": self.error,
-        }
+        return {"stage": self.stage, "progress": round(self.progress, 4), "detail": self.detail,
+                "error": self.error}
 
 
 class Engine:
@@ -186,14 +176,8 @@ class Engine:
     reports loading. ``warmup_params`` are the parameters buckets are compiled with (None: no warm-up).
     """
 
-    def __init__(
-        self,
-        loader: Callable[[Callable[[str, float], None]], Any],
-        *,
-        queue_size: int,
-        max_batch: int,
-        warmup_params: SamplingParams | None,
-    ) -> None:
+    def __init__(self, loader: Callable[[Callable[[str, float], None]], Any], *, queue_size: int,
+                 max_batch: int, warmup_params: SamplingParams | None) -> None:
         self._loader = loader
         self.queue_size = queue_size
         self.max_batch = max_batch
@@ -211,19 +195,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
-        self.counters = {
-            "requests": 0,
-            "completed": 0,
-            "cancelled": 0,
-            "timed_out": 0,
-            "failed": 0,
-            "rejected": 0,
-            "batches": 0,
-            "rows": 0,
-            "batched_rows": 0,
-            "largest_batch": 0,
-            "generated_tokens": 0,
-        }
+        self.counters = {"requests": 0, "completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0,
+                         "rejected": 0, "batches": 0, "rows": 0, "batched_rows": 0, "largest_batch": 0,
+                         "generated_tokens": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[EngineStatus], None]) -> None:
@@ -280,16 +254,13 @@ class Engine:
             if self._stopping:
                 raise ShuttingDown("the daemon is shutting down")
             if not self.ready:
-                raise NotReady(
-                    f"the model is not ready ({self.status.stage} {self.status.progress:.0%})", retry_after=2
-                )
+                raise NotReady(f"the model is not ready ({self.status.stage} "
+                               f"{self.status.progress:.0%})", retry_after=2)
             if len(self._pending) >= self.queue_size:
                 self.counters["rejected"] += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
-                raise QueueFull(
-                    f"the queue is full ({self.queue_size} requests waiting); retry later",
-                    retry_after=max(1, math.ceil(waits * self._batch_seconds)),
-                )
+                raise QueueFull(f"the queue is full ({self.queue_size} requests waiting); retry later",
+                                retry_after=max(1, math.ceil(waits * self._batch_seconds)))
             job.id = job.id or f"gen-{next(self._ids)}"
             self.counters["requests"] += 1
             if job.session:
@@ -331,12 +302,8 @@ class Engine:
 
     def queue_info(self) -> dict[str, int]:
         with self._cond:
-            return {
-                "pending": len(self._pending),
-                "running": len(self._running),
-                "capacity": self.queue_size,
-                "max_batch": self.max_batch,
-            }
+            return {"pending": len(self._pending), "running": len(self._running), "capacity": self.queue_size,
+                    "max_batch": self.max_batch}
 
     # -- the engine thread -----------------------------------------------------------------------------
     def _main(self) -> None:
@@ -359,13 +326,8 @@ class Engine:
         if self._stopping:
             return
         self._set_status(READY, 1.0, "ready")
-        log.info(
-            "engine ready: model %s on %s (%s), buckets %s",
-            self.runtime.model_name,
-            self.runtime.device,
-            self.runtime.dtype,
-            self.runtime.buckets,
-        )
+        log.info("engine ready: model %s on %s (%s), buckets %s", self.runtime.model_name,
+                 self.runtime.device, self.runtime.dtype, self.runtime.buckets)
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -389,9 +351,8 @@ class Engine:
                 for job in batch:
                     if not job.finished:
                         self.counters["failed"] += 1
-                        job.emit(
-                            JobError(500, "internal error in the engine (see the daemon log)", "server_error")
-                        )
+                        job.emit(JobError(500, "internal error in the engine (see the daemon log)",
+                                          "server_error"))
             finally:
                 with self._cond:
                     self._running = []
@@ -447,14 +408,9 @@ class Engine:
                 if isinstance(event, StepEvent):
                     now = time.monotonic()
                     for i, job in list(active.items()):
-                        step = JobStep(
-                            event.step,
-                            event.steps,
-                            list(event.canvas[i]),
-                            list(event.unmasked[i]),
-                            _masks_left(event, i, self.runtime.tokenizer.mask_id),
-                            event.seconds,
-                        )
+                        step = JobStep(event.step, event.steps, list(event.canvas[i]),
+                                       list(event.unmasked[i]),
+                                       _masks_left(event, i, self.runtime.tokenizer.mask_id), event.seconds)
                         last[i] = step
                         if job.cancelled:
                             self._finish_cancelled(job, step.ids, event.step + 1)
@@ -478,9 +434,8 @@ class Engine:
         for job in active.values():
             # The runtime ended without a DoneEvent: report it rather than leave the client waiting.
             self.counters["failed"] += 1
-            job.emit(
-                JobError(500, f"the runtime stopped after {len(last)} steps without a result", "server_error")
-            )
+            job.emit(JobError(500, f"the runtime stopped after {len(last)} steps without a result",
+                              "server_error"))
 
     # -- endings ---------------------------------------------------------------------------------------
     def _stop_ids(self, chat: bool) -> set[int]:
@@ -488,29 +443,16 @@ class Engine:
         stop_ids = getattr(tok, "stop_ids", None)
         return set(stop_ids(chat=chat)) if callable(stop_ids) else {tok.eos_id, tok.pad_id}
 
-    def _stats(
-        self,
-        job: Job,
-        *,
-        steps: int,
-        new_tokens: int,
-        batch_size: int,
-        bucket: Any = None,
-        compile_seconds: float = 0.0,
-    ) -> dict[str, Any]:
+    def _stats(self, job: Job, *, steps: int, new_tokens: int, batch_size: int, bucket: Any = None,
+               compile_seconds: float = 0.0) -> dict[str, Any]:
         end = time.monotonic()
         gen_s = end - (job.started or end)
         return {
-            "steps": steps,
-            "new_tokens": new_tokens,
-            "prompt_tokens": job.prompt_tokens,
-            "canvas_tokens": job.canvas_tokens,
-            "batch_size": batch_size,
-            "decoder": job.params.decoder,
+            "steps": steps, "new_tokens": new_tokens, "prompt_tokens": job.prompt_tokens,
+            "canvas_tokens": job.canvas_tokens, "batch_size": batch_size, "decoder": job.params.decoder,
             "bucket": list(bucket) if bucket else None,
             "queue_seconds": round((job.started or end) - job.created, 4),
-            "generate_seconds": round(gen_s, 4),
-            "compile_seconds": round(compile_seconds, 4),
+            "generate_seconds": round(gen_s, 4), "compile_seconds": round(compile_seconds, 4),
             "tokens_per_second": round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
         }
 
@@ -521,19 +463,10 @@ class Engine:
         new_tokens = len(ids) if cut is None else cut
         self.counters["completed"] += 1
         self.counters["generated_tokens"] += new_tokens
-        stats = self._stats(
-            job,
-            steps=event.stats.steps,
-            new_tokens=new_tokens,
-            batch_size=batch_size,
-            bucket=event.stats.bucket,
-            compile_seconds=event.stats.compile_seconds,
-        )
-        job.emit(
-            JobDone(
-                event.texts[i], ids, "length" if cut is None else "stop", new_tokens, event.stats.steps, stats
-            )
-        )
+        stats = self._stats(job, steps=event.stats.steps, new_tokens=new_tokens, batch_size=batch_size,
+                            bucket=event.stats.bucket, compile_seconds=event.stats.compile_seconds)
+        job.emit(JobDone(event.texts[i], ids, "length" if cut is None else "stop", new_tokens,
+                         event.stats.steps, stats))
 
     def _finish_partial(self, job: Job, step: JobStep, *, batch_size: int) -> None:
         """Out of time: answer with the text committed so far, left to right up to the first mask."""
@@ -543,13 +476,8 @@ class Engine:
         self.counters["timed_out"] += 1
         self.counters["generated_tokens"] += cut
         stats = self._stats(job, steps=step.step + 1, new_tokens=cut, batch_size=batch_size)
-        log.info(
-            "job %s hit its time budget (%.1fs) after %d/%d steps",
-            job.id,
-            job.max_seconds,
-            step.step + 1,
-            step.steps,
-        )
+        log.info("job %s hit its time budget (%.1fs) after %d/%d steps", job.id, job.max_seconds,
+                 step.step + 1, step.steps)
         job.emit(JobDone(tok.decode(step.ids[:cut]), step.ids, "time", cut, step.step + 1, stats))
 
     def _finish_cancelled(self, job: Job, ids: list[int], steps_run: int) -> None:

@@ -20,9 +20,8 @@ from model_runtime.params import ParamError, SamplingParams
 # Sampling fields a request may set directly: every SamplingParams field but max_new_tokens, which each
 # route names its own way (max_new_tokens / canvas_tokens / max_tokens / n_predict). Taken from the
 # dataclass, so a knob the runtime gains is served without a change here.
-_SAMPLING_TYPES = {
-    f.name: str(f.type) for f in dataclasses.fields(SamplingParams) if f.name != "max_new_tokens"
-}
+_SAMPLING_TYPES = {f.name: str(f.type) for f in dataclasses.fields(SamplingParams)
+                   if f.name != "max_new_tokens"}
 SAMPLING_FIELDS = tuple(_SAMPLING_TYPES)
 MAX_STOP_STRINGS = 16
 MAX_EXTRA_CHUNKS = 256
@@ -32,15 +31,8 @@ MAX_MESSAGES = 1024
 class RequestError(Exception):
     """A request that cannot be served as sent; rendered as an OpenAI-style error object."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
@@ -93,15 +85,8 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 # -- field readers ------------------------------------------------------------------------------------
 def _type(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def _bad(name: str, expected: str, value: Any) -> RequestError:
@@ -110,14 +95,8 @@ def _bad(name: str, expected: str, value: Any) -> RequestError:
     return RequestError(f"{name}: expected {expected}, got {shown}", param=name)
 
 
-def get_int(
-    data: dict[str, Any],
-    name: str,
-    default: int | None = None,
-    *,
-    lo: int | None = None,
-    hi: int | None = None,
-) -> int | None:
+def get_int(data: dict[str, Any], name: str, default: int | None = None, *, lo: int | None = None,
+            hi: int | None = None) -> int | None:
     value = data.get(name)
     if value is None:
         return default
@@ -132,14 +111,8 @@ def get_int(
     return value
 
 
-def get_float(
-    data: dict[str, Any],
-    name: str,
-    default: float | None = None,
-    *,
-    lo: float | None = None,
-    hi: float | None = None,
-) -> float | None:
+def get_float(data: dict[str, Any], name: str, default: float | None = None, *, lo: float | None = None,
+              hi: float | None = None) -> float | None:
     value = data.get(name)
     if value is None:
         return default
@@ -161,14 +134,8 @@ def get_bool(data: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def get_str(
-    data: dict[str, Any],
-    name: str,
-    default: str | None = None,
-    *,
-    required: bool = False,
-    max_len: int | None = None,
-) -> str | None:
+def get_str(data: dict[str, Any], name: str, default: str | None = None, *, required: bool = False,
+            max_len: int | None = None) -> str | None:
     value = data.get(name)
     if value is None:
         if required:
@@ -184,9 +151,8 @@ def get_str(
 def reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
-        raise RequestError(
-            f"{unknown[0]}: unknown field for {where} (known: {', '.join(sorted(known))})", param=unknown[0]
-        )
+        raise RequestError(f"{unknown[0]}: unknown field for {where} (known: {', '.join(sorted(known))})",
+                           param=unknown[0])
 
 
 def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> dict[str, Any]:
@@ -211,9 +177,8 @@ def _sampling(data: dict[str, Any], *, temperature_default: float | None = None)
         else:  # a kind this parser does not know yet: SamplingParams validates the raw value
             out[name] = data[name]
     if "seed" in out and not 0 <= out["seed"] < 2**32:
-        raise RequestError(
-            f"seed: must be in 0..{2**32 - 1} (a 32-bit PRNG seed), got {out['seed']}", param="seed"
-        )
+        raise RequestError(f"seed: must be in 0..{2**32 - 1} (a 32-bit PRNG seed), got {out['seed']}",
+                           param="seed")
     if "temperature" not in out and temperature_default is not None:
         out["temperature"] = temperature_default
     return out
@@ -237,9 +202,8 @@ def _messages(value: Any) -> list[dict[str, str]]:
     name for ``system``.
     """
     if not isinstance(value, list) or not value:
-        raise RequestError(
-            "messages: expected a non-empty array of {role, content} objects", param="messages"
-        )
+        raise RequestError("messages: expected a non-empty array of {role, content} objects",
+                           param="messages")
     if len(value) > MAX_MESSAGES:
         raise RequestError(f"messages: at most {MAX_MESSAGES} messages, got {len(value)}", param="messages")
     out = []
@@ -251,24 +215,18 @@ def _messages(value: Any) -> list[dict[str, str]]:
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant"):
-            raise RequestError(
-                f"{where}.role: expected 'system', 'user' or 'assistant', got {role!r}", param=f"{where}.role"
-            )
+            raise RequestError(f"{where}.role: expected 'system', 'user' or 'assistant', got {role!r}",
+                               param=f"{where}.role")
         if role == "system" and i != 0:
             raise RequestError(f"{where}.role: a system message is only allowed first", param=f"{where}.role")
         content = msg.get("content")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    raise RequestError(
-                        f"{where}.content[{j}]: only text parts ({{type: 'text', text}}) are supported",
-                        param=f"{where}.content",
-                    )
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise RequestError(f"{where}.content[{j}]: only text parts ({{type: 'text', text}}) are "
+                                       "supported", param=f"{where}.content")
                 texts.append(part["text"])
             content = "".join(texts)
         if not isinstance(content, str):
@@ -318,10 +276,8 @@ def parse_native_generate(data: dict[str, Any], *, default_tokens: int) -> GenSp
     tokens = get_int(data, "max_new_tokens", default_tokens, lo=0)
     assert tokens is not None
     if tokens == 0 and has_messages:
-        raise RequestError(
-            "max_new_tokens: 0 is only for a raw prompt whose <|mask|> holes are to be filled",
-            param="max_new_tokens",
-        )
+        raise RequestError("max_new_tokens: 0 is only for a raw prompt whose <|mask|> holes are to be filled",
+                           param="max_new_tokens")
     spec = GenSpec(mode="chat" if has_messages else "prompt", canvas_tokens=tokens, sampling=_sampling(data))
     if has_messages:
         spec.messages = _messages(data["messages"])
@@ -335,13 +291,9 @@ def parse_native_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec
     reject_unknown(data, _NATIVE_COMMON | {"prefix", "suffix", "canvas_tokens"}, "/v1/diffu/infill")
     tokens = get_int(data, "canvas_tokens", default_tokens, lo=1)
     assert tokens is not None
-    spec = GenSpec(
-        mode="infill",
-        canvas_tokens=tokens,
-        sampling=_sampling(data),
-        prefix=get_str(data, "prefix", required=True) or "",
-        suffix=get_str(data, "suffix", "") or "",
-    )
+    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data),
+                   prefix=get_str(data, "prefix", required=True) or "",
+                   suffix=get_str(data, "suffix", "") or "")
     return _native_common(data, spec)
 
 
@@ -356,17 +308,12 @@ def _openai_common(data: dict[str, Any], spec: GenSpec) -> GenSpec:
     _refuse(data, "functions", None, "function calling is not supported by this server")
     for name in ("presence_penalty", "frequency_penalty"):
         if get_float(data, name, 0.0) != 0.0:
-            raise RequestError(
-                f"{name}: penalties are not supported (a diffusion model has no token history "
-                "to penalise); leave it 0",
-                param=name,
-                code="unsupported",
-            )
+            raise RequestError(f"{name}: penalties are not supported (a diffusion model has no token history "
+                               "to penalise); leave it 0", param=name, code="unsupported")
     fmt = data.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise RequestError(
-            'response_format: only {"type": "text"} is supported', param="response_format", code="unsupported"
-        )
+        raise RequestError("response_format: only {\"type\": \"text\"} is supported", param="response_format",
+                           code="unsupported")
     get_str(data, "model")  # any name is accepted (clients insist on one), but it must be a string
     spec.stream = get_bool(data, "stream", False)
     options = data.get("stream_options")
@@ -393,12 +340,8 @@ def parse_chat_completions(data: dict[str, Any], *, default_tokens: int) -> GenS
     """``POST /v1/chat/completions``."""
     if "messages" not in data:
         raise RequestError("messages: required", param="messages")
-    spec = GenSpec(
-        mode="chat",
-        canvas_tokens=_max_tokens(data, default_tokens),
-        sampling=_sampling(data, temperature_default=0.0),
-        messages=_messages(data["messages"]),
-    )
+    spec = GenSpec(mode="chat", canvas_tokens=_max_tokens(data, default_tokens),
+                   sampling=_sampling(data, temperature_default=0.0), messages=_messages(data["messages"]))
     return _openai_common(data, spec)
 
 
@@ -408,18 +351,13 @@ def parse_completions(data: dict[str, Any], *, default_tokens: int, infill_token
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     suffix = get_str(data, "suffix")
-    spec = GenSpec(
-        mode="prompt" if suffix is None else "infill",
-        canvas_tokens=_max_tokens(data, default_tokens if suffix is None else infill_tokens),
-        sampling=_sampling(data, temperature_default=0.0),
-    )
+    spec = GenSpec(mode="prompt" if suffix is None else "infill",
+                   canvas_tokens=_max_tokens(data, default_tokens if suffix is None else infill_tokens),
+                   sampling=_sampling(data, temperature_default=0.0))
     if isinstance(prompt, str):
         spec.prompt = prompt
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in prompt):
         if suffix is not None:
             raise RequestError("prompt: token ids cannot be combined with suffix; send text", param="prompt")
         spec.prompt_ids = prompt
@@ -448,15 +386,13 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
     if not isinstance(extra_raw, list):
         raise _bad("input_extra", "an array of {filename, text} objects", extra_raw)
     if len(extra_raw) > MAX_EXTRA_CHUNKS:
-        raise RequestError(
-            f"input_extra: at most {MAX_EXTRA_CHUNKS} chunks, got {len(extra_raw)}", param="input_extra"
-        )
+        raise RequestError(f"input_extra: at most {MAX_EXTRA_CHUNKS} chunks, got {len(extra_raw)}",
+                           param="input_extra")
     extra = []
     for i, chunk in enumerate(extra_raw):
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
-            raise RequestError(
-                f"input_extra[{i}]: expected an object with a string text", param="input_extra"
-            )
+            raise RequestError(f"input_extra[{i}]: expected an object with a string text",
+                               param="input_extra")
         filename = chunk.get("filename", "")
         if not isinstance(filename, str):
             raise _bad(f"input_extra[{i}].filename", "a string", filename)
@@ -468,17 +404,10 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
     tokens = default_tokens if n_predict in (-1, None) else n_predict
     assert tokens is not None
     t_max = get_int(data, "t_max_predict_ms", lo=0)
-    spec = GenSpec(
-        mode="infill",
-        canvas_tokens=tokens,
-        sampling=_sampling(data, temperature_default=0.0),
-        prefix=prefix + forced,
-        suffix=suffix,
-        extra=extra,
-        stream=get_bool(data, "stream", False),
-        max_seconds=t_max / 1000 if t_max else None,
-        n_indent=get_int(data, "n_indent", 0, lo=0) or 0,
-    )
+    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data, temperature_default=0.0),
+                   prefix=prefix + forced, suffix=suffix, extra=extra, stream=get_bool(data, "stream", False),
+                   max_seconds=t_max / 1000 if t_max else None,
+                   n_indent=get_int(data, "n_indent", 0, lo=0) or 0)
     spec.stop = _stop(data.get("stop"))
     check_sampling(spec)
     if n_predict is None:
@@ -490,7 +419,7 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
 def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """Cut ``text`` at the earliest stop string; returns (text, whether it was cut)."""
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
+    return (text[:min(cuts)], True) if cuts else (text, False)
 
 
 def apply_n_indent(text: str, n_indent: int) -> tuple[str, bool]:

@@ -21,20 +21,13 @@ NOT_RUNNING = 3
 def register(subparsers: Any) -> None:
     from assistant.commands.serve import add_server_flags
 
-    parser = subparsers.add_parser(
-        "daemon",
-        help="start, stop or inspect the background daemon",
-        description="Manage the background diffu daemon.",
-    )
+    parser = subparsers.add_parser("daemon", help="start, stop or inspect the background daemon",
+                                   description="Manage the background diffu daemon.")
     sub = parser.add_subparsers(dest="daemon_command", metavar="ACTION", required=True)
     start = sub.add_parser("start", help="start a background daemon and wait until it is ready")
     add_server_flags(start)
-    start.add_argument(
-        "--no-wait",
-        dest="wait",
-        action="store_false",
-        help="return once it listens, without waiting for the model to load",
-    )
+    start.add_argument("--no-wait", dest="wait", action="store_false",
+                       help="return once it listens, without waiting for the model to load")
     start.set_defaults(func=cmd_start)
     stop = sub.add_parser("stop", help="stop the daemon(s) (all of them unless --model is given)")
     stop.add_argument("--model", help="only the daemon serving this model")
@@ -66,16 +59,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         endpoint = client.start_daemon(config.replace(url=None), exact_port=args.port is not None)
         info = endpoint.info
         assert info is not None
-        print(
-            f"diffu daemon: started pid {info.pid} at {info.url} (model {info.model}); log: {info.log_file}",
-            flush=True,
-        )
+        print(f"diffu daemon: started pid {info.pid} at {info.url} (model {info.model}); "
+              f"log: {info.log_file}", flush=True)
         if args.wait:
-            with client.Client(
-                config=config.replace(url=info.url),
-                autostart=False,
-                progress=client.stderr_progress("diffu daemon"),
-            ) as c:
+            with client.Client(config=config.replace(url=info.url), autostart=False,
+                               progress=client.stderr_progress("diffu daemon")) as c:
                 c.wait_ready(endpoint)
             print("diffu daemon: ready", flush=True)
     except client.DaemonUnavailable as exc:
@@ -99,9 +87,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
             failed.append(info)
     if failed:
         pids = ", ".join(str(i.pid) for i in failed)
-        raise UsageError(
-            f"daemon(s) {pids} did not exit within {args.timeout:.0f}s after SIGTERM; see 'diffu daemon logs'"
-        )
+        raise UsageError(f"daemon(s) {pids} did not exit within {args.timeout:.0f}s after SIGTERM; "
+                         "see 'diffu daemon logs'")
     return 0
 
 
@@ -118,23 +105,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("diffu daemon: not running")
     for row in rows if not args.json else []:
         server = row["server"]
-        print(
-            f"{row['model']}\n  url:     {row['url']}\n  pid:     {row['pid']}\n"
-            f"  started: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row['started']))}\n"
-            f"  log:     {row['log_file']}"
-        )
+        print(f"{row['model']}\n  url:     {row['url']}\n  pid:     {row['pid']}\n"
+              f"  started: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row['started']))}\n"
+              f"  log:     {row['log_file']}")
         if "error" in server:
             print(f"  state:   not answering ({server['error']})")
             continue
         engine, queue = server.get("engine", {}), server.get("queue", {})
-        print(
-            f"  state:   {engine.get('stage')} {engine.get('detail', '')}\n"
-            f"  device:  {server.get('device')} ({server.get('dtype')}), "
-            f"context {server.get('max_context')}\n"
-            f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
-            f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
-            f"up {server.get('uptime_seconds', 0):.0f}s"
-        )
+        print(f"  state:   {engine.get('stage')} {engine.get('detail', '')}\n"
+              f"  device:  {server.get('device')} ({server.get('dtype')}), "
+              f"context {server.get('max_context')}\n"
+              f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
+              f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
+              f"up {server.get('uptime_seconds', 0):.0f}s")
     return 0 if rows else NOT_RUNNING
 
 
@@ -146,9 +129,8 @@ def _query_status(info: Any) -> dict[str, Any]:
 
     key = client_api_key(load_config()[0])
     try:
-        response = httpx.get(
-            info.url + "/v1/diffu/status", headers={"authorization": f"Bearer {key or 'none'}"}, timeout=5.0
-        )
+        response = httpx.get(info.url + "/v1/diffu/status",
+                             headers={"authorization": f"Bearer {key or 'none'}"}, timeout=5.0)
     except httpx.HTTPError as exc:
         return {"error": str(exc) or type(exc).__name__}
     if response.status_code != 200:
@@ -166,11 +148,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if running:
             path = daemon.log_path(running[0].key)
         else:
-            logs = (
-                sorted(paths.log_dir().glob("*.log"), key=lambda p: p.stat().st_mtime)
-                if paths.log_dir().is_dir()
-                else []
-            )
+            logs = sorted(paths.log_dir().glob("*.log"), key=lambda p: p.stat().st_mtime) \
+                if paths.log_dir().is_dir() else []
             if not logs:
                 raise UsageError(f"no daemon logs in {paths.log_dir()}")
             path = logs[-1]
