@@ -114,11 +114,16 @@ def random_runtime(check: bool, quantize: str | None = None, layers: int | None 
     leaves, treedef = jax.tree.flatten(state)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
+    fills: dict = {}  # one compiled fill per distinct shape (28 layers repeat the same dozen)
+
     def draw(i: int, leaf, path: str):
         if "norm" in path:
             return jnp.ones(leaf.shape, leaf.dtype)  # RMSNorm scales: 1, as trained models roughly are
-        fill = jax.jit(lambda k: (0.02 * jax.random.normal(k, leaf.shape, jnp.float32)).astype(leaf.dtype))
-        return fill(jax.random.key(i))
+        key = (leaf.shape, leaf.dtype)
+        if key not in fills:
+            shape, dtype = key
+            fills[key] = jax.jit(lambda k: (0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+        return fills[key](jax.random.key(i))
 
     state = jax.tree.unflatten(
         treedef, [draw(i, x, p) for i, (x, p) in enumerate(zip(leaves, paths, strict=True))]
