@@ -167,6 +167,8 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
         args.append("--no-auth")
     if config.dtype:
         args += ["--dtype", config.dtype]
+    if config.quantize:
+        args += ["--quantize", config.quantize]
     env = dict(os.environ)
     if config.api_key:
         env["DIFFU_API_KEY"] = config.api_key

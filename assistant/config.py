@@ -43,6 +43,8 @@ class Config:
     """Checkpoint directory or hub id the daemon serves (``fake:`` runs the JAX-free test backend)."""
     dtype: str | None = None
     """Parameter dtype (``bfloat16``, ``float32``, ...); None lets the runtime choose."""
+    quantize: str | None = None
+    """Weight-only quantization at load: ``int8`` or ``int4`` (see model_runtime/quant.py); None: off."""
     host: str = "127.0.0.1"
     """Bind address. Anything but loopback exposes the model to the network and is logged as a warning."""
     port: int = DEFAULT_PORT
@@ -109,6 +111,11 @@ class Config:
             )
         if self.max_context is not None:
             check(self.max_context >= 2, "max_context", f"must be >= 2, got {self.max_context}")
+        check(
+            self.quantize in (None, "int8", "int4"),
+            "quantize",
+            f"must be int8 or int4 (or unset), got {self.quantize!r}",
+        )
         check(self.tp >= 1, "tp", f"must be >= 1, got {self.tp}")
         if self.dp is not None:
             check(self.dp >= 1, "dp", f"must be >= 1, got {self.dp}")

@@ -70,7 +70,13 @@ def make_loader(config: Config) -> Callable[[Callable[[str, float], None]], Any]
         import model_runtime
 
         return model_runtime.load(
-            model, dtype=config.dtype, progress=progress, tp=config.tp, dp=config.dp, **buckets
+            model,
+            dtype=config.dtype,
+            quantize=config.quantize,
+            progress=progress,
+            tp=config.tp,
+            dp=config.dp,
+            **buckets,
         )
 
     return load
@@ -464,6 +470,7 @@ class Daemon:
                 "pid": os.getpid(),
                 "device": getattr(rt, "device", None),
                 "dtype": getattr(rt, "dtype", None),
+                "quantize": getattr(getattr(rt, "quantize", None), "mode", None),
                 "max_context": getattr(rt, "max_context", None),
                 "default_decoder": getattr(rt, "default_decoder", None),
                 "mesh": getattr(rt, "mesh_info", None),

@@ -20,6 +20,7 @@ import numpy as np
 
 from model_runtime.config import DreamConfig
 from model_runtime.errors import ModelError, WeightsError
+from model_runtime.weights import ParamSpec, Path_, param_table
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -133,6 +134,13 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
                 start, end = (base + int(o) for o in meta["data_offsets"])
                 shape = tuple(int(s) for s in meta["shape"])
             except KeyError:
+                if str(meta.get("dtype", "")).startswith(("I", "U")):
+                    # Someone else's quantized export: we quantize float weights ourselves instead.
+                    raise WeightsError(
+                        name,
+                        f"is an integer tensor ({meta['dtype']}) in {fname}: diffu reads floating-point "
+                        "checkpoints (F32, BF16, F16) and quantizes them itself (--quantize int8|int4)",
+                    ) from None
                 raise WeightsError(
                     name, f"unsupported or missing dtype {meta.get('dtype')!r} in {fname}"
                 ) from None
@@ -163,72 +171,12 @@ def read_tensors(tensors: dict[str, TensorInfo]) -> Iterator[tuple[str, np.ndarr
         del raw
 
 
-# -- the name map ---------------------------------------------------------------------------------------
-
-Path_ = tuple[str | int, ...]
+# -- names, checked against the parameter table ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where a checkpoint tensor goes: parameter path, expected HF shape, and the layout change both ways."""
-
-    path: Path_
-    hf_shape: tuple[int, ...]
-    convert: Callable[[np.ndarray], np.ndarray]  # HF layout -> ours
-    invert: Callable[[np.ndarray], np.ndarray]  # ours -> HF layout
-
-
-def name_map(cfg: DreamConfig) -> dict[str, Target]:
-    """HF tensor name -> Target, for exactly the tensors a checkpoint of ``cfg`` must have."""
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    h, k, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    same = lambda w: w
-    t = lambda w: w.T  # PyTorch Linear weights are [out, in]; our kernels are [in, out]
-
-    def heads_in(n: int) -> tuple[Callable, Callable]:  # q/k/v: [N*E, D] <-> [D, N, E]
-        return (lambda w: w.T.reshape(d, n, e)), (lambda w: w.reshape(d, n * e).T)
-
-    def bias(n: int) -> tuple[Callable, Callable]:  # [N*E] <-> [N, E]
-        return (lambda w: w.reshape(n, e)), (lambda w: w.reshape(n * e))
-
-    o_in, o_out = (
-        (lambda w: w.T.reshape(h, e, d)),
-        (lambda w: w.reshape(h * e, d).T),
-    )  # [D, H*E] <-> [H, E, D]
-    m: dict[str, Target] = {
-        "model.embed_tokens.weight": Target(("embed",), (v, d), same, same),
-        "model.norm.weight": Target(("norm", "weight"), (d,), same, same),
-    }
-    if not cfg.tie_word_embeddings:
-        m["lm_head.weight"] = Target(("lm_head",), (v, d), t, t)
-    for n in range(cfg.num_hidden_layers):
-        p = f"model.layers.{n}."
-        a: Path_ = ("layers", n, "attn")
-        mlp: Path_ = ("layers", n, "mlp")
-        m |= {
-            p + "input_layernorm.weight": Target(
-                ("layers", n, "input_layernorm", "weight"), (d,), same, same
-            ),
-            p + "post_attention_layernorm.weight": Target(
-                ("layers", n, "post_attention_layernorm", "weight"), (d,), same, same
-            ),
-            p + "self_attn.q_proj.weight": Target(a + ("q_kernel",), (h * e, d), *heads_in(h)),
-            p + "self_attn.q_proj.bias": Target(a + ("q_bias",), (h * e,), *bias(h)),
-            p + "self_attn.k_proj.weight": Target(a + ("k_kernel",), (k * e, d), *heads_in(k)),
-            p + "self_attn.k_proj.bias": Target(a + ("k_bias",), (k * e,), *bias(k)),
-            p + "self_attn.v_proj.weight": Target(a + ("v_kernel",), (k * e, d), *heads_in(k)),
-            p + "self_attn.v_proj.bias": Target(a + ("v_bias",), (k * e,), *bias(k)),
-            p + "self_attn.o_proj.weight": Target(a + ("o_kernel",), (d, h * e), o_in, o_out),
-            p + "mlp.gate_proj.weight": Target(mlp + ("gate_kernel",), (f, d), t, t),
-            p + "mlp.up_proj.weight": Target(mlp + ("up_kernel",), (f, d), t, t),
-            p + "mlp.down_proj.weight": Target(mlp + ("down_kernel",), (d, f), t, t),
-        }
-    return m
-
-
-def check_names(cfg: DreamConfig, tensors: dict[str, TensorInfo]) -> dict[str, Target]:
+def check_names(cfg: DreamConfig, tensors: dict[str, TensorInfo]) -> dict[str, ParamSpec]:
     """Fail loudly on unknown, missing or mis-shaped tensors, naming the first offender."""
-    targets = name_map(cfg)
+    targets = param_table(cfg)
     for name, info in tensors.items():
         target = targets.get(name)
         if target is None:
@@ -249,7 +197,7 @@ def check_names(cfg: DreamConfig, tensors: dict[str, TensorInfo]) -> dict[str, T
 def hf_state_dict(params: dict[Path_, np.ndarray], cfg: DreamConfig) -> dict[str, np.ndarray]:
     """The inverse map: our parameters back to HF tensor names and layouts (to export checkpoints)."""
     out: dict[str, np.ndarray] = {}
-    for name, target in name_map(cfg).items():
+    for name, target in param_table(cfg).items():
         w = target.invert(np.asarray(params[target.path]))
         if w.shape != target.hf_shape:
             raise WeightsError(

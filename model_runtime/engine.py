@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, distributed, fast, sharding
+from model_runtime import compile_cache, distributed, fast, quant, sharding
 from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
@@ -105,8 +105,10 @@ class Runtime:
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
         mesh: Mesh | None = None,
         default_decoder: str = "reference",
+        quantize: quant.QuantSpec | None = None,
     ) -> None:
         self.config = cfg
+        self.quantize = quantize
         # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
         # ``diffu_decoder``, see recommended_decoder), else the reference decoder.
         self.default_decoder = default_decoder
@@ -848,16 +850,32 @@ def load(
     cache_dir: str | os.PathLike | None = None,
     tp: int = 1,
     dp: int | None = None,
+    quantize: str | quant.QuantSpec | None = None,
 ) -> Runtime:
     """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device, or with ``tp``
     (tensor parallel) / ``dp`` (data parallel) onto a device mesh.
 
     Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
     CPU, bfloat16 on accelerators by default) and placed; on a mesh each device receives only its shard
-    of a sharded weight. No code from the model directory runs.
+    of a sharded weight. ``quantize`` (``"int8"``, ``"int4"`` or a ``quant.QuantSpec``) stores the
+    projection matrices and ``lm_head`` as integers with scales, each quantized on the host as it is
+    read (see ``quant.py``). No code from the model directory runs.
     """
+    qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
     compile_cache.enable(cache_dir)
     mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
+    if (
+        qspec is not None
+        and qspec.mode == "int4"
+        and mesh is not None
+        and mesh.devices.flat[0].platform == "cpu"
+    ):
+        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
+        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
+        raise InputError(
+            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
+            "use --quantize int8, or one device (tp=1, dp=1)"
+        )
     if model is None:
         # No model configured: the small demo model trained by `diffu train` that ships in the package.
         from model_runtime.bundled import bundled_model_dir
@@ -882,7 +900,12 @@ def load(
     tensors = list_tensors(model_dir)
     targets = check_names(cfg, tensors)
     jdtype = _dtype(dtype)
-    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
+    if qspec is not None:
+        for spec in targets.values():
+            if qspec.applies(spec):
+                qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    # Abstract shapes first (nothing allocated), then each tensor goes straight into its shards.
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0), quant=qspec))
     graphdef, state = nnx.split(abstract)
     pure = nnx.to_pure_dict(state)
     total = sum(int(np.prod(t.shape)) for t in tensors.values())
@@ -894,15 +917,20 @@ def load(
         node = pure
         for part in target.path[:-1]:
             node = node[part]
-        # Convert this tensor alone: layout change and dtype cast on the host, then onto the device(s).
-        converted = np.asarray(target.convert(array), dtype=jdtype)
-        if mesh is None:
-            node[target.path[-1]] = jax.device_put(converted)
+        leaf = str(target.path[-1])
+        # Convert this tensor alone: layout change and dtype cast (or quantization) on the host, then
+        # onto the device(s).
+        if qspec is not None and qspec.applies(target):
+            values, scale = quant.quantize(target.convert(array), target, qspec, np.dtype(jdtype))
+            placed = {leaf: values, leaf + "_scale": scale}
         else:
-            node[target.path[-1]] = sharding.place(
-                converted, sharding.param_sharding(target.path, converted.shape, mesh)
-            )
-        del converted
+            placed = {leaf: np.asarray(target.convert(array), dtype=jdtype)}
+        for key, host in placed.items():
+            if mesh is None:
+                node[key] = jax.device_put(host)
+            else:
+                node[key] = sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+        del placed
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
@@ -920,4 +948,5 @@ def load(
         batch_buckets=batch_buckets,
         mesh=mesh,
         default_decoder=recommended_decoder(model_dir),
+        quantize=qspec,
     )

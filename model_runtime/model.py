@@ -11,9 +11,39 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from model_runtime import quant as q
 from model_runtime.config import DreamConfig
+from model_runtime.weights import Path_, by_path
 
 KV = tuple[jax.Array, jax.Array]  # one layer's keys and values, [B, K, L, E] each, after RoPE
+
+
+class _Params:
+    """Creates a module's parameters from the parameter table (``weights.py``): shape, initialiser and,
+    under weight-only quantization, the integer values plus a ``<name>_scale`` parameter."""
+
+    def __init__(self, cfg: DreamConfig, dtype: jnp.dtype, rngs: nnx.Rngs | None, quant: q.QuantSpec | None):
+        self.table, self.dtype, self.rngs, self.quant = by_path(cfg), dtype, rngs, quant
+
+    def add(self, module: nnx.Module, path: Path_) -> None:
+        spec = self.table[path]
+        name = str(path[-1])
+        if self.quant is not None and self.quant.applies(spec):
+            # Placeholders of the right shape and dtype: only ever built abstractly, then loaded.
+            setattr(module, name, nnx.Param(jnp.zeros(spec.shape, self.quant.np_dtype)))
+            setattr(module, name + "_scale", nnx.Param(jnp.ones(self.quant.scale_shape(spec), self.dtype)))
+            return
+        if spec.init == "normal":
+            value = nnx.initializers.normal(0.02)(self.rngs.params(), spec.shape, self.dtype)
+        else:
+            value = (jnp.zeros if spec.init == "zeros" else jnp.ones)(spec.shape, self.dtype)
+        setattr(module, name, nnx.Param(value))
+
+
+def _dense(module: nnx.Module, subscripts: str, x: jax.Array, name: str) -> jax.Array:
+    """``einsum(subscripts, x, module.<name>)``, through its scales when the weight is quantized."""
+    scale = getattr(module, name + "_scale", None)
+    return q.dense(subscripts, x, getattr(module, name)[...], None if scale is None else scale[...])
 
 
 def shift_logits(logits: jax.Array) -> jax.Array:
@@ -46,8 +76,8 @@ def _canvas_mask(
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs | None = None) -> None:
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    def __init__(self, params: _Params, path: Path_, eps: float) -> None:
+        params.add(self, path + ("weight",))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -71,16 +101,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        d, h, k, e = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        init = nnx.initializers.normal(0.02)
-        self.q_kernel = nnx.Param(init(rngs.params(), (d, h, e), dtype))
-        self.q_bias = nnx.Param(jnp.zeros((h, e), dtype))
-        self.k_kernel = nnx.Param(init(rngs.params(), (d, k, e), dtype))
-        self.k_bias = nnx.Param(jnp.zeros((k, e), dtype))
-        self.v_kernel = nnx.Param(init(rngs.params(), (d, k, e), dtype))
-        self.v_bias = nnx.Param(jnp.zeros((k, e), dtype))
-        self.o_kernel = nnx.Param(init(rngs.params(), (h, e, d), dtype))  # no o_proj bias in Qwen2
+    def __init__(self, cfg: DreamConfig, params: _Params, path: Path_) -> None:
+        for name in ("q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias", "o_kernel"):
+            params.add(self, path + (name,))
         self.theta = cfg.rope_theta
         self.groups = cfg.num_groups
 
@@ -111,9 +134,9 @@ class Attention(nnx.Module):
         # projections themselves produce [B, L, N, E] and the swap rides along with the bias add: asked for
         # [B, N, L, E] directly, XLA's CPU backend transposed the weights on every step (whole reference
         # generations ran 6-10% slower).
-        q = jnp.swapaxes(jnp.einsum("bld,dhe->blhe", xq, self.q_kernel[...]) + self.q_bias[...], 1, 2)
-        k = jnp.swapaxes(jnp.einsum("bld,dke->blke", x, self.k_kernel[...]) + self.k_bias[...], 1, 2)
-        v = jnp.swapaxes(jnp.einsum("bld,dke->blke", x, self.v_kernel[...]) + self.v_bias[...], 1, 2)
+        q = jnp.swapaxes(_dense(self, "bld,dhe->blhe", xq, "q_kernel") + self.q_bias[...], 1, 2)
+        k = jnp.swapaxes(_dense(self, "bld,dke->blke", x, "k_kernel") + self.k_bias[...], 1, 2)
+        v = jnp.swapaxes(_dense(self, "bld,dke->blke", x, "v_kernel") + self.v_bias[...], 1, 2)
         q, k = rope(q, qpos, self.theta), rope(k, positions, self.theta)
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, 0, start, 0))
@@ -130,29 +153,29 @@ class Attention(nnx.Module):
         # the uniform average finfo.min would give). NaN must never reach the V mixing (spec pitfall 5).
         probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
         out = jnp.einsum("bkglm,bkme->bkgle", probs, v).reshape(b, -1, n, q.shape[-1])  # [B, H, Lq, E]
-        return jnp.einsum("bhle,hed->bld", out, self.o_kernel[...]), (k, v)
+        return _dense(self, "bhle,hed->bld", out, "o_kernel"), (k, v)
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        init = nnx.initializers.normal(0.02)
-        self.gate_kernel = nnx.Param(init(rngs.params(), (d, f), dtype))
-        self.up_kernel = nnx.Param(init(rngs.params(), (d, f), dtype))
-        self.down_kernel = nnx.Param(init(rngs.params(), (f, d), dtype))
+    def __init__(self, params: _Params, path: Path_) -> None:
+        for name in ("gate_kernel", "up_kernel", "down_kernel"):
+            params.add(self, path + (name,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate = jax.nn.silu(jnp.einsum("bld,df->blf", x, self.gate_kernel[...]))
-        up = jnp.einsum("bld,df->blf", x, self.up_kernel[...])
-        return jnp.einsum("blf,fd->bld", gate * up, self.down_kernel[...])
+        gate = jax.nn.silu(_dense(self, "bld,df->blf", x, "gate_kernel"))
+        up = _dense(self, "bld,df->blf", x, "up_kernel")
+        return _dense(self, "blf,fd->bld", gate * up, "down_kernel")
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.attn = Attention(cfg, dtype=dtype, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+    def __init__(self, cfg: DreamConfig, params: _Params, n: int) -> None:
+        path: Path_ = ("layers", n)
+        self.input_layernorm = RMSNorm(params, path + ("input_layernorm",), cfg.rms_norm_eps)
+        self.attn = Attention(cfg, params, path + ("attn",))
+        self.post_attention_layernorm = RMSNorm(
+            params, path + ("post_attention_layernorm",), cfg.rms_norm_eps
+        )
+        self.mlp = MLP(params, path + ("mlp",))
 
     def __call__(
         self,
@@ -172,19 +195,28 @@ class Block(nnx.Module):
 
 
 class DreamModel(nnx.Module):
-    """Embedding, ``num_hidden_layers`` pre-norm blocks, final norm, untied ``lm_head``."""
+    """Embedding, ``num_hidden_layers`` pre-norm blocks, final norm, untied ``lm_head``.
 
-    def __init__(self, cfg: DreamConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs) -> None:
+    Every parameter's shape and initialiser come from the parameter table (``weights.py``). With
+    ``quant`` the quantizable weights are integer placeholders plus scales, to be filled by the loader
+    (``engine.load``); such a model is only ever built under ``nnx.eval_shape``.
+    """
+
+    def __init__(
+        self,
+        cfg: DreamConfig,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs,
+        quant: q.QuantSpec | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.embed = nnx.Param(
-            nnx.initializers.normal(0.02)(rngs.params(), (cfg.vocab_size, cfg.hidden_size), dtype)
-        )
-        self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        params = _Params(cfg, dtype, rngs, quant)
+        params.add(self, ("embed",))
+        self.layers = nnx.List([Block(cfg, params, n) for n in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(params, ("norm",), cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nnx.Param(
-                nnx.initializers.normal(0.02)(rngs.params(), (cfg.hidden_size, cfg.vocab_size), dtype)
-            )
+            params.add(self, ("lm_head",))
 
     def __call__(
         self,
@@ -223,7 +255,7 @@ class DreamModel(nnx.Module):
             query_mask = jax.lax.dynamic_slice_in_dim(attention_mask, start, n, axis=1)
             query_pos = jax.lax.dynamic_slice_in_dim(positions, start, n, axis=1)
         mask = query_mask[:, :, None] & attention_mask[:, None, :]  # [B, Lq, Lk]
-        x = jnp.take(self.embed[...], input_ids, axis=0)  # [B, Lq, D]
+        x = self.embed_tokens(input_ids)  # [B, Lq, D]
         new_caches = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, query_pos, mask, None if caches is None else caches[i], start)
@@ -237,7 +269,7 @@ class DreamModel(nnx.Module):
         ``[B, L, L]`` mask), for ``finish``."""
         attention_mask, positions = _canvas_mask(input_ids, attention_mask, None)
         mask = attention_mask[:, :, None] & attention_mask[:, None, :]
-        x = jnp.take(self.embed[...], input_ids, axis=0)
+        x = self.embed_tokens(input_ids)
         for layer in list(self.layers)[:-1]:
             x, _ = layer(x, positions, mask)
         return x, positions, mask
@@ -249,7 +281,20 @@ class DreamModel(nnx.Module):
         x, _ = self.layers[-1](x, positions, mask, rows=rows)
         return self.norm(x)
 
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        """The embedding rows of ``input_ids`` (``[B, L]`` -> ``[B, L, D]``); a quantized table gathers
+        the integer rows and their scales and dequantizes only those."""
+        rows = jnp.take(self.embed[...], input_ids, axis=0)
+        scale = getattr(self, "embed_scale", None)
+        if scale is None:
+            return rows
+        scale = scale[...]
+        return q.dequantize_jax(rows, jnp.take(scale, input_ids, axis=0), scale.dtype)
+
     def head(self, hidden: jax.Array) -> jax.Array:
         """``lm_head`` (or the tied embedding) over hidden states ``[..., D]`` -> logits ``[..., V]``."""
-        weight = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-        return jnp.einsum("...d,dv->...v", hidden, weight)
+        if not self.cfg.tie_word_embeddings:
+            return _dense(self, "...d,dv->...v", hidden, "lm_head")
+        if getattr(self, "embed_scale", None) is not None:
+            return _dense(self, "...d,vd->...v", hidden, "embed")
+        return jnp.einsum("...d,dv->...v", hidden, self.embed[...].T)

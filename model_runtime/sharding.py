@@ -1,8 +1,9 @@
 """Device meshes and parameter shardings: tensor parallel over heads, MLP hidden and vocabulary, data
 parallel over the batch, with JAX's own SPMD partitioner doing the rest.
 
-Every parameter names its dimensions with logical axes; one rules table maps logical axes to mesh axes
-(``"tp"`` for tensor parallel, ``"dp"`` for data parallel). A dimension that the mesh axis does not
+Every parameter names its dimensions with logical axes (in the parameter table, ``weights.py``); one
+rules table maps logical axes to mesh axes (``"tp"`` for tensor parallel, ``"dp"`` for data parallel),
+and quantization scales take their weight's axes. A dimension that the mesh axis does not
 divide is replicated instead (e.g. the 4 KV heads of the 7B model at tp=8), and the table rejects a
 mapping that would use one mesh axis twice in a tensor.
 """
@@ -17,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from model_runtime.errors import InputError
+from model_runtime.weights import ParamSpec, param_table
 
 # Logical axis -> mesh axis (None: replicated).
 RULES: dict[str, str | None] = {
@@ -28,23 +30,6 @@ RULES: dict[str, str | None] = {
     "embed": None,
     "head_dim": None,
     "length": None,
-}
-
-# Parameter name (last path element) -> logical axes of its dimensions.
-PARAM_AXES: dict[str, tuple[str, ...]] = {
-    "embed": ("vocab", "embed"),
-    "lm_head": ("embed", "vocab"),
-    "weight": ("embed",),  # RMSNorm scales
-    "q_kernel": ("embed", "heads", "head_dim"),
-    "q_bias": ("heads", "head_dim"),
-    "k_kernel": ("embed", "kv_heads", "head_dim"),
-    "k_bias": ("kv_heads", "head_dim"),
-    "v_kernel": ("embed", "kv_heads", "head_dim"),
-    "v_bias": ("kv_heads", "head_dim"),
-    "o_kernel": ("heads", "head_dim", "embed"),
-    "gate_kernel": ("embed", "mlp"),
-    "up_kernel": ("embed", "mlp"),
-    "down_kernel": ("mlp", "embed"),
 }
 
 
@@ -87,13 +72,10 @@ def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> Pa
     return PartitionSpec(*spec)
 
 
-def param_sharding(path: Sequence[str | int], shape: Sequence[int], mesh: Mesh) -> NamedSharding:
-    """The sharding of the parameter at ``path`` (its last element names it, see PARAM_AXES)."""
-    name = str(path[-1])
-    axes = PARAM_AXES.get(name)
-    if axes is None or len(axes) != len(shape):
-        raise ValueError(f"no sharding rule for parameter {'/'.join(map(str, path))} of shape {tuple(shape)}")
-    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh))
+def param_sharding(spec: ParamSpec, shape: Sequence[int], mesh: Mesh) -> NamedSharding:
+    """The sharding of a parameter (its logical axes from the parameter table) or of its quantization
+    scales (same axes, ``shape`` the scales'; their size-1 dimensions are replicated)."""
+    return NamedSharding(mesh, logical_to_spec(spec.axes, shape, mesh))
 
 
 def batch_sharding(mesh: Mesh, batch: int) -> NamedSharding:
@@ -126,20 +108,27 @@ def place(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
-def weight_bytes_per_device(cfg, tp: int, itemsize: int = 2) -> int:
+def _per_device(axes: Sequence[str], shape: Sequence[int], tp: int) -> int:
+    """Elements of a tensor one device holds: the placement's rule, a dimension split only when ``tp``
+    divides it."""
+    n = int(np.prod(shape))
+    split = [
+        size for axis, size in zip(axes, shape, strict=True) if RULES.get(axis) == "tp" and size % tp == 0
+    ]
+    return n // tp if split and tp > 1 else n
+
+
+def weight_bytes_per_device(cfg, tp: int, itemsize: int = 2, quantize=None) -> int:
     """Bytes of weights one device holds at tensor-parallel degree ``tp`` under these rules.
 
-    Same divisibility rule as the placement: a dimension is split only when ``tp`` divides it.
+    ``quantize`` (a ``quant.QuantSpec``) counts the quantized parameters as their integer values (int4
+    two to a byte, as accelerators store them) plus their scales (``itemsize`` each).
     """
-    from model_runtime.checkpoint import name_map
-
     total = 0
-    for target in name_map(cfg).values():
-        shape = target.convert(np.empty(target.hf_shape, np.int8)).shape  # our layout of the tensor
-        axes = PARAM_AXES[str(target.path[-1])]
-        n = int(np.prod(shape))
-        split = [
-            size for axis, size in zip(axes, shape, strict=True) if RULES.get(axis) == "tp" and size % tp == 0
-        ]
-        total += n // tp if split and tp > 1 else n
-    return total * itemsize
+    for spec in param_table(cfg).values():
+        if quantize is not None and quantize.applies(spec):
+            total += -(-_per_device(spec.axes, spec.shape, tp) * quantize.bits // 8)
+            total += _per_device(spec.axes, quantize.scale_shape(spec), tp) * itemsize
+        else:
+            total += _per_device(spec.axes, spec.shape, tp) * itemsize
+    return total

@@ -18,9 +18,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from model_runtime.checkpoint import name_map
 from model_runtime.config import DreamConfig
 from model_runtime.tokenizer import save_published_layout, train_bpe
+from model_runtime.weights import param_table
 
 _CUSTOM_CODE = ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "tokenization_dream.py")
 _TRAP = '''"""Stand-in for the published custom code: diffu must never import it."""
@@ -148,7 +148,7 @@ def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[
     """
     rng = np.random.default_rng(seed)
     out = {}
-    for name, target in name_map(cfg).items():
+    for name, target in param_table(cfg).items():
         shape = target.hf_shape
         if name.endswith("norm.weight"):
             w = 1.0 + 0.1 * rng.standard_normal(shape)

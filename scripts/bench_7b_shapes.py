@@ -1,6 +1,6 @@
 """DiffuCoder-7B shapes on one accelerator: random bfloat16 weights, our decoders, against the floor.
 
-    python scripts/bench_7b_shapes.py [--json OUT.json] [--check]
+    python scripts/bench_7b_shapes.py [--json OUT.json] [--check] [--quantize int8|int4] [--layers N]
 
 No checkpoint is read: the weights are drawn on the device in the published config's shapes (28 layers,
 hidden 3584, MLP 18944, 28 query / 4 KV heads, vocabulary 152064), which is all that speed depends on.
@@ -14,8 +14,10 @@ It measures the device's own ceilings (a bf16 matmul and a device-to-device copy
   one token per forward: its tokens/s here is the TPF = 1 worst case; the table adds the DualCache model
   ``32 / (t_refresh + ceil(31 / TPF) * t_step)`` at TPF 2 from the measured times.
 
-``--check`` runs a 2-layer, 256-wide model with the 7B vocabulary instead: a quick run of the script
-itself on a CPU, whose figures mean nothing.
+``--quantize int8|int4`` quantizes the random weights on the device (``quant.quantize_state``, the
+loader's rounding and layout) before timing; the bandwidth floor then counts the quantized bytes.
+``--layers N`` keeps the 7B widths with fewer layers. ``--check`` runs a 2-layer, 256-wide model with
+the 7B vocabulary instead: a quick run of the script itself on a CPU, whose figures mean nothing.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ def _published_ids_tokenizer(first_special: int) -> Path:
     return out
 
 
-def random_runtime(check: bool):
-    """A Runtime with DiffuCoder-7B shapes and random bf16 weights drawn on the device."""
+def random_runtime(check: bool, quantize: str | None = None, layers: int | None = None):
+    """A Runtime with DiffuCoder-7B shapes and random bf16 weights drawn on the device, optionally
+    quantized there (int8 / int4)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -103,21 +106,34 @@ def random_runtime(check: bool):
             num_hidden_layers=2, max_window_layers=2, hidden_size=256, intermediate_size=512,
             num_attention_heads=4, num_key_value_heads=2,
         )  # fmt: skip
+    if layers is not None:
+        raw.update(num_hidden_layers=layers, max_window_layers=layers)
     cfg = DreamConfig.from_dict(raw)
     abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     leaves, treedef = jax.tree.flatten(state)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
+    fills: dict = {}  # one compiled fill per distinct shape (28 layers repeat the same dozen)
+
     def draw(i: int, leaf, path: str):
         if "norm" in path:
             return jnp.ones(leaf.shape, leaf.dtype)  # RMSNorm scales: 1, as trained models roughly are
-        fill = jax.jit(lambda k: (0.02 * jax.random.normal(k, leaf.shape, jnp.float32)).astype(leaf.dtype))
-        return fill(jax.random.key(i))
+        key = (leaf.shape, leaf.dtype)
+        if key not in fills:
+            shape, dtype = key
+            fills[key] = jax.jit(lambda k: (0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+        return fills[key](jax.random.key(i))
 
     state = jax.tree.unflatten(
         treedef, [draw(i, x, p) for i, (x, p) in enumerate(zip(leaves, paths, strict=True))]
     )
+    qspec = None
+    if quantize:
+        from model_runtime import quant
+
+        qspec = quant.QuantSpec(quantize)
+        graphdef, state = quant.quantize_state(state, cfg, qspec)
     tok = load_tokenizer(
         _published_ids_tokenizer(cfg.eos_token_id),
         mask_id=cfg.mask_token_id,
@@ -129,11 +145,13 @@ def random_runtime(check: bool):
         tok,
         graphdef,
         state,
-        model_name=f"random bf16 weights, DiffuCoder-7B shapes ({cfg.num_hidden_layers} layers)",
+        model_name=f"random bf16 weights{', ' + quantize if quantize else ''}, DiffuCoder-7B shapes "
+        f"({cfg.num_hidden_layers} layers)",
         model_dir=ROOT,
         dtype=jnp.bfloat16,
         length_buckets=(512, 1024),
         batch_buckets=(1,),
+        quantize=qspec,
     )
     return rt
 
@@ -187,6 +205,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--check", action="store_true", help="a tiny model, to try the script on a CPU")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quantize", choices=("int8", "int4"), default=None)
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers, same widths")
     args = parser.parse_args()
 
     import jax
@@ -203,17 +223,18 @@ def main() -> int:
     result["ceilings"] = ceil = ceilings(args.repeat, small=args.check)
     say(f"ceilings: {ceil}")
     t0 = time.perf_counter()
-    rt = random_runtime(args.check)
+    rt = random_runtime(args.check, args.quantize, args.layers)
     jax.block_until_ready(rt.state)
     result["init_seconds"] = time.perf_counter() - t0
     cfg = rt.config
     weight_bytes = (
-        weight_bytes_per_device(cfg, 1) - 2 * cfg.vocab_size * cfg.hidden_size
-    )  # embedding: a gather
+        weight_bytes_per_device(cfg, 1, quantize=rt.quantize) - 2 * cfg.vocab_size * cfg.hidden_size
+    )  # embedding (never quantized here): a gather
     result["model"] = {
         "name": rt.model_name,
         "parameters": cfg.param_count(),
         "weight_bytes_read": weight_bytes,
+        "quantize": args.quantize,
     }
     say(f"weights ready in {result['init_seconds']:.1f}s: {cfg.param_count() / 1e9:.2f}B parameters")
 

@@ -15,6 +15,7 @@ import time
 
 from assistant.commands.generate import (
     add_generation_options,
+    add_quantize_option,
     build_rows,
     check_infill_args,
     model_decoder,
@@ -51,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    add_quantize_option(p)
     p.add_argument("--tp", type=int, default=1, help="tensor parallel degree (default 1)")
     p.add_argument("--dp", type=int, default=None, help="data parallel replicas (default: remaining devices)")
     p.add_argument("--batches", type=_ints, default=[1, 2, 4, 8], help="batch sizes (default 1,2,4,8)")
@@ -89,12 +91,18 @@ def _fresh_cache(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from assistant.commands.generate import init_multihost, load_with_progress
+    from assistant.commands.generate import init_multihost, load_with_progress, quantize_of
 
     if hasattr(args, "coordinator"):  # bench generate takes the generate options, several hosts included
         init_multihost(args)
     t0 = time.perf_counter()
-    rt = load_with_progress(args.model or os.environ.get("DIFFU_MODEL"), args.dtype, tp=args.tp, dp=args.dp)
+    rt = load_with_progress(
+        args.model or os.environ.get("DIFFU_MODEL"),
+        args.dtype,
+        tp=args.tp,
+        dp=args.dp,
+        quantize=quantize_of(args),
+    )
     return rt, time.perf_counter() - t0
 
 
@@ -154,8 +162,9 @@ def _print_suite(result: dict) -> None:
 
     console = Console()
     env = result["environment"]
+    weights = result["dtype"] + (f", {result['quantize']} weights" if result.get("quantize") else "")
     console.print(
-        f"[bold]{result['model']}[/] ({result['dtype']}) on {env['device']}, {env['cpu']}; "
+        f"[bold]{result['model']}[/] ({weights}) on {env['device']}, {env['cpu']}; "
         f"jax {env['jax']}; load {result.get('load_seconds', 0):.2f}s; "
         f"matmul ceiling {result['matmul_gflops']:.1f} GFLOP/s"
     )
@@ -207,7 +216,11 @@ def run_generate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     result.pop("generated")
     result.update(
-        load_seconds=load_seconds, model=rt.model_name, dtype=rt.dtype, environment=bench.environment()
+        load_seconds=load_seconds,
+        model=rt.model_name,
+        dtype=rt.dtype,
+        quantize=getattr(rt.quantize, "mode", None),
+        environment=bench.environment(),
     )
     if args.json:
         print(json.dumps(result))

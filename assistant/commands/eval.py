@@ -278,7 +278,7 @@ def _generators(args: argparse.Namespace, tokens: int):
 
         return daemon
 
-    from assistant.commands.generate import init_multihost, load_with_progress, model_decoder
+    from assistant.commands.generate import init_multihost, load_with_progress, model_decoder, quantize_of
     from assistant.config import ConfigError, load_config
     from model_runtime.errors import DiffuError
 
@@ -297,6 +297,7 @@ def _generators(args: argparse.Namespace, tokens: int):
             length_buckets=config.length_buckets,
             batch_buckets=config.batch_buckets,
             max_context=config.max_context,
+            quantize=quantize_of(args),
         )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None

@@ -47,6 +47,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         help="accept requests without a token (any key is accepted)",
     )
     parser.add_argument("--dtype", help="parameter dtype, e.g. bfloat16 or float32")
+    parser.add_argument(
+        "--quantize", metavar="int8|int4", help="weight-only quantization at load (config: quantize)"
+    )
     parser.add_argument("--queue-size", dest="queue_size", type=int, help="requests waiting before 503")
     parser.add_argument("--max-batch", dest="max_batch", type=int, help="requests per canvas batch")
     parser.add_argument(
@@ -68,6 +71,7 @@ FLAG_KEYS = (
     "api_key",
     "auth",
     "dtype",
+    "quantize",
     "queue_size",
     "max_batch",
     "warmup",

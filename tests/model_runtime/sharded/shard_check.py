@@ -18,6 +18,7 @@ from flax import nnx  # noqa: E402
 
 import model_runtime  # noqa: E402
 from model_runtime import SamplingParams  # noqa: E402
+from model_runtime.errors import InputError  # noqa: E402
 
 
 def logits(rt, ids):
@@ -59,7 +60,37 @@ def main(model_dir: str) -> None:
                 "fractions": fractions,
             }
         )
+    # int8: the integer weights and their per-channel scales placed on a dp=2 x tp=4 mesh against the
+    # same quantized model on one device. int4 is refused on CPU meshes (see engine.load).
+    qbase = model_runtime.load(model_dir, quantize="int8", **kw)
+    qwant = list(qbase.generate(prompts, greedy, chat=False))[-1].sequences
+    rt = model_runtime.load(model_dir, tp=4, dp=2, quantize="int8", **kw)
+    qref, got = logits(qbase, ids), logits(rt, ids)
+    out["quantized"] = {
+        "max_rel_err": float(np.max(np.abs(got - qref)) / np.max(np.abs(qref))),
+        "greedy_equal": list(rt.generate(prompts, greedy, chat=False))[-1].sequences == qwant,
+        "fractions": fractions_of(rt),
+        "dtypes": {name: str(arr.dtype) for name, arr in flat(rt)},
+    }
+    try:
+        model_runtime.load(model_dir, tp=4, quantize="int4", **kw)
+        out["quantized"]["int4_cpu_mesh_error"] = None
+    except InputError as exc:
+        out["quantized"]["int4_cpu_mesh_error"] = str(exc)
     print(json.dumps(out))
+
+
+def flat(rt):
+    for path, arr in jax.tree_util.tree_flatten_with_path(rt.state)[0]:
+        yield "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path), arr
+
+
+def fractions_of(rt) -> dict[str, list[float]]:
+    """Per parameter, the fraction of it each device holds (every device's shard is the same size)."""
+    return {
+        name: [size / arr.size for size in {s.data.size for s in arr.addressable_shards}]
+        for name, arr in flat(rt)
+    }
 
 
 if __name__ == "__main__":

@@ -60,6 +60,26 @@ def test_each_device_holds_one_tp_th_of_every_sharded_weight(report):
                 assert fractions == [1.0], (name, fractions)  # 2 KV heads do not split 4 or 8 ways
 
 
+def test_quantized_weights_and_their_scales_shard_together(report):
+    q = report["quantized"]
+    assert q["max_rel_err"] < 1e-5 and q["greedy_equal"]
+    fr, dtypes = q["fractions"], q["dtypes"]
+    # Per-channel scales take their weight's output axes: split where those are (heads, MLP hidden,
+    # vocabulary), replicated where the output is the hidden size (o_proj, down_proj) or 2 KV heads.
+    split = ("q_kernel", "q_kernel_scale", "o_kernel", "gate_kernel", "gate_kernel_scale", "up_kernel")
+    split += ("up_kernel_scale", "down_kernel", "lm_head", "lm_head_scale")
+    whole = ("o_kernel_scale", "down_kernel_scale", "k_kernel", "k_kernel_scale", "v_kernel_scale")
+    for name, fractions in fr.items():
+        leaf = name.rsplit("/", 1)[-1]
+        if leaf in split:
+            assert fractions == [1 / 4], (name, fractions)
+        elif leaf in whole:
+            assert fractions == [1.0], (name, fractions)
+        if leaf.endswith("_kernel") or leaf == "lm_head":
+            assert dtypes[name] == "int8", name
+    assert "int4" in q["int4_cpu_mesh_error"] and "use --quantize int8" in q["int4_cpu_mesh_error"]
+
+
 def test_cli_tp4_prints_the_tp1_sequences(generate_argv):
     args = generate_argv
     env = {**os.environ, **EIGHT}
