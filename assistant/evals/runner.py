@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
 from assistant.sandbox import Limits, Sandbox
@@ -39,17 +39,15 @@ class Generated:
     error: str | None = None
 
 
-class Generator:
+class Generator(Protocol):
     """Answers jobs; ``describe`` says what answered (model, device, decoder settings)."""
 
-    def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
-        raise NotImplementedError
+    def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]: ...
 
-    def describe(self) -> dict[str, Any]:
-        raise NotImplementedError
+    def describe(self) -> dict[str, Any]: ...
 
 
-class LocalGenerator(Generator):
+class LocalGenerator:
     """The model in this process, batched: left-padded rows of up to ``batch`` jobs with the same seed.
 
     The fast decoder needs every row's region in the same columns, so its batches also share the
@@ -112,7 +110,7 @@ class LocalGenerator(Generator):
         return [g for g in out if g is not None]
 
 
-class DaemonGenerator(Generator):
+class DaemonGenerator:
     """The running daemon: ``concurrency`` requests in flight, which the daemon batches itself."""
 
     def __init__(self, config: Any, knobs: dict[str, Any], concurrency: int) -> None:
