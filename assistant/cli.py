@@ -30,20 +30,36 @@ class UsageError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    """The installed package's version (pyproject.toml is the one place it is written)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("diffu")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each command's own parser (for errors shown with the command's usage)."""
     parser = argparse.ArgumentParser(
         prog="diffu",
         description="A local code assistant on DiffuCoder, a masked-diffusion code model.",
     )
+    parser.add_argument("--version", action="version", version=f"diffu {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
-    return parser
+    return parser, dict(subparsers.choices)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, commands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # An unknown flag after a command is that command's error, shown with its usage.
+        commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -17,7 +17,7 @@ from assistant.commands.generate import (
     add_generation_options,
     add_quantize_option,
     build_rows,
-    check_infill_args,
+    check_prompt_args,
     model_decoder,
     sampling_params,
 )
@@ -201,7 +201,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise UsageError("--repeat: must be >= 1")
-    check_infill_args(args)
+    check_prompt_args(args)
     params = sampling_params(args)
     _fresh_cache(args)
     try:

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.history and not args.json:
         raise UsageError("--history needs --json")
-    check_infill_args(args)
+    check_prompt_args(args)
     params = sampling_params(args)
     if args.daemon:
         if args.history:
@@ -319,13 +319,16 @@ def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
     return [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
 
 
-def check_infill_args(args: argparse.Namespace) -> None:
+def check_prompt_args(args: argparse.Namespace) -> None:
     from assistant.cli import UsageError
 
     if args.infill_tokens is not None and args.suffix is None:
         raise UsageError("--infill-tokens needs --suffix")
     if args.suffix is not None and len(args.prompt) != 1:
         raise UsageError("--suffix takes exactly one --prompt (the code before the hole)")
+    if args.suffix is None and any(not p.strip() for p in args.prompt):
+        # Nothing to condition on: the model would write from nothing, which no one asked for.
+        raise UsageError("--prompt: empty prompt (give the text to continue or answer)")
 
 
 def load_with_progress(
