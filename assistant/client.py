@@ -184,6 +184,8 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     last = {"stage": ""}
 
     def report(stage: str, fraction: float, detail: str) -> None:
+        if stage == "ok" and not last["stage"]:
+            return  # the daemon was ready at once: nothing was waited for, so nothing to say
         if sys.stderr.isatty():
             end = "\n" if stage == "ok" else ""
             sys.stderr.write(f"\r\033[K{prefix}: {stage} {fraction:4.0%} {detail}{end}")

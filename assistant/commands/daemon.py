@@ -112,7 +112,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  state:   not answering ({server['error']})")
             continue
         engine, queue = server.get("engine", {}), server.get("queue", {})
-        print(f"  state:   {engine.get('stage')} {engine.get('detail', '')}\n"
+        stage, detail = engine.get("stage"), engine.get("detail") or ""
+        state = stage if detail in ("", stage) else f"{stage} ({detail})"
+        print(f"  state:   {state}\n"
               f"  device:  {server.get('device')} ({server.get('dtype')}), "
               f"context {server.get('max_context')}\n"
               f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"

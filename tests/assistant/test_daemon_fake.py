@@ -331,7 +331,8 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
         again = diffu("daemon", "start", "--port", "0")
         assert again.returncode == 0 and f"already running at {info['url']}" in again.stdout
         status = diffu("daemon", "status")
-        assert status.returncode == 0 and info["url"] in status.stdout and "ready" in status.stdout
+        assert status.returncode == 0 and info["url"] in status.stdout
+        assert "  state:   ready\n" in status.stdout  # the stage once, not "ready ready"
         as_json = json.loads(diffu("daemon", "status", "--json").stdout)
         assert as_json[0]["pid"] == info["pid"] and as_json[0]["server"]["engine"]["stage"] == "ready"
         logs = diffu("daemon", "logs", "-n", "20")
