@@ -17,6 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -41,6 +42,7 @@ from assistant.engine import (
 )
 from assistant.protocol import GenSpec, RequestError
 from assistant.security import GuardMiddleware, is_loopback
+from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.errors import InputError
 from model_runtime.params import ParamError, SamplingParams
 
@@ -263,6 +265,8 @@ class Daemon:
         """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
         rt = self.engine.runtime if self.engine else None
         name = str(getattr(rt, "model_name", None) or self.config.model)
+        if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
+            return BUNDLED_MODEL_NAME
         if os.path.isabs(name) or os.path.isdir(name):
             return os.path.basename(name.rstrip("/")) or name
         return name

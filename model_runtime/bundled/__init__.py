@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The name clients see for it (its directory is called ``model``, which says nothing).
+BUNDLED_MODEL_NAME = "diffu-demo"
+
 
 def bundled_model_dir() -> Path:
     """The directory of the bundled model, loadable with ``model_runtime.load(path)``."""

@@ -362,3 +362,17 @@ def test_health_stream_reports_a_failed_load(tmp_path: Path) -> None:
         "cannot serve fake:load_delay=0.3,max_context=0: max_context: must be >= 2"
         in (tmp_path / "stderr.txt").read_text()
     )
+
+
+def test_the_bundled_model_is_named_for_what_it_is_not_its_folder(tmp_path):
+    from assistant.config import Config
+    from assistant.server import Daemon
+    from model_runtime.bundled import bundled_model_dir
+
+    def names(model: str) -> str:
+        return Daemon(Config(model=model), loader=lambda progress: None, warmup=False).model_name()
+
+    assert names(str(bundled_model_dir())) == "diffu-demo"
+    (tmp_path / "DiffuCoder-7B-Instruct").mkdir()
+    assert names(str(tmp_path / "DiffuCoder-7B-Instruct")) == "DiffuCoder-7B-Instruct"
+    assert names("apple/DiffuCoder-7B-Base") == "apple/DiffuCoder-7B-Base"
