@@ -144,6 +144,9 @@ def resolve_endpoint(config: Config) -> Endpoint | None:
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the server binds (uvicorn sets SO_REUSEADDR): a port whose last connections linger in
+        # TIME_WAIT after a restart is free for it, and must not send the daemon to a random port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,14 +74,45 @@ def parse_json(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise RequestError("the request body is not UTF-8 text") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise RequestError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise RequestError("malformed JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, got {_type(data)}")
+    _check_text(data, "")
     return data
+
+
+MAX_INT_DIGITS = 40
+
+
+def _parse_int(digits: str) -> int:
+    # No field takes a number this long, and Python refuses to parse one of more than 4,300 digits
+    # with a ValueError the JSON decoder does not turn into a decode error.
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise RequestError(f"malformed JSON: an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Refuse lone UTF-16 surrogates (``"\\ud800"``): valid JSON escapes, but no text the tokenizer can
+    encode. The error names the field."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise RequestError(f"{where or 'body'}: holds a lone UTF-16 surrogate, which is not text",
+                               param=where.split("[", 1)[0].split(".", 1)[0] or None)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{where}.{key}" if where else "a key")
+            _check_text(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_text(item, f"{where}[{i}]")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # -- field readers ------------------------------------------------------------------------------------
