@@ -86,9 +86,28 @@ def _read_header(path: Path) -> tuple[dict, int]:
             header = json.loads(f.read(n))
     except OSError as exc:
         raise ModelError(f"{path.name}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ModelError(f"{path.name}: the safetensors header is not valid JSON; file corrupt?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
+        raise ModelError(
+            f"{path.name}: malformed safetensors header (not valid JSON); file corrupt?"
+        ) from None
+    if not isinstance(header, dict) or not all(isinstance(m, dict) for m in header.values()):
+        raise ModelError(
+            f"{path.name}: malformed safetensors header (expected a JSON object of tensor entries, got "
+            f"{type(header).__name__}); file corrupt?"
+        )
     return header, 8 + n
+
+
+def refuse_pickle_only(model_dir: Path) -> None:
+    """A directory whose only weights are pickles is refused first, before anything else is read."""
+    if (model_dir / "model.safetensors").is_file() or (model_dir / "model.safetensors.index.json").is_file():
+        return
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelError(
+            f"{model_dir} has only pickle-based weights ({', '.join(pickles)}); they are refused "
+            "because unpickling runs arbitrary code. Convert them to safetensors first."
+        )
 
 
 def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
@@ -96,22 +115,26 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
 
     A tensor listed twice (in two shards, or in the index but found elsewhere) is an error naming it.
     """
-    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ModelError(f"{index_path.name}: expected a JSON object with a weight_map") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ModelError(f"{index_path.name}: weight_map must map tensor names to file names")
         files = sorted(set(weight_map.values()))
+        for fname in files:
+            # Only files of the model directory itself: an index must not make us read elsewhere.
+            if Path(fname).name != fname or fname in (".", ".."):
+                raise ModelError(
+                    f"{index_path.name}: weight file {fname!r} is outside the model directory (the index "
+                    "may name only files next to it)"
+                )
     elif (model_dir / "model.safetensors").is_file():
         weight_map, files = None, ["model.safetensors"]
     else:
-        if pickles:
-            raise ModelError(
-                f"{model_dir} has only pickle-based weights ({', '.join(pickles)}); they are refused "
-                "because unpickling runs arbitrary code. Convert them to safetensors first."
-            )
+        refuse_pickle_only(model_dir)
         raise ModelError(
             f"no weights in {model_dir}: expected model.safetensors or model.safetensors.index.json"
         )

@@ -33,6 +33,19 @@ _REQUIRED: dict[str, type] = {
 }
 
 
+# Upper bounds far above any published model (DiffuCoder-7B: 3584 hidden, 18944 MLP, 28 layers, 28 heads,
+# 152064 tokens, 131072 positions) and far below sizes that would exhaust memory while the model is built.
+SIZE_LIMITS = {
+    "hidden_size": 65_536,
+    "intermediate_size": 524_288,
+    "num_hidden_layers": 1_024,
+    "num_attention_heads": 1_024,
+    "num_key_value_heads": 1_024,
+    "vocab_size": 4_194_304,
+    "max_position_embeddings": 4_194_304,
+}
+
+
 @dataclass(frozen=True)
 class DreamConfig:
     """Architecture and special ids of a Dream-family checkpoint (HF ``config.json`` names)."""
@@ -135,6 +148,12 @@ class DreamConfig:
         ):
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be >= 1, got {getattr(self, key)}")
+            # Checked before anything is allocated or built per layer: a corrupt or hostile config.json
+            # must not grow memory without bound.
+            if getattr(self, key) > SIZE_LIMITS[key]:
+                raise ConfigError(
+                    key, f"{getattr(self, key)} is beyond any supported model (at most {SIZE_LIMITS[key]:,})"
+                )
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 "num_attention_heads",

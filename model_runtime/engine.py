@@ -24,7 +24,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from model_runtime import compile_cache, distributed, fast, quant, sharding
-from model_runtime.checkpoint import check_names, list_tensors, read_tensors, resolve_model_dir
+from model_runtime.checkpoint import (
+    check_names,
+    list_tensors,
+    read_tensors,
+    refuse_pickle_only,
+    resolve_model_dir,
+)
 from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel, shift_logits
@@ -888,6 +894,7 @@ def load(
             )
     report = progress or (lambda stage, frac: None)
     model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
+    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
     report("reading config", 0.0)
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(

@@ -207,9 +207,42 @@ def make_missing_config_key(d):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def make_huge_layer_count(d):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1_000_000_000_000
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _write_raw_header(d, header: bytes) -> None:
+    shard = d / "model-00001-of-00002.safetensors"
+    shard.write_bytes(len(header).to_bytes(8, "little") + header)
+
+
+def make_array_header(d):
+    _write_raw_header(d, b"[1, 2, 3]")
+
+
+def make_deep_header(d):
+    _write_raw_header(d, b'{"a":' * 200_000 + b"1" + b"}" * 200_000)
+
+
+def make_escaping_weight_map(d):
+    edit_index(d, lambda m: m.__setitem__(next(iter(m)), "../outside.safetensors"))
+
+
+def make_pickle_only_without_config(d):
+    make_pickle_only(d)
+    (d / "config.json").unlink()
+
+
 @pytest.mark.parametrize(
     "breaker,expected",
     [
+        (make_huge_layer_count, "num_hidden_layers: 1000000000000 is beyond any supported model"),
+        (make_array_header, "model-00001-of-00002.safetensors: malformed safetensors header"),
+        (make_deep_header, "model-00001-of-00002.safetensors: malformed safetensors header"),
+        (make_escaping_weight_map, "'../outside.safetensors' is outside the model directory"),
+        (make_pickle_only_without_config, "unpickling runs arbitrary code"),
         (make_missing_file, "model-00002-of-00002.safetensors"),
         (make_unknown_tensor, "model.layers.0.self_attn.extra.weight: unknown tensor"),
         (make_shape_mismatch, "q_proj.weight: shape"),
