@@ -241,7 +241,8 @@ def start_background(model: str, *, host: str, port: int, extra_args: Sequence[s
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "assistant.cli", "serve", "--model", model, "--host", host,
            "--port", str(port), "--notify-fd", str(w), *extra_args]
-    out = open(output_path(key), "ab")  # noqa: SIM115 - handed to the child, closed right after spawning
+    # Only this user may read the daemon's output (it can hold prompts); handed to the child, closed here.
+    out = os.fdopen(os.open(output_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(w,),
                                 start_new_session=True, env=env, close_fds=True)

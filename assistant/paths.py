@@ -66,8 +66,17 @@ def ensure_private_dir(path: Path) -> Path:
     A directory someone else created first (``/tmp/runtime-$UID`` is guessable) is refused: its owner
     could plant a discovery file pointing clients, and their token, at a server of theirs.
     """
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.stat()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = path.stat()
+    except OSError as exc:
+        # A read-only parent, or a file where the directory should be (DIFFU_LOG_DIR=/some/file).
+        raise UsageError(
+            f"cannot use {path} as a directory ({exc.strerror}); point DIFFU_CONFIG_DIR, "
+            "DIFFU_RUNTIME_DIR or DIFFU_LOG_DIR at a writable directory of yours"
+        ) from None
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a directory; point the DIFFU_*_DIR variable at a directory")
     if st.st_uid != os.getuid():
         raise UnsafeDirectory(f"{path} belongs to another user (uid {st.st_uid}); refusing to use it "
                               "(set DIFFU_RUNTIME_DIR / DIFFU_CONFIG_DIR to a directory of yours)")

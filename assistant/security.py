@@ -8,7 +8,6 @@ the app, so the app never sees an oversized body and can still wait for the clie
 
 from __future__ import annotations
 
-import functools
 import hmac
 import ipaddress
 import json
@@ -16,7 +15,6 @@ import logging
 import os
 import re
 import secrets
-import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -91,10 +89,12 @@ def is_loopback(host: str) -> bool:
 
 
 def host_allowed(host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
-    """The DNS-rebinding allowlist for loopback binds: loopback names and IPs, this machine's name, extras.
+    """The DNS-rebinding allowlist: ``localhost``, ``127.0.0.1``, ``[::1]`` and the configured extras.
 
     A page on ``evil.example`` whose DNS later points at 127.0.0.1 still sends ``Host: evil.example``,
-    so refusing unknown names keeps browsers from reaching the daemon through a rebound name.
+    so refusing unknown names keeps browsers from reaching the daemon through a rebound name. Other
+    loopback names (``*.localhost``, ``127.0.0.2``) are refused too: no client of ours sends them, and
+    each is one more name a rebinding page could use.
     """
     if not host_header:
         return False
@@ -103,14 +103,7 @@ def host_allowed(host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
         host = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:
         host = host.split(":", 1)[0]
-    if is_loopback(host) or host in (h.lower() for h in extra):
-        return True
-    return host in (_hostname(), "localhost.localdomain")
-
-
-@functools.lru_cache(maxsize=1)
-def _hostname() -> str:
-    return socket.gethostname().lower()
+    return host in ("localhost", "127.0.0.1", "::1") or host in (h.lower() for h in extra)
 
 
 def origin_allowed(origin: str, extra: tuple[str, ...] = ()) -> bool:

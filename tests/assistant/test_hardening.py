@@ -51,3 +51,44 @@ def test_malformed_bodies_are_400_and_the_connection_stays_usable(fake_daemon, b
                 assert error.get("param") == field
         ok = http.post("/v1/diffu/generate", json={"prompt": "x", "max_new_tokens": 4})
         assert ok.status_code == 200
+
+
+def test_log_files_are_private_and_hold_no_query_string_token(tmp_path):
+    import logging
+    import stat
+
+    from assistant.commands.serve import setup_logging
+
+    log_file = tmp_path / "logs" / "daemon.log"
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        setup_logging(log_file, logging.INFO, to_stderr=False)
+        logging.getLogger("uvicorn.access").info(
+            '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", "/v1/models?api_key=s3cret&x=1", "1.1", 200
+        )
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        for handler in root.handlers[len(before):]:
+            root.removeHandler(handler)
+            handler.close()
+    text = log_file.read_text()
+    assert "s3cret" not in text and "api_key=[redacted]&x=1" in text
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+
+
+def test_a_log_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.assistant.helpers import isolated_env
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    env = isolated_env(tmp_path, DIFFU_LOG_DIR=str(not_a_dir))
+    out = subprocess.run([sys.executable, "-m", "assistant", "serve", "--model", "fake", "--port", "0"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("diffu: error: cannot use") and str(not_a_dir) in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
