@@ -70,13 +70,18 @@ def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
     ``<|im_end|>``) and ends with ``<|im_start|>assistant\\n``. Earlier assistant turns of a multi-turn
     chat are closed with a plain ``<|im_end|>``, as ChatML does; a system message replaces the default.
     """
+    return "".join(text for text, _ in chat_parts(messages))
+
+
+def chat_parts(messages: Sequence[dict[str, str]]) -> list[tuple[str, bool]]:
+    """The chat prompt as (text, is_content) pieces: the template's markup, and what people wrote."""
     if not messages:
         raise ValueError("messages: at least one message is needed")
     system = SYSTEM_PROMPT
     turns = list(messages)
     if turns[0].get("role") == "system":
         system = str(turns.pop(0).get("content", ""))
-    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
+    parts = [("<|im_start|>system\n", False), (system, True), ("<|im_end|>\n", False)]
     for i, msg in enumerate(turns):
         role, content = msg.get("role"), msg.get("content")
         if role not in ("user", "assistant"):
@@ -84,13 +89,13 @@ def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}].content: expected a string, got {type(content).__name__}")
         if role == "user":
-            parts.append(f"<|im_start|>user\n{content.strip()}\n<|im_end|>\n")
+            parts += [("<|im_start|>user\n", False), (content.strip(), True), ("\n<|im_end|>\n", False)]
         else:
-            parts.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
+            parts += [("<|im_start|>assistant\n", False), (content, True), ("<|im_end|>\n", False)]
     if turns and turns[-1].get("role") != "user":
         raise ValueError("messages: the last message must come from the user")
-    parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
+    parts.append(("<|im_start|>assistant\n", False))
+    return parts
 
 
 class DreamTokenizer:
@@ -98,6 +103,7 @@ class DreamTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, *, mask_id: int, pad_id: int, eos_id: int) -> None:
         self._tok = tokenizer
+        self._text_tok: Tokenizer | None = None
         self.mask_id = mask_id
         self.pad_id = pad_id
         self.eos_id = eos_id
@@ -118,7 +124,28 @@ class DreamTokenizer:
         return chat_prompt(messages)
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.encode(self.chat_prompt(messages))
+        """The chat prompt's ids. What people wrote never becomes a control token: a message holding
+        ``<|im_start|>`` or ``<|im_end|>`` is encoded as that text, so it cannot forge a turn."""
+        parts = chat_parts(messages)
+        specials = self._special_strings()
+        if not any(content and any(sp in text for sp in specials) for text, content in parts):
+            return self.encode("".join(text for text, _ in parts))  # byte-exact with the reference
+        ids: list[int] = []
+        for text, content in parts:
+            ids += self.encode_text(text) if content else self.encode(text)
+        return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` with special-token strings in it encoded as plain text."""
+        if self._text_tok is None:
+            # A copy that reads special-token strings as text (a flag on the shared tokenizer would
+            # race with other threads encoding prompts at the same time).
+            self._text_tok = Tokenizer.from_str(self._tok.to_str())
+            self._text_tok.encode_special_tokens = True
+        return self._text_tok.encode(text, add_special_tokens=False).ids
+
+    def _special_strings(self) -> list[str]:
+        return [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
 
     # -- decoding -------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
