@@ -88,6 +88,10 @@ class Config:
     dp: int | None = None
     """Data parallel replicas when ``tp`` > 1; None: every remaining device."""
     shutdown_grace: float = 10.0
+    read_timeout: float = 15.0
+    """Seconds a client has to send a whole request (head and body); a half-sent one is closed after it."""
+    max_connections: int = 256
+    """Open connections at most; past it new ones get 503, so idle sockets cannot lock clients out."""
     """Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled."""
     log_level: str = "info"
 
@@ -120,6 +124,12 @@ class Config:
         if self.dp is not None:
             check(self.dp >= 1, "dp", f"must be >= 1, got {self.dp}")
         check(self.shutdown_grace >= 0, "shutdown_grace", f"must be >= 0, got {self.shutdown_grace}")
+        check(0 < self.read_timeout <= 3600, "read_timeout", f"must be in (0, 3600], got {self.read_timeout}")
+        check(
+            8 <= self.max_connections <= 65536,
+            "max_connections",
+            f"must be in 8..65536, got {self.max_connections}",
+        )
         check(
             self.log_level in LOG_LEVELS,
             "log_level",

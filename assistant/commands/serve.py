@@ -13,6 +13,7 @@ device call process 0 makes (see ``model_runtime.distributed``), and exit when i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import logging.handlers
@@ -125,6 +126,56 @@ def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
     access = logging.getLogger("uvicorn.access")
     access.setLevel(max(level, logging.INFO))
     access.addFilter(_redact_secrets)
+
+
+def _deadline_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol with a deadline for receiving each whole request.
+
+    uvicorn closes idle keep-alive connections, but a connection that sends half a request head or
+    body and then nothing stays open forever; enough of them exhaust the open-file limit and lock every
+    client out. Here each request (from the connection's start, or from the previous response's end)
+    must arrive whole within ``seconds``; the deadline is lifted once it has, so long streamed answers
+    are not cut.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class DeadlineH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):  # type: ignore[no-untyped-def]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                log.info("closed a connection that did not send a whole request in %.0fs", seconds)
+                self.transport.close()
+
+    return DeadlineH11Protocol
 
 
 class _PrivateLogFile(logging.handlers.RotatingFileHandler):
@@ -262,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
             server_header=False,
             ws="none",
             timeout_graceful_shutdown=max(config.shutdown_grace, 0.1),
+            http=_deadline_protocol(config.read_timeout),
+            limit_concurrency=config.max_connections,
         )
         server = uvicorn.Server(uv_config)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

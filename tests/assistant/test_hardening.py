@@ -92,3 +92,32 @@ def test_a_log_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("diffu: error: cannot use") and str(not_a_dir) in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_are_not(tmp_path):
+    import time
+
+    from tests.assistant.helpers import isolated_env, start_daemon
+
+    env = isolated_env(tmp_path, DIFFU_READ_TIMEOUT="1")
+    daemon = start_daemon(tmp_path, "fake:step_delay=0.02", env=env)
+    host, port = daemon.url.split("//", 1)[1].split(":")
+    try:
+        half_head = b"POST /v1/diffu/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        auth = f"Authorization: Bearer {daemon.token}\r\n".encode()
+        half_body = (b"POST /v1/diffu/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
+                     + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+        for partial in (half_head, half_body):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(partial)
+                start = time.monotonic()
+                assert sock.recv(1024) == b""  # closed by the daemon, with no response
+                assert 0.5 < time.monotonic() - start < 5
+        # A whole request whose answer streams for longer than the read timeout is not cut.
+        with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=30) as http:
+            start = time.monotonic()
+            ok = http.post("/v1/diffu/generate", json={"prompt": "x", "max_new_tokens": 80, "steps": 80, "stream": False})
+            assert ok.status_code == 200 and time.monotonic() - start > 1.2
+            assert ok.json()["finish_reason"] in ("stop", "length")
+    finally:
+        daemon.stop()
