@@ -70,7 +70,7 @@ def test_log_files_are_private_and_hold_no_query_string_token(tmp_path):
         for handler in root.handlers:
             handler.flush()
     finally:
-        for handler in root.handlers[len(before):]:
+        for handler in root.handlers[len(before) :]:
             root.removeHandler(handler)
             handler.close()
     text = log_file.read_text()
@@ -87,8 +87,13 @@ def test_a_log_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     env = isolated_env(tmp_path, DIFFU_LOG_DIR=str(not_a_dir))
-    out = subprocess.run([sys.executable, "-m", "assistant", "serve", "--model", "fake", "--port", "0"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant", "serve", "--model", "fake", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("diffu: error: cannot use") and str(not_a_dir) in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -105,8 +110,11 @@ def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_a
     try:
         half_head = b"POST /v1/diffu/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         auth = f"Authorization: Bearer {daemon.token}\r\n".encode()
-        half_body = (b"POST /v1/diffu/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
-                     + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+        half_body = (
+            b"POST /v1/diffu/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + auth
+            + b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"prompt":'
+        )
         for partial in (half_head, half_body):
             with socket.create_connection((host, int(port)), timeout=10) as sock:
                 sock.sendall(partial)
@@ -116,7 +124,9 @@ def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_a
         # A whole request whose answer streams for longer than the read timeout is not cut.
         with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=30) as http:
             start = time.monotonic()
-            ok = http.post("/v1/diffu/generate", json={"prompt": "x", "max_new_tokens": 80, "steps": 80, "stream": False})
+            ok = http.post(
+                "/v1/diffu/generate", json={"prompt": "x", "max_new_tokens": 80, "steps": 80, "stream": False}
+            )
             assert ok.status_code == 200 and time.monotonic() - start > 1.2
             assert ok.json()["finish_reason"] in ("stop", "length")
     finally:
