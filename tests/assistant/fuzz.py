@@ -33,7 +33,7 @@ def _value(rng: random.Random) -> object:
         return "HUGE_INT"
     if isinstance(value, dict) and value.get("a") == "DEEP":
         depth = rng.choice([50, 2000, 20_000])
-        return "DEEP:%d" % depth
+        return f"DEEP:{depth}"
     return value
 
 
@@ -64,7 +64,7 @@ def malformed_requests(seed: int, count: int) -> Iterator[tuple[str, bytes]]:
         fields = list(body)
         for _ in range(rng.choice([1, 1, 2])):
             if rng.random() < 0.15:
-                body["unknown_field_%d" % rng.randrange(100)] = _value(rng)
+                body[f"unknown_field_{rng.randrange(100)}"] = _value(rng)
             else:
                 body[rng.choice(fields)] = _value(rng)
         if path == "/v1/chat/completions" and rng.random() < 0.3:
