@@ -8,7 +8,7 @@ point all three at temporary directories so that they never touch the user's rea
 from __future__ import annotations
 
 import os
-import warnings
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -31,16 +31,28 @@ def config_dir() -> Path:
 def runtime_dir() -> Path:
     """Per-user runtime state: discovery files and locks of running daemons.
 
-    platformdirs gives ``$XDG_RUNTIME_DIR/diffu`` on Linux (a tmpfs only this user can read, cleared at
-    logout), or ``/tmp/runtime-$UID/diffu`` without XDG_RUNTIME_DIR (it warns about that; we do not: the
-    fallback is fine because :func:`ensure_private_dir` checks who owns it).
+    ``$XDG_RUNTIME_DIR/diffu`` when ``XDG_RUNTIME_DIR`` names a directory of this user's that only they
+    can use (mode 0700, as the XDG spec requires), else ``/tmp/runtime-$UID/diffu``. Decided here from the
+    environment alone, the same way every time: platformdirs (4.14) validates the variable itself and may
+    answer differently between two calls (before and after the directory exists), which once put a
+    daemon's lock and its discovery file in different places. :func:`ensure_private_dir` creates the
+    directory for this user only and refuses one someone else owns.
     """
     override = _override("DIFFU_RUNTIME_DIR")
     if override:
         return override
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Path(platformdirs.user_runtime_dir(APP_NAME))
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and _usable_runtime_root(Path(xdg)):
+        return Path(xdg) / APP_NAME
+    return Path(tempfile.gettempdir()) / f"runtime-{os.getuid()}" / APP_NAME
+
+
+def _usable_runtime_root(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return path.is_dir() and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def log_dir() -> Path:

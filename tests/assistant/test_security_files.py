@@ -146,3 +146,30 @@ def test_discovery_files_planted_by_another_user_are_ignored(diffu_dirs: Path) -
     os.chown(foreign, 12345, 12345)
     with pytest.raises(paths.UnsafeDirectory, match="belongs to another user"):
         paths.ensure_private_dir(foreign)
+
+
+@pytest.mark.parametrize("case", ["unset", "missing", "mode-0755", "valid"])
+def test_runtime_dir_is_decided_once_from_the_environment(case, tmp_path, monkeypatch):
+    import tempfile as tf
+
+    from assistant import paths as p
+
+    monkeypatch.delenv("DIFFU_RUNTIME_DIR", raising=False)
+    xdg = tmp_path / "xdg"
+    fallback = Path(tf.gettempdir()) / f"runtime-{os.getuid()}" / "diffu"
+    if case == "unset":
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+        if case != "missing":
+            xdg.mkdir(mode=0o755 if case == "mode-0755" else 0o700)
+            xdg.chmod(0o755 if case == "mode-0755" else 0o700)
+    expected = xdg / "diffu" if case == "valid" else fallback
+    first = p.runtime_dir()
+    created = p.ensure_private_dir(first)
+    assert first == expected and created == expected
+    assert stat.S_IMODE(created.stat().st_mode) == 0o700
+    # The same answer after the directory exists (the lock and the discovery file share it).
+    assert p.runtime_dir() == first
+    if case == "missing":
+        assert not xdg.exists()  # never created on the user's behalf
