@@ -253,7 +253,7 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
     knobs = {k: v for k, v in params.to_dict().items() if k not in skip}
     results = []
-    console = Console()
+    console = Console(stderr=True)  # the live frame; stdout holds the answers only
     try:
         with Client(config=config, progress=stderr_progress()) as client:
             for prompt in args.prompt:
@@ -398,7 +398,8 @@ def _live(rt, events):
     from rich.live import Live
     from rich.text import Text
 
-    console = Console()
+    # The live frame goes to stderr: piped stdout holds the answer only.
+    console = Console(stderr=True)
     tok = rt.tokenizer
     done = None
     with Live(console=console, refresh_per_second=30, transient=False) as live:

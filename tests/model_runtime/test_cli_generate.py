@@ -137,7 +137,8 @@ def test_infill_fills_the_middle_only(tiny_dir, capsys):
 def test_live_view_prints_the_answer(tiny_dir, capsys):
     assert main(["generate", "--model", str(tiny_dir), "--prompt", "hello", "--max-new-tokens", "8"]) == 0
     captured = capsys.readouterr()
-    assert "step 8/8" in captured.out
+    # The live frame is drawn on stderr; stdout holds the answer alone (what a pipe should get).
+    assert "step 8/8" in captured.err and "step" not in captured.out
     assert "8 tokens in 8 steps" in captured.err
 
 
