@@ -176,8 +176,8 @@ class DreamConfig:
                 raise ConfigError(key, f"{value} is outside the vocabulary [0, {self.vocab_size})")
 
 
-# The published apple/DiffuCoder-7B-Instruct config.json (dream-reference.md 1.1): the shapes behind the
-# README's memory table and the 7B-shaped benchmarks (scripts/bench_7b_shapes.py).
+# The published apple/DiffuCoder-7B-Instruct config.json: the shapes behind the memory tables in
+# docs/multi-host.md and docs/quantization.md and the 7B-shaped benchmarks (scripts/bench_7b_shapes.py).
 DIFFUCODER_7B: dict[str, Any] = {
     "architectures": ["DreamModel"],
     "attention_dropout": 0.0,

@@ -10,7 +10,7 @@ arg-max agrees, and the median forward time; for our path also greedy generation
 position, and how many whole answers are identical. qwix gets logits only: its NNX interception wraps
 one method of the model (``__call__``), and the decoders call ``hidden``/``head``/``trunk``/``finish``.
 ``--tiny`` adds a tiny random checkpoint.
-The figures go in the README's "Quantization" section.
+The figures go in docs/quantization.md.
 """
 
 from __future__ import annotations

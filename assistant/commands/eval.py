@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="HumanEval / HumanEval infilling pass rates, with tokens/s, programs run in a sandbox",
         description="Score a model and decoder on HumanEval (164 problems) or its infilling variants. "
-        "Every program runs in its own confined process (see the README's Evaluation section).",
+        "Every program runs in its own confined process (see docs/eval.md).",
     )
     p.add_argument("benchmark", metavar="BENCHMARK", help="humaneval or humaneval-infill")
     p.add_argument(

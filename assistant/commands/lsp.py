@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "lsp",
         help="run the language server (infill completions, fill holes) over stdio",
-        description="Run the diffu language server over stdio. Editors start it (see the README, Editors).",
+        description="Run the diffu language server over stdio. Editors start it (see docs/editors.md).",
     )
     parser.add_argument(
         "--stdio",

@@ -62,7 +62,7 @@ def test_greedy_steps_follow_reference_with_left_padding(runtime, reference, alg
         # The published step commits one batch-averaged count in every row. Rows hold equal numbers of
         # masks unless the model proposed <|mask|> itself somewhere (it stays masked); then diffu's
         # deliberate difference applies, per-row counts, which is the published step run on each row
-        # alone (README, "How the runtime follows the reference").
+        # alone (docs/reference.md).
         rows = [slice(None)] if len(set((canvas == mask_id).sum(axis=1))) == 1 else [
             slice(b, b + 1) for b in range(len(prompts))
         ]  # fmt: skip
