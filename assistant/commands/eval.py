@@ -6,7 +6,8 @@ tests in the sandbox (``assistant.sandbox``) and reports pass@1 (or pass@k from 
 tokens/s and seconds of generation. ``--samples FILE`` scores given completions without a model.
 ``diffu eval humaneval-infill`` hides lines of the canonical solutions and fills them through the
 editor's infill path. ``--sweep`` runs the reference decoder and the fast decoder at thresholds 0.7,
-0.8, 0.9 and 0.95 and prints one table.
+0.8, 0.9 and 0.95 and prints one table; ``--sweep-block-lengths`` adds the fast decoder at threshold 0.9
+with other block lengths.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 BENCHMARKS = ("humaneval", "humaneval-infill")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
+SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
 # infilling, the language server's empty-line canvas (32) for one line and room for a whole body.
 DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128}
@@ -88,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="reference decoder, then the fast decoder at thresholds 0.7 0.8 0.9 0.95: one table",
     )
+    p.add_argument(
+        "--sweep-block-lengths",
+        default=None,
+        metavar="L,L,...",
+        help="with --sweep: also the fast decoder at threshold 0.9 with each of these block lengths "
+        "(the thresholds use --block-length)",
+    )
     p.add_argument("--timeout", type=float, default=3.0, help="seconds per program (default 3, as HumanEval)")
     p.add_argument("--workers", type=int, default=None, help="programs run at once (default: the cores)")
     p.add_argument(
@@ -128,7 +137,27 @@ def _check(args: argparse.Namespace) -> list[int]:
         raise UsageError("--samples scores given completions; it takes no --sweep or --daemon")
     if args.sweep and args.decoder:
         raise UsageError("--sweep chooses the decoders itself; leave out --decoder")
+    args.sweep_blocks = _block_lengths(args)
     return ks
+
+
+def _block_lengths(args: argparse.Namespace) -> list[int]:
+    from assistant.cli import UsageError
+
+    if args.sweep_block_lengths is None:
+        return []
+    if not args.sweep:
+        raise UsageError("--sweep-block-lengths goes with --sweep")
+    try:
+        lengths = [int(v) for v in args.sweep_block_lengths.split(",") if v.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise UsageError(
+            f"--sweep-block-lengths: expected comma-separated positive whole numbers, "
+            f"got {args.sweep_block_lengths!r}"
+        )
+    return [n for n in dict.fromkeys(lengths) if n != args.block_length]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,6 +272,11 @@ def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
     runs = [("reference", dataclasses.replace(params, decoder="reference"))]
     for t in SWEEP_THRESHOLDS:
         p = dataclasses.replace(params, decoder="fast", threshold=t, factor=None)
+        runs.append((_label(p, False), p))
+    for length in args.sweep_blocks:
+        p = dataclasses.replace(
+            params, decoder="fast", threshold=SWEEP_BLOCK_THRESHOLD, factor=None, block_length=length
+        )
         runs.append((_label(p, False), p))
     return runs
 

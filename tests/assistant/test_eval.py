@@ -225,3 +225,44 @@ def test_eval_through_the_daemon(fake_daemon, tmp_path):
     for tid in ("HumanEval/2", "HumanEval/53"):
         assert results[tid]["status"] != "generation_error" and results[tid]["completion"] != ""
     assert data["summary"]["generate_seconds"] > 0 and "humaneval (base)" in out.stderr
+
+
+def test_the_sweep_covers_thresholds_and_block_lengths():
+    from assistant.cli import build_parser
+    from assistant.commands import eval as eval_command
+
+    parser, _ = build_parser()
+    args = parser.parse_args(
+        [
+            "eval",
+            "humaneval-infill",
+            "--sweep",
+            "--sweep-block-lengths",
+            "16,32,64,16",
+            "--block-length",
+            "32",
+        ]
+    )
+    eval_command._check(args)
+    settings = eval_command._settings(args, 32)
+    assert [label for label, _ in settings] == [
+        "reference",
+        *(f"fast, block 32, threshold {t}" for t in (0.7, 0.8, 0.9, 0.95)),
+        "fast, block 16, threshold 0.9",
+        "fast, block 64, threshold 0.9",
+    ]
+    assert [(p.decoder, p.block_length) for _, p in settings][-2:] == [("fast", 16), ("fast", 64)]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sweep-block-lengths", "16"], "--sweep-block-lengths goes with --sweep"),
+        (["--sweep", "--sweep-block-lengths", "16,x"], "--sweep-block-lengths: expected"),
+        (["--sweep", "--sweep-block-lengths", "0"], "--sweep-block-lengths: expected"),
+    ],
+)
+def test_bad_sweep_block_lengths_are_one_line_and_exit_2(args, message, capsys):
+    assert main(["eval", "humaneval-infill", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
