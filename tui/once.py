@@ -53,7 +53,7 @@ def run_once(
 ) -> int:
     """Answer ``prompt`` (one user turn), showing the denoising live; returns the exit code."""
     out = out or sys.stdout
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     trace = Trace(settings.max_new_tokens)
     done: Done | None = None
     messages = [{"role": "user", "content": prompt}]

@@ -123,7 +123,7 @@ def run_suite(args: argparse.Namespace) -> int:
             raise UsageError("--plot needs matplotlib: pip install 'diffu[plot]'") from None
     _fresh_cache(args)
     generate = args.generate or [(128, 128)]
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         rt, load_seconds = _load(args)
         longest = max(args.lengths + [n + 16 for n, _ in generate])
@@ -160,7 +160,7 @@ def _print_suite(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(soft_wrap=True)
     env = result["environment"]
     weights = result["dtype"] + (f", {result['quantize']} weights" if result.get("quantize") else "")
     console.print(

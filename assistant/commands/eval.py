@@ -351,7 +351,7 @@ class _Progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True)
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from model_runtime.train.loop import LoopOptions, TrainConfig
     from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions, train_model
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         cfg = TrainConfig(
             steps=args.steps,

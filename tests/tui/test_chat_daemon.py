@@ -172,6 +172,22 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
             messages=[{"role": "user", "content": PROMPT}], **settings.request_params()
         )
     assert once.stdout == expected.text + "\n" and "Traceback" not in once.stderr
+    # An answer that fills its canvas gets a note on stderr: one line, not wrapped at 80 columns although
+    # stderr is a pipe. The fake fills the canvas for about half the prompts; take the first that does.
+    with Client(config=daemon_config(fake_daemon)) as client:
+        full = next(
+            p
+            for p in (f"{PROMPT} ({i})" for i in range(20))
+            if client.generate(
+                messages=[{"role": "user", "content": p}], **settings.request_params()
+            ).finish_reason
+            == "length"
+        )
+    noted = chat("--once", full)
+    assert noted.returncode == 0
+    assert "diffu: note: the answer filled the whole canvas (max_new_tokens) and may be cut short\n" in (
+        noted.stderr
+    )
     piped = chat("--once", "-", stdin=PROMPT)
     assert piped.returncode == 0 and piped.stdout == once.stdout  # greedy: the same answer
     empty = chat("--once", "  ")
