@@ -11,6 +11,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from assistant import __version__
+from assistant.errors import UsageError
+
 # Sub-command modules, imported when the parser is built. Keep them light at import time: heavy
 # imports (jax, textual, pygls) happen inside each command's ``func``.
 COMMAND_MODULES = (
@@ -26,28 +29,13 @@ COMMAND_MODULES = (
 )
 
 
-class UsageError(Exception):
-    """A user-facing error: printed as one line, exit code 2."""
-
-
-def version() -> str:
-    """The installed package's version (pyproject.toml is the one place it is written)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("diffu")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and each command's own parser (for errors shown with the command's usage)."""
     parser = argparse.ArgumentParser(
         prog="diffu",
         description="A local code assistant on DiffuCoder, a masked-diffusion code model.",
     )
-    parser.add_argument("--version", action="version", version=f"diffu {version()}")
+    parser.add_argument("--version", action="version", version=f"diffu {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

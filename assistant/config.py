@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant import paths
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 
 DEFAULT_PORT = 8012  # llama.cpp's llama-server default, so llama.vim / llama.vscode work unconfigured
 ENV_PREFIX = "DIFFU_"

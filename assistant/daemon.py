@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from assistant import paths
-from assistant.cli import UsageError
+from assistant import __version__, paths
+from assistant.errors import UsageError
 
 START_TIMEOUT = 120.0  # seconds for a spawned daemon to bind its port (model loading comes after)
 
@@ -57,7 +57,7 @@ class DaemonInfo:
     started: float
     log_file: str
     auth: bool = True
-    version: str = "0.1.0"
+    version: str = __version__
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import platformdirs
 
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 
 APP_NAME = "diffu"
 

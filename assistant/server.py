@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from assistant import protocol, sse
+from assistant import __version__, protocol, sse
 from assistant.config import Config
 from assistant.engine import (
     READY,
@@ -48,7 +48,6 @@ from model_runtime.params import ParamError, SamplingParams
 
 log = logging.getLogger("diffu.server")
 
-VERSION = "0.1.0"
 MASK_MARK = "░"  # how a still-masked token shows in a step's canvas text (one character per token)
 _FINISH_OPENAI = {"stop": "stop", "length": "length", "time": "length", "cancelled": "cancelled"}
 
@@ -470,7 +469,7 @@ class Daemon:
             {
                 "model": self.model_name(),
                 "model_path": self.config.model,
-                "version": VERSION,
+                "version": __version__,
                 "pid": os.getpid(),
                 "device": getattr(rt, "device", None),
                 "dtype": getattr(rt, "dtype", None),

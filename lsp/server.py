@@ -34,6 +34,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from pygls.workspace import TextDocument
 
+from assistant import __version__
 from lsp import context as ctx
 from lsp.cache import SuggestionCache
 from lsp.holes import MASK, Hole, clean_fill, find_holes, masked_prompt
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("diffu.lsp")
 
-VERSION = "0.1.0"
 FILL_HOLES = "diffu.fillHoles"
 ACCEPTED = "diffu.accepted"
 STATUS = "diffu.status"
@@ -77,7 +77,7 @@ class DiffuLanguageServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__(
             "diffu",
-            VERSION,
+            __version__,
             protocol_cls=DiffuProtocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )

@@ -16,9 +16,9 @@ from typing import TextIO
 from rich.console import Console, Group
 from rich.live import Live
 
-from assistant.cli import UsageError
 from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, stderr_progress
 from assistant.config import Config
+from assistant.errors import UsageError
 from tui.render import Trace, canvas_text, header_text
 from tui.settings import ChatSettings
 

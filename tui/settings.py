@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 from model_runtime.params import ALGS, DECODERS, ParamError, SamplingParams
 
 

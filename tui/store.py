@@ -21,8 +21,8 @@ from typing import Any
 import platformdirs
 
 from assistant import paths
-from assistant.cli import UsageError
 from assistant.client import Step
+from assistant.errors import UsageError
 from tui.render import Trace
 
 SCHEMA_VERSION = 1

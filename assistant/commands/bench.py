@@ -110,7 +110,7 @@ def run_suite(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from model_runtime import bench
     from model_runtime.errors import DiffuError
 
@@ -195,7 +195,7 @@ def _print_suite(result: dict) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from model_runtime import bench
     from model_runtime.errors import DiffuError
 

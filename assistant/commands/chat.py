@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 
 
 def register(subparsers: Any) -> None:

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 
 NOT_RUNNING = 3
 

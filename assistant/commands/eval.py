@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> list[int]:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if args.benchmark not in BENCHMARKS:
         raise UsageError(f"unknown benchmark {args.benchmark!r}; choose one of: {', '.join(BENCHMARKS)}")
@@ -161,7 +161,7 @@ def _block_lengths(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from assistant.evals import humaneval as he
     from assistant.evals import runner
     from assistant.sandbox import Limits
@@ -247,7 +247,7 @@ def _score_samples(tasks, rows, ks, limits, workers, progress):
         by_id.setdefault(row["task_id"], []).append(row["completion"])
     chosen = [t for t in tasks if t.task_id in by_id]
     if not chosen:
-        from assistant.cli import UsageError
+        from assistant.errors import UsageError
 
         raise UsageError("the samples file holds none of the selected tasks")
     completions = [by_id[t.task_id] for t in chosen]
@@ -292,7 +292,7 @@ def _label(params: Any, model_default: bool) -> str:
 
 def _generators(args: argparse.Namespace, tokens: int):
     """A function from SamplingParams to a Generator: the model loaded once in this process, or the daemon."""
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from assistant.evals import runner
 
     if args.daemon:

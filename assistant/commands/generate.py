@@ -165,7 +165,7 @@ def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: object) 
 
 def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None) -> SamplingParams:
     """The sampling flags as SamplingParams; ``max_new_tokens`` overrides the prompt flags' canvas size."""
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if max_new_tokens is not None:
         max_new = max_new_tokens
@@ -194,7 +194,7 @@ def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None)
 
 
 def run(args: argparse.Namespace) -> int:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if args.history and not args.json:
         raise UsageError("--history needs --json")
@@ -241,9 +241,9 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     from rich.live import Live
     from rich.text import Text
 
-    from assistant.cli import UsageError
     from assistant.client import APIError, Client, DaemonUnavailable, Done, stderr_progress
     from assistant.config import ConfigError, load_config
+    from assistant.errors import UsageError
 
     try:
         config = load_config({"model": args.model} if args.model else None)[0]
@@ -320,7 +320,7 @@ def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
 
 
 def check_prompt_args(args: argparse.Namespace) -> None:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if args.infill_tokens is not None and args.suffix is None:
         raise UsageError("--infill-tokens needs --suffix")

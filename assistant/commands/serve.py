@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from assistant.cli import UsageError
+from assistant.errors import UsageError
 
 log = logging.getLogger("diffu.serve")
 
@@ -104,7 +104,7 @@ def register(subparsers: Any) -> None:
 
 def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
     """Log to a rotating file (5 x 5 MB) and, in the foreground, to stderr too."""
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from assistant.paths import ensure_private_dir
 
     ensure_private_dir(log_file.parent)

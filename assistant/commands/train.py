@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if not args.source.is_dir():
         raise UsageError(f"SOURCE {args.source} is not a directory")
