@@ -1,23 +1,23 @@
-"""Tiny random Dream checkpoints written in exactly the published DiffuCoder directory layout.
+"""Tiny random Dream checkpoints written in exactly the published DiffuCoder directory layout (test fixtures).
 
 The real 7B weights cannot be fetched on test machines, so tests (and anyone trying the loader) use a
 tiny model with the same files: ``config.json`` with ``model_type: Dream`` and ``auto_map``, sharded
 safetensors under the real tensor names with ``model.safetensors.index.json``, and the Qwen2-style
 tokenizer files naming the custom ``DreamTokenizer``. The directory also carries the custom-code files
-the real repos ship; ours raise if anyone imports them, which is how tests prove we never do.
+the real repos ship; ours raise if anyone imports them, which is how tests prove we never do. The files
+are written by ``checkpoint_writer``, the same code ``diffu train`` exports a trained model with.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
+from model_runtime.checkpoint_writer import write_checkpoint, write_generation_files
 from model_runtime.config import DreamConfig
 from model_runtime.tokenizer import save_published_layout, train_bpe
 from model_runtime.weights import param_table
@@ -81,64 +81,6 @@ def tiny_config(vocab_size: int, eos_id: int, mask_id: int, **overrides: object)
     return cfg
 
 
-def write_checkpoint(
-    out_dir: str | Path,
-    cfg_dict: dict,
-    tensors: dict[str, np.ndarray],
-    *,
-    shards: int = 2,
-    dtype: str = "float32",
-) -> Path:
-    """Write ``tensors`` (HF names and layouts) as sharded safetensors with an index, plus config.json."""
-    from safetensors.numpy import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
-    names = list(tensors)
-    per = math.ceil(len(names) / shards)
-    weight_map, total = {}, 0
-    for s in range(shards):
-        chunk = names[s * per : (s + 1) * per]
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
-        arrays = {n: np.ascontiguousarray(tensors[n]).astype(np_dtype) for n in chunk}
-        if dtype == "bfloat16":
-            _save_bf16(out / fname, arrays)
-        else:
-            save_file(arrays, str(out / fname), metadata={"format": "pt"})
-        for n in chunk:
-            weight_map[n] = fname
-            total += arrays[n].nbytes
-    if shards > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    cfg = dict(cfg_dict, torch_dtype=dtype)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    return out
-
-
-def _save_bf16(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    # safetensors.numpy does not know bfloat16; the format is simple enough to write directly.
-    header, offset, blobs = {}, 0, []
-    for name, arr in arrays.items():
-        data = arr.tobytes()
-        header[name] = {
-            "dtype": "BF16",
-            "shape": list(arr.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        offset += len(data)
-        blobs.append(data)
-    header["__metadata__"] = {"format": "pt"}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for blob in blobs:
-            f.write(blob)
-
-
 def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
     """Random weights under the real names and HF layouts.
 
@@ -162,30 +104,6 @@ def random_tensors(cfg: DreamConfig, seed: int = 0, scale: float = 1.0) -> dict[
     return out
 
 
-def write_generation_files(out_dir: str | Path, cfg: DreamConfig) -> None:
-    """``generation_config.json`` and ``special_tokens_map.json`` as a published Dream directory has them.
-
-    They are written so an exported directory looks like the real thing to other tools. diffu reads only
-    one key of generation_config.json, its own ``diffu_decoder`` (``engine.recommended_decoder``), which
-    published checkpoints do not have; the reference's diffusion_generate ignores the file altogether.
-    """
-    out = Path(out_dir)
-    gen = {
-        "_from_model_config": True,
-        "bos_token_id": cfg.bos_token_id if cfg.bos_token_id is not None else cfg.eos_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
-    }
-    special = {
-        "bos_token": "<|beginoftext|>",
-        "eos_token": "<|endoftext|>",
-        "mask_token": "<|mask|>",
-        "pad_token": "<|endoftext|>",
-    }
-    for name, obj in (("generation_config.json", gen), ("special_tokens_map.json", special)):
-        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def write_tiny_checkpoint(
     out_dir: str | Path,
     *,
@@ -204,9 +122,9 @@ def write_tiny_checkpoint(
     save_published_layout(tok, out)
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
     vocab_size = int(math.ceil(n_tokens / 64) * 64)  # padded like the real 152064-row embedding
-    cfg_dict = tiny_config(
-        vocab_size, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>"), **config_overrides
-    )
+    eos_id, mask_id = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
+    assert eos_id is not None and mask_id is not None  # train_bpe always adds both
+    cfg_dict = tiny_config(vocab_size, eos_id, mask_id, **config_overrides)
     cfg = DreamConfig.from_dict(cfg_dict)
     write_checkpoint(out, cfg_dict, random_tensors(cfg, seed), shards=shards, dtype=dtype)
     write_generation_files(out, cfg)

@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from model_runtime.checkpoint import hf_state_dict
+from model_runtime.checkpoint_writer import write_checkpoint, write_generation_files
 from model_runtime.config import DreamConfig
-from model_runtime.tiny import write_checkpoint, write_generation_files
 from model_runtime.train.corpus import TOKENIZER_FILES
 
 # Beyond this many bytes per file, split the weights into shards as the hub checkpoints do.
