@@ -74,7 +74,7 @@ def forward_flops(cfg: DreamConfig, batch: int, length: int, *, logits_rows: int
 
 def reference_step_flops(cfg: DreamConfig, batch: int, length: int, rows: int) -> float:
     """FLOPs one reference-decoder step executes when it gathers ``rows`` positions per row for the last
-    layer, ``lm_head`` and the sampler (``engine._sample_masked``): a forward with logits for those rows,
+    layer, ``lm_head`` and the sampler (``kernels._sample_masked``): a forward with logits for those rows,
     less the last layer's queries, attention, output and MLP for the other positions (every position
     still gives keys and values). ``rows == length`` is ``forward_flops``."""
     q_o, _, mlp, attention = _layer_flops(cfg, length)

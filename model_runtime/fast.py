@@ -12,7 +12,7 @@ The generation region is decoded in blocks of ``block_length`` positions, left t
 Both programs have fixed shapes (the bucket and the block length); the in-block loop is a
 ``lax.while_loop``, so a block costs one dispatch. The cache is approximate (the prompt and the rest of
 the canvas are not re-encoded while a block changes), which is why outputs can differ from the reference
-decoder; spec performance.md 2.1-2.2.
+decoder (docs/performance.md has the measured quality and speed of both).
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ def _dense(module: nnx.Module, subscripts: str, x: jax.Array, name: str) -> jax.
 def shift_logits(logits: jax.Array) -> jax.Array:
     """Dream's one-position logit shift: the prediction for position i is the output at i - 1.
 
-    Dream was adapted from an autoregressive model and kept next-token prediction (dream-reference.md
-    1.5); position 0 reuses its own output (it is always a prompt token, never a mask).
+    Dream was adapted from an autoregressive model and kept next-token prediction (the
+    ``torch.cat([logits[:, :1], logits[:, :-1]], dim=1)`` in its ``_sample``); position 0 reuses its own
+    output (it is always a prompt token, never a mask).
     """
     return jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
 
@@ -150,7 +151,8 @@ class Attention(nnx.Module):
         scores = jnp.where(valid, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)
         # A pad query row is fully masked; PyTorch's safe softmax gives it zeros, and so do we (instead of
-        # the uniform average finfo.min would give). NaN must never reach the V mixing (spec pitfall 5).
+        # the uniform average finfo.min would give). NaN must never reach the V mixing: one NaN
+        # there poisons the whole batch's next layer.
         probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
         out = jnp.einsum("bkglm,bkme->bkgle", probs, v).reshape(b, -1, n, q.shape[-1])  # [B, H, Lq, E]
         return _dense(self, "bhle,hed->bld", out, "o_kernel"), (k, v)
@@ -199,7 +201,7 @@ class DreamModel(nnx.Module):
 
     Every parameter's shape and initialiser come from the parameter table (``weights.py``). With
     ``quant`` the quantizable weights are integer placeholders plus scales, to be filled by the loader
-    (``engine.load``); such a model is only ever built under ``nnx.eval_shape``.
+    (``loader.load``); such a model is only ever built under ``nnx.eval_shape``.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The ``diffusion_generate`` sampler of Dream / DiffuCoder as small pure functions (dream-reference.md 2).
+"""The ``diffusion_generate`` sampler of Dream / DiffuCoder (``generation_utils.py``) as small pure functions.
 
 One denoising step: forward over the whole canvas, shift the logits, turn them into a proposed token and a
 confidence per position (``sample_tokens``), then commit some masked positions (``commit_*``). Everything
@@ -48,8 +48,9 @@ def transfer_counts(n_masks: jax.Array, ratio: jax.Array, is_last: jax.Array) ->
 
     The reference uses one batch-averaged ``n`` (``mask_index.sum() / B``); with rows holding different
     numbers of masks (infill, hooks) that makes rows with fewer masks than ``k`` overwrite prompt tokens
-    with ``<|mask|>`` (spec pitfall 10). We count per row: identical whenever the counts are equal (plain
-    left-padded generation), and never commits a position that is not a mask.
+    with ``<|mask|>`` (docs/reference.md; ``tests/model_runtime/test_sampler.py`` shows it). We count per
+    row: identical whenever the counts are equal (plain left-padded generation), and never commits a
+    position that is not a mask.
     """
     n = n_masks.astype(jnp.float32)
     k = jnp.floor(n * ratio).astype(jnp.int32)  # one f32 multiply then truncation, as float32 int()

@@ -2,7 +2,7 @@
 
 The published checkpoints name a custom ``DreamTokenizer`` (``tokenization_dream.py``) in
 ``tokenizer_config.json``; transformers' AutoTokenizer will only load that with ``trust_remote_code``.
-That class is a copy of the slow Qwen2 tokenizer (dream-reference.md 1.2): NFC normalisation, the Qwen2
+That class is a copy of transformers' slow ``Qwen2Tokenizer``: NFC normalisation, the Qwen2
 pre-tokenisation regex, GPT-2 byte-to-unicode mapping, BPE merges by rank, and added/special tokens
 matched verbatim before BPE. We build exactly that pipeline with the ``tokenizers`` library from the data
 files (``vocab.json``, ``merges.txt``, ``added_tokens.json``, ``tokenizer_config.json``; or
@@ -171,7 +171,8 @@ class DreamTokenizer:
         return tuple(ids)
 
     def postprocess(self, ids: Sequence[int], *, chat: bool) -> str:
-        """Cut a generated region at its first stop token (spec 3.3) and decode it."""
+        """Cut a generated region at its first stop token, as the README's post-processing does, and
+        decode it."""
         stops = set(self.stop_ids(chat=chat))
         cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
         return self.decode(ids[:cut], skip_special_tokens=False)

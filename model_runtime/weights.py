@@ -4,7 +4,7 @@ Each ``ParamSpec`` gives a parameter's checkpoint tensor name and HF shape, its 
 layout, the logical axes of that layout (which the sharding rules map to mesh axes), the layout change
 both ways, how it is initialised, and which of its dimensions a matmul contracts (which tells weight-only
 quantization where the output channels and the groups are). Initialisation (``model.py``), loading and
-name checking (``checkpoint.py``, ``engine.load``), sharding and the memory table (``sharding.py``),
+name checking (``checkpoint.py``, ``loader.load``), sharding and the memory table (``sharding.py``),
 export (``checkpoint.hf_state_dict``) and quantization (``quant.py``) all read this table and nothing
 else, so a parameter cannot be described two ways.
 

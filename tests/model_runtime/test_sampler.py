@@ -140,7 +140,7 @@ def test_rows_with_different_mask_counts_never_overwrite_prompt_tokens(runtime, 
     assert [len(g) for g in done.generated] == [2, 20]
 
     # The published code, on the same batch, writes <|mask|> over prompt text of the row with fewer masks
-    # (spec pitfall 10), which is why we count per row.
+    # (its one batch-averaged transfer count), which is why we count per row.
     ref = dream_torch.DreamReference.from_dir(tiny_dir)
     n = max(len(r.ids) for r in rows)
     x = torch.full((2, n), rt.config.pad_token_id)

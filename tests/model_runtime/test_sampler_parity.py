@@ -2,8 +2,9 @@
 
 For every step we feed the same canvas to the PyTorch reference step and to our compiled step and
 compare what each commits. Near-ties between masked positions are common on random models, so a
-position may differ only where the reference's confidences tie at the selection boundary (spec note
-before section 1); everything else (counts, positions, tokens) must be identical.
+position may differ only where the reference's confidences tie at the selection boundary (float
+sums in a different order break ties differently); everything else (counts, positions, tokens) must
+be identical.
 """
 
 from __future__ import annotations

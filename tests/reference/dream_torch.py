@@ -1,6 +1,6 @@
 """An eager float32 PyTorch re-statement of the published Dream model and ``diffusion_generate``.
 
-Written from ../shared/spec/dream-reference.md (sections 1.4, 2.2-2.6), independently of the JAX code:
+Written from the published ``modeling_dream.py`` and ``generation_utils.py``, independently of the JAX code:
 it reads the safetensors by their HF names into ``nn.Linear`` modules and runs the sampler loop the way
 ``generation_utils.py`` does, including the batch-averaged transfer count, ``torch.topk`` over full rows
 and the inherited ``top_k=50`` default. Tests use it as the parity reference; the CPU benchmark uses it
@@ -166,7 +166,7 @@ def sample_tokens(
 
 
 def prepare(input_ids, attention_mask, max_new_tokens, mask_id):
-    """The canvas, 4-D mask and ``tok_idx`` exactly as ``_sample`` builds them (spec 2.2)."""
+    """The canvas, 4-D mask and ``tok_idx`` exactly as ``_sample`` builds them (left padding)."""
     max_length = input_ids.shape[1] + max_new_tokens
     x = F.pad(input_ids, (0, max_length - input_ids.shape[1]), value=mask_id)
     if attention_mask is not None and torch.any(attention_mask == 0.0):

@@ -61,7 +61,7 @@ def main(model_dir: str) -> None:
             }
         )
     # int8: the integer weights and their per-channel scales placed on a dp=2 x tp=4 mesh against the
-    # same quantized model on one device. int4 is refused on CPU meshes (see engine.load).
+    # same quantized model on one device. int4 is refused on CPU meshes (see loader.load).
     qbase = model_runtime.load(model_dir, quantize="int8", **kw)
     qwant = list(qbase.generate(prompts, greedy, chat=False))[-1].sequences
     rt = model_runtime.load(model_dir, tp=4, dp=2, quantize="int8", **kw)
