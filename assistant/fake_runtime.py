@@ -1,4 +1,4 @@
-"""A JAX-free stand-in for ``model_runtime.Runtime``, with the same interface and event types.
+"""A JAX-free stand-in for ``model_runtime.Runtime``: the same ``RuntimeProtocol``, rows and events.
 
 It drives daemon, client, TUI and LSP tests without a model: ``diffu serve --model fake:`` serves it, and
 ``FakeRuntime(...)`` can be used in-process. Its "model" is deterministic: the answer for a row depends
@@ -18,12 +18,22 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_runtime.errors import InputError, ModelError
-from model_runtime.params import DoneEvent, GenerationStats, SamplingParams, StepEvent
+from model_runtime.interface import (
+    BatchDone,
+    BatchEvents,
+    BatchStep,
+    CanvasRow,
+    GenerationStats,
+    RuntimeProtocol,
+    WarmupProgress,
+)
+from model_runtime.params import SamplingParams
+from model_runtime.rows import CanvasBuilder
 
 PAD_ID, EOS_ID, MASK_ID, IM_START_ID, IM_END_ID = 0, 1, 2, 3, 4
 FIRST_CHAR_ID = 16
@@ -80,31 +90,16 @@ class FakeTokenizer:
         return (EOS_ID, PAD_ID, IM_END_ID) if chat else (EOS_ID, PAD_ID)
 
 
-@dataclass(frozen=True)
-class FakeConfig:
-    vocab_size: int = 0x110000 + FIRST_CHAR_ID
-    max_position_embeddings: int = 512
-
-
-@dataclass(frozen=True)
-class CanvasRow:
-    """One row, as the real runtime's: token ids (prompt, masks, suffix) and the [start, end) region."""
-
-    ids: tuple[int, ...]
-    region: tuple[int, int]
-    chat: bool = False
-
-    @property
-    def canvas_tokens(self) -> int:
-        return self.region[1] - self.region[0]
-
-
 @dataclass
-class FakeRuntime:
+class FakeRuntime(CanvasBuilder):
     """The fake runtime. Options come from ``fake:key=value,...`` model specs (see :func:`load_fake`)."""
 
     # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
     supports_holes = False
+    default_decoder = "reference"
+    quantize_mode = None
+    mesh_info = None
+    vocab_size = 0x110000 + FIRST_CHAR_ID  # every code point
 
     step_delay: float = 0.0
     load_delay: float = 0.0
@@ -120,37 +115,27 @@ class FakeRuntime:
         if self.max_context < 2:
             raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
         self.tokenizer = FakeTokenizer()
-        self.config = FakeConfig(max_position_embeddings=self.max_context)
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
         self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
 
     # -- rows ------------------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         ids = []
         for msg in messages:
             ids += [IM_START_ID, *self.tokenizer.encode(f"{msg['role']}\n{msg['content']}"), IM_END_ID]
         return ids + [IM_START_ID, *self.tokenizer.encode("assistant\n")]
 
-    def make_row(self, prompt_ids: list[int], max_new_tokens: int, *, chat: bool) -> CanvasRow:
-        ids = (*prompt_ids, *[MASK_ID] * max_new_tokens)
-        return CanvasRow(ids, (len(prompt_ids), len(ids)), chat)
-
-    def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow:
-        if canvas_tokens < 1:
-            raise InputError(f"canvas_tokens: must be >= 1, got {canvas_tokens}")
-        pre = self.tokenizer.encode(prefix)
-        ids = (*pre, *[MASK_ID] * canvas_tokens, *self.tokenizer.encode(suffix))
-        return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), False)
-
     # -- lifecycle -------------------------------------------------------------------------------------
-    def warmup(self, params: SamplingParams, progress: Callable[[int, int, str], None] | None = None) -> None:
+    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
+        t0 = time.perf_counter()
         for i, (batch, length) in enumerate(self.buckets):
             if progress:
                 progress(i, len(self.buckets), f"bucket batch={batch} length={length}")
             time.sleep(self.warmup_delay)  # stands for compiling one program
         if progress:
             progress(len(self.buckets), len(self.buckets), "done")
+        return time.perf_counter() - t0
 
     # -- generation ------------------------------------------------------------------------------------
     def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:
@@ -168,7 +153,7 @@ class FakeRuntime:
         stop = IM_END_ID if row.chat else EOS_ID
         return ids + [stop] * (row.canvas_tokens - len(ids))
 
-    def run(self, rows: list[CanvasRow], params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
         if not rows:
             raise InputError("rows: at least one row is needed")
         if len(rows) > max(b for b, _ in self.buckets):
@@ -176,9 +161,9 @@ class FakeRuntime:
         for i, row in enumerate(rows):
             if len(row.ids) > self.max_context:
                 raise InputError(f"row {i}: {len(row.ids)} tokens exceed the context of {self.max_context}")
-        return self._run(rows, params)
+        return self._run(rows, params, stream)
 
-    def _run(self, rows: list[CanvasRow], params: SamplingParams) -> Iterator[StepEvent | DoneEvent]:
+    def _run(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> BatchEvents:
         self.runs.append(len(rows))
         t0 = time.perf_counter()
         targets = [self.answer(r, params) for r in rows]
@@ -200,7 +185,9 @@ class FakeRuntime:
                 for p in chosen:
                     canvas[p] = target[p]
                 unmasked.append(chosen)
-            yield StepEvent(
+            if not stream:
+                continue  # the whole loop at once, as the real runtime's fused program
+            yield BatchStep(
                 step=step,
                 steps=steps,
                 canvas=[list(c) for c in canvases],
@@ -231,7 +218,7 @@ class FakeRuntime:
         sequences = [
             [*r.ids[: r.region[0]], *c, *r.ids[r.region[1] :]] for r, c in zip(rows, canvases, strict=True)
         ]
-        yield DoneEvent(
+        yield BatchDone(
             texts=texts,
             sequences=sequences,
             generated=canvases,
@@ -239,14 +226,10 @@ class FakeRuntime:
             stats=stats,
         )
 
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, chat: bool
-    ) -> Iterator[StepEvent | DoneEvent]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *, chat: bool) -> BatchEvents:
         return self.run([self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts], params)
 
-    def infill(
-        self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams
-    ) -> Iterator[StepEvent | DoneEvent]:
+    def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
         return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
 
@@ -300,7 +283,12 @@ def load_fake(
 
 
 def is_fake_spec(model: str | None) -> bool:
-    return bool(model) and (model == "fake" or model.startswith("fake:"))
+    return model is not None and (model == "fake" or model.startswith("fake:"))
 
 
 __all__ = ["CanvasRow", "FakeRuntime", "FakeTokenizer", "is_fake_spec", "load_fake"]
+
+
+if TYPE_CHECKING:
+    # The type checker in .ci/run holds this class to the interface the daemon serves.
+    _conforms: type[RuntimeProtocol] = FakeRuntime

@@ -30,18 +30,35 @@ MAX_MESSAGES = 1024
 
 
 class RequestError(Exception):
-    """A request that cannot be served as sent; rendered as an OpenAI-style error object."""
+    """A request that cannot be served as sent; rendered as an OpenAI-style error object.
+
+    ``details`` holds the facts of the message as fields (``prompt_tokens``, ``context_length``, ...);
+    the body carries them as ``error.details`` when there are any.
+    """
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+                 kind: str = "invalid_request_error", code: str | None = None,
+                 details: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
         self.kind = kind
         self.code = code
+        self.details = dict(details or {})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+        return error_body(str(self), self.kind, param=self.param, code=self.code, details=self.details)
+
+
+def error_body(message: str, kind: str, *, param: str | None = None, code: str | int | None = None,
+               details: dict[str, object] | None = None) -> dict[str, Any]:
+    """The daemon's one error shape: OpenAI's ``{"error": {message, type, param, code}}``, plus
+    ``details`` (the facts as fields) when there are any. In SSE ``error`` events ``code`` is the
+    HTTP status the request would have had."""
+    error: dict[str, Any] = {"message": message, "type": kind, "param": param, "code": code}
+    if details:
+        error["details"] = details
+    return {"error": error}
 
 
 @dataclass

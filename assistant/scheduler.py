@@ -1,11 +1,12 @@
-"""The daemon's engine: one thread owns the device, fed by a bounded queue, answering through events.
+"""The daemon's scheduler: one thread owns the device, fed by a bounded queue, answering through events.
 
-The engine thread loads the model, compiles the shape buckets, then loops: wait on a condition for queued
-jobs, take the oldest job and every other queued job with the same sampling parameters whose rows fit one
-bucket together, run them as one canvas batch, and hand each job its own step and done events. Between
-denoising steps it drops jobs that were cancelled (client gone, explicit cancel, superseded by a newer
-request of the same session) or ran out of their time budget; when no job of the batch is left it closes
-the runtime's generator, which stops the device work before the next step.
+The scheduler thread (logged and reported as "the engine") loads the model, compiles the shape buckets,
+then loops: wait on a condition for queued jobs, take the oldest job and every other queued job with the
+same sampling parameters whose rows fit one bucket together, run them as one canvas batch, and hand each
+job its own step and done events. Between denoising steps it drops jobs that were cancelled (client
+gone, explicit cancel, superseded by a newer request of the same session) or ran out of their time
+budget; when no job of the batch is left it closes the runtime's generator, which stops the device work
+before the next step.
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
 the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``notify``.
@@ -13,7 +14,6 @@ the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``not
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
@@ -21,27 +21,32 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from assistant.job import Job, JobDone, JobError, JobStep
 from model_runtime.errors import DiffuError, InputError
-from model_runtime.params import DoneEvent, SamplingParams, StepEvent
+from model_runtime.interface import BatchDone, BatchStep, RuntimeProtocol
+from model_runtime.params import SamplingParams
 
 log = logging.getLogger("diffu.engine")
+
+Loader = Callable[[Callable[[str, float], None]], RuntimeProtocol]
+"""``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``."""
 
 # How long a batch may wait for requests the HTTP layer is still preparing (parsing, tokenizing): a
 # burst of clients then shares one canvas batch instead of the first one running alone. A lone request
 # never waits, because nothing is in preparation when it is taken.
 COALESCE_SECONDS = 0.02
 
-# Engine stages as /health reports them.
+# Scheduler stages as /health reports them.
 STARTING, LOADING, COMPILING, READY, FAILED, STOPPING = (
     "starting", "loading", "compiling", "ready", "failed", "stopping")
 
 
-class EngineError(Exception):
-    """A request the engine cannot take now; ``status`` is the HTTP status to answer with."""
+class SchedulerError(Exception):
+    """A request the scheduler cannot take now; ``status`` is the HTTP status to answer with."""
 
     status = 503
     kind = "server_error"
@@ -51,99 +56,16 @@ class EngineError(Exception):
         self.retry_after = retry_after
 
 
-class QueueFull(EngineError):
+class QueueFull(SchedulerError):
     kind = "server_overloaded"
 
 
-class NotReady(EngineError):
+class NotReady(SchedulerError):
     kind = "model_loading"
 
 
-class ShuttingDown(EngineError):
+class ShuttingDown(SchedulerError):
     kind = "shutting_down"
-
-
-# -- what a job receives ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JobStep:
-    """One denoising step of one job: its region ids after the step and the positions committed in it."""
-
-    step: int
-    steps: int
-    ids: list[int]
-    unmasked: list[int]
-    masks_left: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class JobDone:
-    """The end of a job. ``finish_reason``: stop (a stop token), length (canvas full), time, cancelled."""
-
-    text: str
-    ids: list[int]
-    finish_reason: str
-    new_tokens: int
-    steps_run: int
-    stats: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class JobError:
-    status: int
-    message: str
-    kind: str
-
-
-JobEvent = JobStep | JobDone | JobError
-
-
-@dataclass(eq=False)
-class Job:
-    """One request's work: a canvas row, its parameters and budgets, and the channel its events go to."""
-
-    row: Any
-    params: SamplingParams
-    chat: bool
-    prompt_tokens: int
-    canvas_tokens: int
-    row_length: int
-    max_seconds: float
-    session: str | None = None
-    kind: str = "generate"
-    want_steps: bool = True  # a non-streaming request only needs its JobDone
-    id: str = ""
-    loop: asyncio.AbstractEventLoop | None = None
-    created: float = field(default_factory=time.monotonic)
-    started: float | None = None
-    cancel_reason: str | None = None
-    finished: bool = False
-    _events: asyncio.Queue[JobEvent] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.loop = self.loop or asyncio.get_running_loop()
-        self._events = asyncio.Queue()
-
-    def emit(self, event: JobEvent) -> None:
-        """Hand an event to the job's consumer; safe from any thread."""
-        if isinstance(event, JobDone | JobError):
-            self.finished = True
-        try:
-            self.loop.call_soon_threadsafe(self._events.put_nowait, event)  # type: ignore[union-attr]
-        except RuntimeError:  # the event loop is closed: the server is gone, nobody is listening
-            pass
-
-    async def events(self) -> AsyncIterator[JobEvent]:
-        """The job's events, ending with its JobDone or JobError."""
-        while True:
-            event = await self._events.get()
-            yield event
-            if isinstance(event, JobDone | JobError):
-                return
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_reason is not None
 
 
 def params_key(params: SamplingParams) -> tuple[Any, ...]:
@@ -158,7 +80,7 @@ def params_key(params: SamplingParams) -> tuple[Any, ...]:
 
 
 @dataclass
-class EngineStatus:
+class SchedulerStatus:
     stage: str = STARTING
     progress: float = 0.0
     detail: str = ""
@@ -169,22 +91,22 @@ class EngineStatus:
                 "error": self.error}
 
 
-class Engine:
+class Scheduler:
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
-    ``loader(progress)`` builds the runtime inside the engine thread; ``progress(detail, fraction)``
+    ``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``
     reports loading. ``warmup_params`` are the parameters buckets are compiled with (None: no warm-up).
     """
 
-    def __init__(self, loader: Callable[[Callable[[str, float], None]], Any], *, queue_size: int,
-                 max_batch: int, warmup_params: SamplingParams | None) -> None:
+    def __init__(self, loader: Loader, *, queue_size: int, max_batch: int,
+                 warmup_params: SamplingParams | None) -> None:
         self._loader = loader
         self.queue_size = queue_size
         self.max_batch = max_batch
         self._warmup_params = warmup_params
-        self.runtime: Any = None
-        self.status = EngineStatus()
-        self._listeners: list[Callable[[EngineStatus], None]] = []
+        self._runtime: RuntimeProtocol | None = None
+        self.status = SchedulerStatus()
+        self._listeners: list[Callable[[SchedulerStatus], None]] = []
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []
@@ -200,8 +122,8 @@ class Engine:
                          "generated_tokens": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------------
-    def add_listener(self, listener: Callable[[EngineStatus], None]) -> None:
-        """Call ``listener(status)`` (from the engine thread) whenever the stage or progress changes."""
+    def add_listener(self, listener: Callable[[SchedulerStatus], None]) -> None:
+        """Call ``listener(status)`` (from the scheduler thread) whenever the stage or progress changes."""
         self._listeners.append(listener)
 
     def start(self) -> None:
@@ -227,12 +149,20 @@ class Engine:
     def ready(self) -> bool:
         return self.status.stage == READY
 
+    @property
+    def runtime(self) -> RuntimeProtocol:
+        """The loaded runtime; only once ``ready`` (its loader runs in the scheduler thread)."""
+        if self._runtime is None:
+            raise NotReady(f"the model is not ready ({self.status.stage} {self.status.progress:.0%})",
+                           retry_after=2)
+        return self._runtime
+
     def _set_status(self, stage: str, progress: float, detail: str = "", error: str | None = None) -> None:
-        self.status = EngineStatus(stage, min(max(progress, 0.0), 1.0), detail, error)
+        self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error)
         for listener in self._listeners:
             try:
                 listener(self.status)
-            except Exception:  # a broken listener must not take the engine down
+            except Exception:  # a broken listener must not take the scheduler down
                 log.exception("engine status listener failed")
 
     # -- submitting and cancelling (event-loop side) ---------------------------------------------------
@@ -298,24 +228,26 @@ class Engine:
     def _forget(self, job: Job) -> None:
         if job.session and self._sessions.get(job.session) is job:
             del self._sessions[job.session]
-        # A running job is dropped by the engine thread at the next step boundary.
+        # A running job is dropped by the scheduler thread at the next step boundary.
 
     def queue_info(self) -> dict[str, int]:
         with self._cond:
             return {"pending": len(self._pending), "running": len(self._running), "capacity": self.queue_size,
                     "max_batch": self.max_batch}
 
-    # -- the engine thread -----------------------------------------------------------------------------
+    # -- the scheduler thread --------------------------------------------------------------------------
     def _main(self) -> None:
         try:
             self._set_status(LOADING, 0.0, "loading the model")
-            self.runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+            runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
             # The runtime cannot run a batch larger than its largest batch bucket.
-            largest = max((b for b, _ in self.runtime.buckets), default=1)
+            largest = max((b for b, _ in runtime.buckets), default=1)
             self.max_batch = max(1, min(self.max_batch, largest))
             if self._warmup_params is not None:
+                # Issue #17's serve-while-compiling changes this: today nothing is served until every
+                # bucket is compiled.
                 self._set_status(COMPILING, 0.0, "compiling shape buckets")
-                self.runtime.warmup(self._warmup_params, self._on_warmup)
+                runtime.warmup(self._warmup_params, self._on_warmup)
         except Exception as exc:
             if isinstance(exc, DiffuError):  # a bad checkpoint: the message says it all
                 log.error("model load failed: %s", exc)
@@ -325,9 +257,10 @@ class Engine:
             return
         if self._stopping:
             return
+        self._runtime = runtime
         self._set_status(READY, 1.0, "ready")
-        log.info("engine ready: model %s on %s (%s), buckets %s", self.runtime.model_name,
-                 self.runtime.device, self.runtime.dtype, self.runtime.buckets)
+        log.info("engine ready: model %s on %s (%s), buckets %s", runtime.model_name,
+                 runtime.device, runtime.dtype, runtime.buckets)
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
@@ -399,18 +332,20 @@ class Engine:
                     self._run_batch([job])
                 return
             self.counters["failed"] += 1
-            jobs[0].emit(JobError(400, str(exc), "invalid_request_error"))
+            jobs[0].emit(JobError(400, str(exc), "invalid_request_error", param=exc.field,
+                                  details=exc.details))
             return
+        mask_id = self.runtime.tokenizer.mask_id
         active = dict(enumerate(jobs))
         last: dict[int, JobStep] = {}
         try:
             for event in gen:
-                if isinstance(event, StepEvent):
+                if isinstance(event, BatchStep):
                     now = time.monotonic()
                     for i, job in list(active.items()):
                         step = JobStep(event.step, event.steps, list(event.canvas[i]),
                                        list(event.unmasked[i]),
-                                       _masks_left(event, i, self.runtime.tokenizer.mask_id), event.seconds)
+                                       _masks_left(event, i, mask_id), event.seconds)
                         last[i] = step
                         if job.cancelled:
                             self._finish_cancelled(job, step.ids, event.step + 1)
@@ -423,7 +358,7 @@ class Engine:
                                 job.emit(step)
                     if not active:
                         break  # everyone left: closing the generator stops the device work
-                elif isinstance(event, DoneEvent):
+                elif isinstance(event, BatchDone):
                     for i, job in active.items():
                         self._finish_done(job, event, i, len(jobs))
                     active.clear()
@@ -432,16 +367,14 @@ class Engine:
             elapsed = time.monotonic() - t0
             self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * elapsed
         for job in active.values():
-            # The runtime ended without a DoneEvent: report it rather than leave the client waiting.
+            # The runtime ended without a BatchDone: report it rather than leave the client waiting.
             self.counters["failed"] += 1
             job.emit(JobError(500, f"the runtime stopped after {len(last)} steps without a result",
                               "server_error"))
 
     # -- endings ---------------------------------------------------------------------------------------
     def _stop_ids(self, chat: bool) -> set[int]:
-        tok = self.runtime.tokenizer
-        stop_ids = getattr(tok, "stop_ids", None)
-        return set(stop_ids(chat=chat)) if callable(stop_ids) else {tok.eos_id, tok.pad_id}
+        return set(self.runtime.tokenizer.stop_ids(chat=chat))
 
     def _stats(self, job: Job, *, steps: int, new_tokens: int, batch_size: int, bucket: Any = None,
                compile_seconds: float = 0.0) -> dict[str, Any]:
@@ -456,7 +389,7 @@ class Engine:
             "tokens_per_second": round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
         }
 
-    def _finish_done(self, job: Job, event: DoneEvent, i: int, batch_size: int) -> None:
+    def _finish_done(self, job: Job, event: BatchDone, i: int, batch_size: int) -> None:
         ids = list(event.generated[i])
         stops = self._stop_ids(job.chat)
         cut = next((k for k, t in enumerate(ids) if t in stops), None)
@@ -488,7 +421,7 @@ class Engine:
         job.emit(JobDone("", ids, "cancelled", 0, steps_run, stats))
 
 
-def _masks_left(event: StepEvent, i: int, mask_id: int) -> int:
+def _masks_left(event: BatchStep, i: int, mask_id: int) -> int:
     if event.masks_left:
         return int(event.masks_left[i])
     return sum(1 for t in event.canvas[i] if t == mask_id)

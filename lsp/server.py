@@ -361,7 +361,7 @@ class DiffuLanguageServer(LanguageServer):
         self, client: AsyncClient, uri: str, doc: TextDocument, before: str, after: str, *, invoked: bool
     ) -> tuple[str | None, tuple[float, float, float]]:
         """The post-processed infill and (daemon round trip ms, engine ms, queue ms)."""
-        from assistant.client import APIError
+        from assistant.client import APIError, SamplingOptions
 
         s = self.settings
         others = self.other_documents(uri)
@@ -388,17 +388,16 @@ class DiffuLanguageServer(LanguageServer):
                 other_documents=others,
             )
             chars = len(prompt.prefix) + len(prompt.suffix)
-            params: dict[str, Any] = {
-                "canvas_tokens": canvas,
-                "steps": steps,
-                "temperature": s.temperature,
-                "session": f"lsp-{os.getpid()}:{uri}",
-            }
-            if s.max_seconds:
-                params["max_seconds"] = s.max_seconds
             sent = time.perf_counter()
             try:
-                done = await client.infill(prompt.prefix, prompt.suffix, **params)
+                done = await client.infill(
+                    prompt.prefix,
+                    prompt.suffix,
+                    canvas_tokens=canvas,
+                    sampling=SamplingOptions(steps=steps, temperature=s.temperature),
+                    session=f"lsp-{os.getpid()}:{uri}",
+                    max_seconds=s.max_seconds or None,
+                )
             except APIError as exc:
                 if exc.status == 400 and exc.param == "prompt" and attempt < 2:
                     # Our characters-per-token guess was too generous for this tokenizer: learn and retry.
@@ -584,10 +583,18 @@ class DiffuLanguageServer(LanguageServer):
     async def _fill_hole(
         self, client: AsyncClient, uri: str, header: str, before: str, after: str, tokens: int
     ) -> str:
+        from assistant.client import SamplingOptions
+
         budget = self._budget_chars(tokens) - len(header)
         before, after, _ = ctx.window(before, after, budget, 0.7)
+        params = self._hole_params(tokens, uri)
         request = client.infill(
-            header + before, after, canvas_tokens=tokens, **self._hole_params(tokens, uri)
+            header + before,
+            after,
+            canvas_tokens=tokens,
+            sampling=SamplingOptions(steps=params["steps"], temperature=params["temperature"]),
+            session=params["session"],
+            max_seconds=params.get("max_seconds"),
         )
         return (await self._fitting(len(header) + len(before) + len(after), request)).text
 

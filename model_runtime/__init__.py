@@ -6,47 +6,52 @@ Library use::
     rt = model_runtime.load("path/to/DiffuCoder-7B-Instruct")       # or a hub id, or None (bundled)
     ids = rt.encode_chat([{"role": "user", "content": "Write quicksort"}])
     for event in rt.generate([ids], model_runtime.SamplingParams(max_new_tokens=256, steps=256)):
-        ...   # StepEvent per denoising step, then one DoneEvent
+        ...   # BatchStep per denoising step, then one BatchDone
 
-This package's ``__init__`` imports no JAX: ``SamplingParams`` and the event types come from
-``model_runtime.params`` and are safe for clients; ``load`` and ``Runtime`` import JAX on first use.
+This package's ``__init__`` imports no JAX: ``SamplingParams``, ``CanvasRow``, the event types and
+``RuntimeProtocol`` come from plain-Python modules and are safe for clients; ``load`` and ``Runtime``
+import JAX on first use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from model_runtime.params import (
-    ALGS,
-    DEFAULT_TOP_K,
-    DoneEvent,
-    ErrorEvent,
+from model_runtime.interface import (
+    BatchDone,
+    BatchStep,
+    CanvasRow,
     GenerationStats,
-    ParamError,
-    SamplingParams,
-    StepEvent,
+    RuntimeProtocol,
 )
+from model_runtime.params import ALGS, DEFAULT_TOP_K, ParamError, SamplingParams
 
 if TYPE_CHECKING:
-    from model_runtime.engine import Runtime, load
+    from model_runtime.loader import load
+    from model_runtime.runtime import Runtime
 
 __all__ = [
     "ALGS",
     "DEFAULT_TOP_K",
-    "DoneEvent",
-    "ErrorEvent",
+    "BatchDone",
+    "BatchStep",
+    "CanvasRow",
     "GenerationStats",
     "ParamError",
     "Runtime",
+    "RuntimeProtocol",
     "SamplingParams",
-    "StepEvent",
     "load",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("load", "Runtime"):
-        from model_runtime import engine
+    if name == "load":
+        from model_runtime.loader import load
 
-        return getattr(engine, name)
+        return load
+    if name == "Runtime":
+        from model_runtime.runtime import Runtime
+
+        return Runtime
     raise AttributeError(f"module 'model_runtime' has no attribute {name!r}")

@@ -8,10 +8,20 @@ others repeat its device calls (``follow``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import jax
 import numpy as np
 
 from model_runtime.errors import InputError
+from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, RuntimeProtocol, WarmupProgress
+from model_runtime.params import SamplingParams
+from model_runtime.rows import CanvasBuilder
+
+if TYPE_CHECKING:
+    from model_runtime.runtime import Runtime
 
 _initialized = False
 
@@ -37,7 +47,12 @@ def initialize(
             "multi-host needs --coordinator, --num-processes and --process-id together "
             "(or --multihost-auto on a TPU pod slice)"
         )
-    if not auto and not 0 <= process_id < num_processes:
+    if (
+        not auto
+        and num_processes is not None
+        and process_id is not None
+        and not 0 <= process_id < num_processes
+    ):
         raise InputError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
     # Cross-process collectives of the CPU backend (harmless where the devices are accelerators).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -75,7 +90,7 @@ _PREFIX = "diffu"
 _POLL_MS = 5_000
 
 
-def _client():
+def _client() -> Any:
     from jax._src import distributed as jax_distributed  # the coordination service client of this process
 
     client = jax_distributed.global_state.client
@@ -84,27 +99,52 @@ def _client():
     return client
 
 
-def _encode_rows(rows) -> list[dict]:
+def _encode_rows(rows: Sequence[CanvasRow]) -> list[dict[str, Any]]:
     return [{"ids": list(r.ids), "region": list(r.region), "chat": r.chat} for r in rows]
 
 
-def _decode_rows(data: list[dict]):
-    from model_runtime.engine import CanvasRow
-
-    return [CanvasRow(tuple(r["ids"]), tuple(r["region"]), bool(r["chat"])) for r in data]
+def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
+    return [CanvasRow(tuple(r["ids"]), (r["region"][0], r["region"][1]), bool(r["chat"])) for r in data]
 
 
-class Leader:
-    """Process 0's runtime: forwards everything, and publishes every call that runs device programs
-    (``warmup``, ``run``) to the followers before making it; ``shutdown()`` releases them."""
+class Leader(CanvasBuilder):
+    """Process 0's runtime: answers from the runtime it wraps, and publishes every call that runs device
+    programs (``warmup``, ``run``) to the followers before making it; ``shutdown()`` releases them.
 
-    def __init__(self, runtime) -> None:
+    It satisfies ``RuntimeProtocol`` member by member (rows are built by the shared ``CanvasBuilder``
+    from the wrapped runtime's tokenizer), so the daemon serves it like any runtime.
+    """
+
+    def __init__(self, runtime: RuntimeProtocol) -> None:
         self._runtime = runtime
         self._client = _client()
         self._seq = 0
+        self.tokenizer = runtime.tokenizer
+        self.max_context = runtime.max_context
+        self.model_name = runtime.model_name
+        self.device = runtime.device
+        self.dtype = runtime.dtype
+        self.default_decoder = runtime.default_decoder
+        self.supports_holes = runtime.supports_holes
 
-    def __getattr__(self, name: str):
-        return getattr(self._runtime, name)
+    @property
+    def quantize_mode(self) -> str | None:
+        return self._runtime.quantize_mode
+
+    @property
+    def mesh_info(self) -> dict[str, object] | None:
+        return self._runtime.mesh_info
+
+    @property
+    def vocab_size(self) -> int:
+        return self._runtime.vocab_size
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        return self._runtime.buckets
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self._runtime.encode_chat(messages)
 
     def _publish(self, call: dict) -> str:
         import json
@@ -117,7 +157,9 @@ class Leader:
             self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
         return f"{_PREFIX}/step/{self._seq}/"
 
-    def warmup(self, params, progress=None, shapes=None, *, stream: bool = True) -> float:
+    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
+        shapes: list[tuple[int, int]] | None = None  # every bucket, for the per-step program (stream)
+        stream = True
         self._publish(
             {
                 "op": "warmup",
@@ -126,27 +168,23 @@ class Leader:
                 "stream": stream,
             }
         )
-        return self._runtime.warmup(params, progress, shapes, stream=stream)
+        return self._runtime.warmup(params, progress)
 
-    def run(self, rows, params, *, stream: bool = True, **hooks):
-        if hooks.get("logits_hook") or hooks.get("tokens_hook"):
-            raise InputError("hooks cannot run across several hosts")
+    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
         steps = self._publish(
             {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
         )
         events = self._runtime.run(rows, params, stream=stream)  # an InputError here is the followers' too
         return self._lockstep(events, steps)
 
-    def _lockstep(self, events, steps: str):
+    def _lockstep(self, events: BatchEvents, steps: str) -> BatchEvents:
         """The events, telling the followers after each step whether the batch goes on: it stops when
         the consumer closes this generator (every job of the batch cancelled or out of time)."""
-        from model_runtime.params import StepEvent
-
         i = 0
         try:
             for event in events:
                 yield event
-                if isinstance(event, StepEvent):
+                if isinstance(event, BatchStep):
                     self._client.key_value_set(f"{steps}{i}", "go")
                     i += 1
         finally:
@@ -160,7 +198,7 @@ class Leader:
         self._client.key_value_set(f"{_PREFIX}/stopped", "1")
 
 
-def _wait(client, key: str) -> str | None:
+def _wait(client: Any, key: str) -> str | None:
     """The value of ``key`` once the leader writes it; None if the leader stopped first."""
     while True:
         try:
@@ -175,11 +213,9 @@ def _wait(client, key: str) -> str | None:
             continue
 
 
-def follow(runtime, log) -> int:
+def follow(runtime: Runtime, log: logging.Logger) -> int:
     """A follower's life: repeat each call process 0 publishes until it stops. Returns the jobs run."""
     import json
-
-    from model_runtime.params import SamplingParams, StepEvent
 
     client = _client()
     seq = 0
@@ -204,9 +240,14 @@ def follow(runtime, log) -> int:
         i = 0
         try:
             for event in events:
-                if isinstance(event, StepEvent):
+                if isinstance(event, BatchStep):
                     if _wait(client, f"{_PREFIX}/step/{seq}/{i}") != "go":
                         break
                     i += 1
         finally:
             events.close()
+
+
+if TYPE_CHECKING:
+    # The type checker in .ci/run holds this class to the interface the daemon serves.
+    _conforms: type[RuntimeProtocol] = Leader

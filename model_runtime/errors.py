@@ -28,4 +28,13 @@ class WeightsError(ModelError):
 
 
 class InputError(DiffuError, ValueError):
-    """A request cannot run as given (prompt beyond the context, empty batch, ...)."""
+    """A request cannot run as given (prompt beyond the context, empty batch, ...).
+
+    ``field`` names the request field at fault when there is one; ``details`` holds the facts of the
+    message as data (token counts, limits) for clients that act on them.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, details: dict[str, object] | None = None):
+        super().__init__(message)
+        self.field = field
+        self.details = dict(details or {})

@@ -1,9 +1,9 @@
-"""Sampling parameters and engine events: plain Python, no JAX.
+"""Sampling parameters: plain Python, no JAX (the events are in ``interface.py``).
 
 Clients (daemon request parsing, the CLI, a fake engine in tests) import this module without paying for
 a JAX import, so it must stay free of ``jax`` and ``numpy``-on-device code.
 
-The names follow the reference ``DreamGenerationConfig`` (dream-reference.md 2.1): ``steps``,
+The names follow the reference's ``DreamGenerationConfig`` (``generation_utils.py``): ``steps``,
 ``max_new_tokens``, ``alg``, ``alg_temp``, ``temperature``, ``top_p``, ``top_k``, ``eps``.
 """
 
@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 DECODERS = ("reference", "fast")
 
 # The published sampler inherits transformers' PretrainedConfig generation default top_k=50 when the
-# caller leaves top_k unset (dream-reference.md, note before section 1). We reproduce it; 0 disables it.
+# caller leaves top_k unset (its ``from_model_config`` copies the config's generation defaults). We
+# reproduce it; 0 disables it.
 DEFAULT_TOP_K = 50
 
 
@@ -136,62 +137,3 @@ class SamplingParams:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """One denoising step of a batch.
-
-    ``canvas`` holds, per row, the generated region's token ids after this step (masks included);
-    ``unmasked`` the positions (relative to the generated region) committed in this step; ``seconds`` this
-    step's own wall time (not the time since the generation started).
-    """
-
-    step: int
-    steps: int
-    canvas: list[list[int]]
-    unmasked: list[list[int]]
-    seconds: float
-    masks_left: list[int] = field(default_factory=list)
-    # Each row's whole content after this step (prompt and region, without padding), for full histories.
-    content: list[list[int]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    steps: int
-    new_tokens: int
-    batch_size: int
-    compile_seconds: float
-    generate_seconds: float
-    tokens_per_second: float
-    compiled_programs: int = 0
-    cache_hits: int = 0
-    bucket: tuple[int, int] = (0, 0)
-    decoder: str = "reference"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["bucket"] = list(self.bucket)
-        return d
-
-
-@dataclass(frozen=True)
-class DoneEvent:
-    """The end of a generation: the decoded answers and the raw canvases.
-
-    ``sequences`` are the full canvases as the reference returns them (left pads, prompt, generated
-    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings.
-    """
-
-    texts: list[str]
-    sequences: list[list[int]]
-    generated: list[list[int]]
-    prompt_lengths: list[int]
-    stats: GenerationStats
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    message: str
-    kind: str = "error"

@@ -7,7 +7,7 @@ hidden 3584, MLP 18944, 28 query / 4 KV heads, vocabulary 152064), which is all 
 It measures the device's own ceilings (a bf16 matmul and a device-to-device copy), then
 
 - one full forward at canvas 512 and 1024 (batch 1), against the floor: the larger of weight bytes over
-  the measured bandwidth and FLOPs over the measured matmul rate (spec performance.md section 4);
+  the measured bandwidth and FLOPs over the measured matmul rate (docs/performance.md);
 - the fast decoder's refresh (full forward that keeps K/V) and block step (32-token forward over the cache);
 - generation tokens/s at batch 1 for the reference and the fast decoder (256-token prompt, 256 new tokens;
   reference: 256 steps). On random weights almost nothing is confident, so the fast decoder commits about
@@ -96,8 +96,8 @@ def random_runtime(check: bool, quantize: str | None = None, layers: int | None 
     from flax import nnx
 
     from model_runtime.config import DIFFUCODER_7B, DreamConfig
-    from model_runtime.engine import Runtime
     from model_runtime.model import DreamModel
+    from model_runtime.runtime import Runtime
     from model_runtime.tokenizer import load_tokenizer
 
     raw = dict(DIFFUCODER_7B)
@@ -164,19 +164,21 @@ def fast_parts(rt, prompt: list[int], repeat: int) -> dict[str, float]:
     import jax.numpy as jnp
 
     from model_runtime import fast
+    from model_runtime.batch import PlacedBatch
     from model_runtime.params import SamplingParams
     from model_runtime.sampling import SamplerSpec
 
     params = SamplingParams(max_new_tokens=NEW_TOKENS, decoder="fast")
     row = rt.make_row(prompt, NEW_TOKENS, chat=False)
     shape = rt.bucket_for(1, len(row.ids))
-    x_host, attn_host, offsets = rt._canvas([row], shape)
-    start = offsets[0] + row.region[0]
+    batch = PlacedBatch.of([row], shape, rt.config.pad_token_id)
+    x_host, attn_host = batch.x, batch.attn
+    start = batch.offsets[0] + row.region[0]
     fspec = fast.FastSpec(
         sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
         block_length=BLOCK,
     )
-    (refresh, block), _, _, _ = rt._fast_programs(shape, fspec)
+    (refresh, block), _, _, _ = rt._programs.fast(shape, fspec)
     key, f0 = jax.random.key(0), jnp.float32(0.0)
     attn = jnp.asarray(attn_host)
     args = (jnp.int32(start), key, f0, jnp.float32(1.0))

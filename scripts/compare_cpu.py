@@ -72,7 +72,7 @@ def main() -> int:
 
     import model_runtime
     from model_runtime import SamplingParams, bench
-    from model_runtime.engine import gathered_rows
+    from model_runtime.kernels import gathered_rows
     from model_runtime.sampling import schedule_counts
     from tests.reference import dream_torch
     from tests.reference.parity import assert_step_matches
@@ -166,10 +166,10 @@ def main() -> int:
     identical = torch_seq[0, PROMPT_TOKENS:].tolist() == ours_done.generated[0]
     ties_ok = identical
     if not identical:
-        from model_runtime.params import StepEvent
+        from model_runtime.interface import BatchStep
 
         events = rt.generate([prompt], params, chat=False)
-        history = [np.array(e.content) for e in events if isinstance(e, StepEvent)]
+        history = [np.array(e.content) for e in events if isinstance(e, BatchStep)]
         x, mask4, tok_idx = dream_torch.prepare(torch.tensor([prompt]), None, NEW_TOKENS, cfg.mask_token_id)
         prev, ties_ok = x.numpy(), True
         try:

@@ -16,7 +16,7 @@ which the model never saw, supply both tests. The model defaults to RUN_DIR/mode
 
 ``--record`` writes the verdict into the model's generation_config.json as ``diffu_decoder``: ``fast`` when
 the fast decoder is at least as good on infill and better on free generation, else ``reference``. diffu
-uses it as the default decoder of that model (``model_runtime.engine.recommended_decoder``).
+uses it as the default decoder of that model (``model_runtime.loader.recommended_decoder``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import model_runtime
-    from model_runtime.engine import CanvasRow
+    from model_runtime.interface import CanvasRow
     from model_runtime.params import SamplingParams
     from model_runtime.train import corpus as corpus_lib
     from model_runtime.train.evaluate import infill_cases, python_share

@@ -79,6 +79,8 @@ class ChatApp(App[None]):
         self.cursor_blink = cursor_blink
         self.settings, self._settings_problem = self._load_settings()
         self.conversation_id: str | None = None
+        # What the model sees: user turns and completed answers, as data beside the widgets showing them.
+        self.conversation: list[dict[str, str]] = []
         self._open_conversation = conversation_id
         self.connected = False
         self.model = ""
@@ -172,6 +174,7 @@ class ChatApp(App[None]):
             self.conversation_id = self.store.new_conversation(text)
             self._set_subtitle()
         self.store.add_message(self.conversation_id, "user", text)
+        self.conversation.append({"role": "user", "content": text})
         for notice in self.query(ErrorNotice).filter(".generate-error"):
             # An earlier failed answer can no longer be retried in place: the conversation moved on.
             for button in notice.query("#retry"):
@@ -186,28 +189,22 @@ class ChatApp(App[None]):
         self.log_view.anchor()  # a new turn brings the view back to the bottom
         self.live_answer = answer
         self.refresh_bindings()
-        self._generate(answer, self.context(), self.settings.request_params())
+        self._generate(answer, self.context(), self.settings)
 
     def context(self) -> list[dict[str, str]]:
         """The conversation as chat messages: user turns and the answers that completed."""
-        messages = []
-        for widget in self.log_view.children:
-            if isinstance(widget, UserMessage):
-                messages.append({"role": "user", "content": widget.text})
-            elif isinstance(widget, AnswerView) and widget.answered:
-                messages.append({"role": "assistant", "content": widget.content})
-        return messages
+        return list(self.conversation)
 
     @work(exclusive=True, group="generate")
     async def _generate(
-        self, answer: AnswerView, messages: list[dict[str, str]], params: dict[str, Any]
+        self, answer: AnswerView, messages: list[dict[str, str]], settings: ChatSettings
     ) -> None:
         try:
             if not await self._ensure_connected():
                 raise DaemonUnavailable("not connected to the diffu daemon (see the error above)")
             done: Done | None = None
             started = self.clock()
-            async for event in self.backend.generate(messages, params, session=self.conversation_id):
+            async for event in self.backend.generate(messages, settings, session=self.conversation_id):
                 if self.live_answer is not answer:
                     return  # cancelled from the UI meanwhile
                 if isinstance(event, Step):
@@ -224,6 +221,8 @@ class ChatApp(App[None]):
             # Saved before it is drawn: quitting while the Markdown renders must not lose the answer.
             answer.record(done)
             self._save_answer(answer)
+            if _completed(done.finish_reason, answer.content):
+                self.conversation.append({"role": "assistant", "content": answer.content})
             answer.denoise.flush_now()
             await answer.finish(done)
         except asyncio.CancelledError:
@@ -321,6 +320,7 @@ class ChatApp(App[None]):
 
     async def _clear(self) -> None:
         self.selected_fence = None
+        self.conversation = []
         # The welcome line and a connection error stay: neither belongs to the conversation.
         await self.log_view.remove_children(
             [
@@ -347,6 +347,8 @@ class ChatApp(App[None]):
         self.conversation_id = conversation_id
         widgets: list[Any] = []
         for message in self.store.messages(conversation_id):
+            if message.role == "user" or _completed(message.finish_reason, message.content):
+                self.conversation.append({"role": message.role, "content": message.content})
             if message.role == "user":
                 widgets.append(UserMessage(message.content))
             else:
@@ -475,6 +477,11 @@ class ChatApp(App[None]):
         await self.backend.aclose()
 
 
+def _completed(finish_reason: str | None, content: str) -> bool:
+    """Whether an answer belongs in the conversation the model sees (as ``AnswerView.answered``)."""
+    return finish_reason not in (None, "cancelled") and bool(content)
+
+
 def describe_error(exc: Exception) -> str:
     """One readable line for an error from the daemon or the connection."""
     if isinstance(exc, APIError):
@@ -486,7 +493,8 @@ def describe_error(exc: Exception) -> str:
 
 
 def is_settings_error(exc: Exception) -> bool:
-    """Whether the daemon refused one of the settings (so the Settings button can fix it)."""
+    """Whether the daemon refused one of the settings (so the Settings button can fix it): the error's
+    ``param`` names the field, whichever layer refused it."""
     if not isinstance(exc, APIError) or exc.status >= 500:
         return False
-    return exc.param in FIELDS or exc.param == "max_tokens" or exc.message.split(":", 1)[0] in FIELDS
+    return exc.param in FIELDS or exc.param == "max_tokens"

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from assistant.client import AsyncClient, Done, Step, resolve_endpoint
 from assistant.config import Config
+from tui.settings import ChatSettings
 
 Progress = Callable[[str, float, str], None]
 """``progress(stage, fraction, detail)``: ``starting``, ``loading``, ``compiling``, then ``ok``."""
@@ -25,9 +26,9 @@ class Backend(Protocol):
         ...
 
     def generate(
-        self, messages: list[dict[str, str]], params: dict[str, Any], *, session: str | None = None
+        self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
     ) -> AsyncIterator[Step | Done]:
-        """One answer to ``messages``: denoising steps, then one Done."""
+        """One answer to ``messages`` with ``settings``' knobs: denoising steps, then one Done."""
         ...
 
     async def cancel(self, request_id: str) -> bool:
@@ -65,13 +66,16 @@ class DaemonBackend:
             return self.model
 
     async def generate(
-        self, messages: list[dict[str, str]], params: dict[str, Any], *, session: str | None = None
+        self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
     ) -> AsyncIterator[Step | Done]:
-        body = dict(params)
-        if session:
+        events = self._client.stream_generate(
+            messages=messages,
+            max_new_tokens=settings.max_new_tokens,
+            sampling=settings.sampling(),
             # A newer request of the same conversation supersedes this one on the daemon.
-            body["session"] = session
-        async for event in self._client.stream_generate(messages=messages, **body):
+            session=session or None,
+        )
+        async for event in events:
             yield event
 
     async def cancel(self, request_id: str) -> bool:

@@ -63,7 +63,10 @@ def run_once(
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
             started = time.monotonic()
-            for event in client.stream_generate(messages=messages, **settings.request_params()):
+            events = client.stream_generate(
+                messages=messages, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling()
+            )
+            for event in events:
                 if isinstance(event, Step):
                     trace.add(dataclasses.replace(event, seconds=time.monotonic() - started))
                     # Live redraws on its own clock (30 Hz); update() only swaps what it draws.

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from assistant.client_core import SamplingOptions
 from assistant.errors import UsageError
 from model_runtime.params import ALGS, DECODERS, ParamError, SamplingParams
 
@@ -83,16 +84,25 @@ class ChatSettings:
             threshold=self.threshold,
         )
 
+    def sampling(self) -> SamplingOptions:
+        """The knobs a request sends; unset ones are left to the daemon's defaults."""
+        fast_only = self.decoder != "reference"  # the reference decoder ignores the fast decoder's knobs
+        return SamplingOptions(
+            steps=self.steps,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            alg=self.alg,
+            alg_temp=self.alg_temp,
+            # "model": the daemon picks the decoder its model recommends.
+            decoder=None if self.decoder == MODEL_DECODER else self.decoder,
+            block_length=self.block_length if fast_only else None,
+            threshold=self.threshold if fast_only else None,
+        )
+
     def request_params(self) -> dict[str, Any]:
-        """The fields of a ``/v1/diffu/generate`` body; unset knobs are left to the daemon's defaults."""
-        params = {name: value for name, value in self.to_dict().items() if value is not None}
-        if self.decoder == MODEL_DECODER:
-            params.pop("decoder")  # the daemon picks the decoder its model recommends
-        if self.decoder == "reference":
-            # The reference decoder ignores them; leaving them out keeps requests minimal and readable.
-            params.pop("block_length", None)
-            params.pop("threshold", None)
-        return params
+        """The fields of a ``/v1/diffu/generate`` body these settings make (what a request carries)."""
+        return {"max_new_tokens": self.max_new_tokens, **self.sampling().body()}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

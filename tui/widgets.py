@@ -53,21 +53,19 @@ class PromptInput(TextArea):
         self._index = len(self.prompt_history)  # len(history) means "the draft", not a history entry
         self._draft = ""
 
-    async def _on_key(self, event: events.Key) -> None:
+    def on_key(self, event: events.Key) -> None:
+        # A subclass's handler runs before TextArea's own key handling; prevent_default() then keeps
+        # TextArea from inserting the newline Enter would type.
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            text = self.text.strip()
-            if text:
+            if self.text.strip():
                 self.post_message(self.Submitted(self, self.text))
-            return
-        if event.key in ("shift+enter", "ctrl+j", "alt+enter"):
+        elif event.key in ("shift+enter", "ctrl+j", "alt+enter"):
             event.stop()
             event.prevent_default()
             start, end = self.selection
             self.replace("\n", start, end, maintain_selection_offset=False)
-            return
-        await super()._on_key(event)
 
     def action_cursor_up(self, select: bool = False) -> None:
         if not select and self.cursor_at_first_line and self._index > 0:

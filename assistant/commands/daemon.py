@@ -44,14 +44,14 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from assistant import client, daemon
+    from assistant import client, discovery
     from assistant.commands.serve import flags_of
     from assistant.config import load_config
 
     config, _ = load_config(flags_of(args))
     if not config.model:
         raise UsageError("no model: pass --model DIR (or set model in config.toml, or DIFFU_MODEL)")
-    existing = daemon.find_daemon(config.model)
+    existing = discovery.find_daemon(config.model)
     if existing is not None:
         print(f"diffu daemon: already running at {existing.url} (pid {existing.pid}, model {existing.model})")
         return 0
@@ -72,16 +72,19 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from assistant import daemon
+    from assistant import discovery
 
-    targets = [d for d in [daemon.find_daemon(args.model)] if d] if args.model else daemon.running_daemons()
+    if args.model:
+        targets = [d for d in [discovery.find_daemon(args.model)] if d]
+    else:
+        targets = discovery.running_daemons()
     if not targets:
         print("diffu daemon: not running" + (f" for {args.model}" if args.model else ""))
         return 0
     failed = []
     for info in targets:
         print(f"diffu daemon: stopping pid {info.pid} ({info.model}) ...", flush=True)
-        if daemon.stop_daemon(info, timeout=args.timeout):
+        if discovery.stop_daemon(info, timeout=args.timeout):
             print(f"diffu daemon: stopped pid {info.pid}")
         else:
             failed.append(info)
@@ -95,10 +98,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from assistant import daemon
+    from assistant import discovery
 
-    infos = daemon.running_daemons()
-    rows = [{**daemon.info_dict(info), "server": _query_status(info)} for info in infos]
+    infos = discovery.running_daemons()
+    rows = [{**discovery.info_dict(info), "server": _query_status(info)} for info in infos]
     if args.json:
         print(json.dumps(rows, indent=2))
     elif not rows:
@@ -141,14 +144,14 @@ def _query_status(info: Any) -> dict[str, Any]:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from assistant import daemon, paths
+    from assistant import discovery, paths
 
     if args.model:
-        path = daemon.log_path(daemon.model_key(args.model))
+        path = discovery.log_path(discovery.model_key(args.model))
     else:
-        running = daemon.running_daemons()
+        running = discovery.running_daemons()
         if running:
-            path = daemon.log_path(running[0].key)
+            path = discovery.log_path(running[0].key)
         else:
             logs = sorted(paths.log_dir().glob("*.log"), key=lambda p: p.stat().st_mtime) \
                 if paths.log_dir().is_dir() else []
@@ -157,7 +160,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             path = logs[-1]
     if not path.exists():
         raise UsageError(f"no log at {path}")
-    text = daemon.tail_lines(path, max(args.lines, 0))
+    text = discovery.tail_lines(path, max(args.lines, 0))
     if text:
         print(text)
     if args.follow:

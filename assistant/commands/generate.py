@@ -241,7 +241,7 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     from rich.live import Live
     from rich.text import Text
 
-    from assistant.client import APIError, Client, DaemonUnavailable, Done, stderr_progress
+    from assistant.client import APIError, Client, DaemonUnavailable, Done, SamplingOptions, stderr_progress
     from assistant.config import ConfigError, load_config
     from assistant.errors import UsageError
 
@@ -251,7 +251,7 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
         raise UsageError(str(exc)) from None
     # Without --decoder the daemon picks the decoder its model recommends.
     skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
-    knobs = {k: v for k, v in params.to_dict().items() if k not in skip}
+    sampling = SamplingOptions(**{k: v for k, v in params.to_dict().items() if k not in skip})
     results = []
     console = Console(stderr=True)  # the live frame; stdout holds the answers only
     try:
@@ -259,17 +259,17 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
             for prompt in args.prompt:
                 if args.suffix is not None:
                     events = client.stream_infill(
-                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, **knobs
+                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, sampling=sampling
                     )
                 elif args.raw:
                     events = client.stream_generate(
-                        prompt=prompt, max_new_tokens=params.max_new_tokens, **knobs
+                        prompt=prompt, max_new_tokens=params.max_new_tokens, sampling=sampling
                     )
                 else:
                     events = client.stream_generate(
                         messages=[{"role": "user", "content": prompt}],
                         max_new_tokens=params.max_new_tokens,
-                        **knobs,
+                        sampling=sampling,
                     )
                 with Live(
                     console=console, refresh_per_second=30, transient=True, auto_refresh=not args.json

@@ -23,10 +23,18 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assistant.errors import UsageError
+
+if TYPE_CHECKING:
+    from assistant.config import Config
+    from assistant.discovery import DaemonLock
+    from assistant.scheduler import Loader
+    from model_runtime.distributed import Leader
+    from model_runtime.interface import RuntimeProtocol
 
 log = logging.getLogger("diffu.serve")
 
@@ -102,6 +110,40 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def make_loader(config: Config) -> Loader:
+    """The function the scheduler thread calls to load the runtime (JAX is imported there, not here)."""
+    from assistant.fake_runtime import is_fake_spec, load_fake
+
+    model = config.model
+    if model is None:
+        raise ValueError("no model configured")
+
+    def load(progress: Callable[[str, float], None]) -> RuntimeProtocol:
+        if is_fake_spec(model):
+            return load_fake(
+                model,
+                progress=progress,
+                max_context=config.max_context,
+                length_buckets=config.length_buckets,
+                batch_buckets=config.batch_buckets,
+            )
+        from model_runtime.loader import load
+
+        return load(
+            model,
+            dtype=config.dtype,
+            quantize=config.quantize,
+            progress=progress,
+            tp=config.tp,
+            dp=config.dp,
+            max_context=config.max_context,
+            length_buckets=config.length_buckets,
+            batch_buckets=config.batch_buckets,
+        )
+
+    return load
+
+
 def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
     """Log to a rotating file (5 x 5 MB) and, in the foreground, to stderr too."""
     from assistant.errors import UsageError
@@ -143,7 +185,7 @@ def _deadline_protocol(seconds: float) -> type:
     class DeadlineH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport):  # type: ignore[no-untyped-def]
+        def connection_made(self, transport):
             super().connection_made(transport)
             self._arm()
 
@@ -181,7 +223,7 @@ def _deadline_protocol(seconds: float) -> type:
 class _PrivateLogFile(logging.handlers.RotatingFileHandler):
     """Log files only this user can read (requests, prompts and paths are in them), rotated ones too."""
 
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self):
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)  # a file from an older version may have been created 0644
         return os.fdopen(fd, "a", encoding=self.encoding)
@@ -194,7 +236,7 @@ def _redact_secrets(record: logging.LogRecord) -> bool:
     """Access-log lines never carry a token sent in the query string (``?api_key=...``)."""
     if isinstance(record.args, tuple) and len(record.args) >= 3 and isinstance(record.args[2], str):
         args = list(record.args)
-        args[2] = _SECRET_QUERY.sub(r"\1[redacted]", args[2])
+        args[2] = _SECRET_QUERY.sub(r"\1[redacted]", str(args[2]))
         record.args = tuple(args)
     return True
 
@@ -224,41 +266,67 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from assistant import daemon, security
+    from assistant import discovery
     from assistant.config import load_config
-    from assistant.server import Daemon, make_loader
 
     config, _ = load_config(flags_of(args))
     if not config.model:
         raise UsageError("no model to serve: pass --model DIR (or set model in config.toml, or DIFFU_MODEL)")
-    leaders: list[Any] = []
+    leaders: list[Leader] = []
     loader = make_loader(config)
     if getattr(args, "coordinator", None) or getattr(args, "multihost_auto", False):
-        import jax
-
-        from assistant.commands.generate import init_multihost
-        from model_runtime import distributed
-        from model_runtime.errors import DiffuError
-
-        try:
-            init_multihost(args)
-        except DiffuError as exc:
-            raise UsageError(str(exc)) from None
-        if jax.process_index() != 0:
-            return _follow(config, loader)
-        single = loader
-
-        def loader(progress: Any) -> Any:  # process 0: publish every device call to the followers
-            leaders.append(distributed.Leader(single(progress)))
-            return leaders[-1]
-
+        multihost = _multihost_loader(args, config, loader, leaders)
+        if multihost is None:
+            return _follow(config, loader)  # a process other than 0
+        loader = multihost
     background = args.notify_fd is not None
-    key = daemon.model_key(config.model)
-    log_file = daemon.log_path(key)
+    key = discovery.model_key(config.model)
+    log_file = discovery.log_path(key)
     setup_logging(log_file, config.log_level_number, to_stderr=not background)
-    api_key = (config.api_key or security.load_or_create_token()) if config.auth else None
+    api_key = _api_key(config)
+    lock = discovery.DaemonLock(config.model)
+    lock.acquire()
+    try:
+        sock = _bind(config.host, config.port)
+        _announce(config, key, log_file, sock, lock, args.notify_fd)
+        fatal = _serve(config, loader, api_key, sock, leaders)
+    finally:
+        lock.release()
+        log.info("daemon exited; lock and discovery file removed")
+    if fatal:
+        raise UsageError(f"cannot serve {config.model}: {fatal}")
+    return 0
+
+
+def _multihost_loader(
+    args: argparse.Namespace, config: Config, loader: Loader, leaders: list[Leader]
+) -> Loader | None:
+    """Join the process group; on process 0 a loader whose runtime publishes every device call to the
+    followers (kept in ``leaders`` to release them at the end), elsewhere None."""
+    import jax
+
+    from assistant.commands.generate import init_multihost
+    from model_runtime import distributed
+    from model_runtime.errors import DiffuError
+
+    try:
+        init_multihost(args)
+    except DiffuError as exc:
+        raise UsageError(str(exc)) from None
+    if jax.process_index() != 0:
+        return None
+
+    def lead(progress: Callable[[str, float], None]) -> RuntimeProtocol:
+        leaders.append(distributed.Leader(loader(progress)))
+        return leaders[-1]
+
+    return lead
+
+
+def _api_key(config: Config) -> str | None:
+    """The token clients must send (None with auth off); warns about exposed or open daemons."""
+    from assistant import security
+
     if not security.is_loopback(config.host):
         log.warning(
             "binding to %s: the model is reachable from other machines%s",
@@ -267,88 +335,103 @@ def run(args: argparse.Namespace) -> int:
         )
     if not config.auth:
         log.warning("authentication is off (--no-auth): any local program can use the daemon")
+        return None
+    return config.api_key or security.load_or_create_token()
 
-    lock = daemon.DaemonLock(config.model)
-    lock.acquire()
+
+def _announce(
+    config: Config,
+    key: str,
+    log_file: Path,
+    sock: socket.socket,
+    lock: DaemonLock,
+    notify_fd: int | None,
+) -> None:
+    """Publish the discovery file and tell whoever started us where we listen."""
+    from assistant import discovery
+
+    port = sock.getsockname()[1]
+    # A wildcard bind is reached through loopback by local clients.
+    url_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(config.host) or (
+        f"[{config.host}]" if ":" in config.host else config.host
+    )
+    info = discovery.DaemonInfo(
+        url=f"http://{url_host}:{port}",
+        pid=os.getpid(),
+        model=config.model or "",
+        key=key,
+        host=config.host,
+        port=port,
+        started=time.time(),
+        log_file=str(log_file),
+        auth=config.auth,
+    )
+    lock.publish(info)
+    log.info("listening on %s (model %s, pid %d)", info.url, config.model, os.getpid())
+    if notify_fd is not None:
+        with os.fdopen(notify_fd, "w") as notify:
+            notify.write(json.dumps(discovery.info_dict(info)) + "\n")
+    else:
+        print(f"diffu serve: listening on {info.url} (model {config.model})", flush=True)
+
+
+def _serve(
+    config: Config, loader: Loader, api_key: str | None, sock: socket.socket, leaders: list[Leader]
+) -> str | None:
+    """Run uvicorn on ``sock`` until a signal or a fatal load error; returns that error, if any."""
+    import uvicorn
+
+    from assistant.http.app import HttpApp
+
     fatal: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        if server is not None:
+            server.should_exit = True  # read by uvicorn's main loop; starts the normal shutdown
+
+    app = HttpApp(config, loader=loader, on_fatal=on_fatal)
+    uv_config = uvicorn.Config(
+        app.app(api_key=api_key),
+        lifespan="on",
+        log_config=None,
+        access_log=True,
+        server_header=False,
+        ws="none",
+        # uvicorn waits this many seconds (a float works though its annotation says int).
+        timeout_graceful_shutdown=max(config.shutdown_grace, 0.1),  # type: ignore[arg-type]
+        http=_deadline_protocol(config.read_timeout),
+        limit_concurrency=config.max_connections,
+    )
+    server = uvicorn.Server(uv_config)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        sock = _bind(config.host, config.port)
-        port = sock.getsockname()[1]
-        # A wildcard bind is reached through loopback by local clients.
-        url_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(config.host) or (
-            f"[{config.host}]" if ":" in config.host else config.host
-        )
-        info = daemon.DaemonInfo(
-            url=f"http://{url_host}:{port}",
-            pid=os.getpid(),
-            model=config.model,
-            key=key,
-            host=config.host,
-            port=port,
-            started=time.time(),
-            log_file=str(log_file),
-            auth=config.auth,
-        )
-        lock.publish(info)
-        log.info("listening on %s (model %s, pid %d)", info.url, config.model, os.getpid())
-        if background:
-            with os.fdopen(args.notify_fd, "w") as notify:
-                notify.write(json.dumps(daemon.info_dict(info)) + "\n")
-        else:
-            print(f"diffu serve: listening on {info.url} (model {config.model})", flush=True)
-
-        server: uvicorn.Server | None = None
-
-        def on_fatal(message: str) -> None:
-            fatal.append(message)
-            if server is not None:
-                server.should_exit = True  # read by uvicorn's main loop; starts the normal shutdown
-
-        state = Daemon(config, loader=loader, on_fatal=on_fatal)
-        uv_config = uvicorn.Config(
-            state.app(api_key=api_key),
-            lifespan="on",
-            log_config=None,
-            access_log=True,
-            server_header=False,
-            ws="none",
-            timeout_graceful_shutdown=max(config.shutdown_grace, 0.1),
-            http=_deadline_protocol(config.read_timeout),
-            limit_concurrency=config.max_connections,
-        )
-        server = uvicorn.Server(uv_config)
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
-            server.run(sockets=[sock])
-            # uvicorn handles SIGINT/SIGTERM itself and may return normally (re-raising the signal only in
-            # some versions and timings); the only other way out of its loop is a fatal load error.
-            if not fatal and server.should_exit:
-                log.info("stopped by signal")
-        except (_Terminated, KeyboardInterrupt):
+        server.run(sockets=[sock])
+        # uvicorn handles SIGINT/SIGTERM itself and may return normally (re-raising the signal only in
+        # some versions and timings); the only other way out of its loop is a fatal load error.
+        if not fatal and server.should_exit:
             log.info("stopped by signal")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            sock.close()
-            for leader in leaders:
-                leader.shutdown()
+    except (_Terminated, KeyboardInterrupt):
+        log.info("stopped by signal")
     finally:
-        lock.release()
-        log.info("daemon exited; lock and discovery file removed")
-    if fatal:
-        raise UsageError(f"cannot serve {config.model}: {fatal[0]}")
-    return 0
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+        for leader in leaders:
+            leader.shutdown()
+    return fatal[0] if fatal else None
 
 
 def _follow(config: Any, loader: Any) -> int:
     """A process other than 0 of a multi-host daemon: load this host's shards, then follow process 0."""
     import jax
 
-    from assistant import daemon
+    from assistant import discovery
     from model_runtime import distributed
     from model_runtime.errors import DiffuError
 
     rank = jax.process_index()
-    log_file = daemon.log_path(f"{daemon.model_key(config.model)}-process{rank}")
+    log_file = discovery.log_path(f"{discovery.model_key(config.model)}-process{rank}")
     setup_logging(log_file, config.log_level_number, to_stderr=True)
     log.info("process %d of %d: loading %s", rank, jax.process_count(), config.model)
     try:

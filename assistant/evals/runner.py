@@ -130,7 +130,7 @@ class DaemonGenerator:
     def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
         import threading
 
-        from assistant.client import APIError, Client
+        from assistant.client import APIError, Client, SamplingOptions
 
         local = threading.local()
         clients: list[Client] = []
@@ -149,11 +149,14 @@ class DaemonGenerator:
                 "seed": job.seed,
                 "steps": min(self.knobs.get("steps") or job.tokens, job.tokens),
             }
+            sampling = SamplingOptions(**knobs)
             try:
                 if job.suffix is not None:
-                    done = client().infill(job.prompt, job.suffix, canvas_tokens=job.tokens, **knobs)
+                    done = client().infill(
+                        job.prompt, job.suffix, canvas_tokens=job.tokens, sampling=sampling
+                    )
                 else:
-                    done = client().generate(prompt=job.prompt, max_new_tokens=job.tokens, **knobs)
+                    done = client().generate(prompt=job.prompt, max_new_tokens=job.tokens, sampling=sampling)
             except APIError as exc:
                 if exc.status != 400:
                     raise

@@ -151,7 +151,7 @@ def train_model(
     base = None
     if init_from is not None:
         from model_runtime.checkpoint import resolve_model_dir
-        from model_runtime.engine import load
+        from model_runtime.loader import load
 
         init_dir = resolve_model_dir(init_from)
         log(f"loading {init_dir} to fine-tune")

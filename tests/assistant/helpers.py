@@ -114,7 +114,7 @@ def start_daemon(root: Path, model: str, *args: str, env: dict[str, str] | None 
 
 def stop_background_daemons(root: Path) -> None:
     """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it."""
-    from assistant.daemon import wait_exit
+    from assistant.discovery import wait_exit
 
     for path in (root / "run").glob("*.json"):
         try:

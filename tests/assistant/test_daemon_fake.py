@@ -134,11 +134,12 @@ def test_cors_only_for_local_origins_and_body_limit(fake_daemon: DaemonProcess) 
 
 
 def test_streaming_client_that_leaves_cancels_its_job(fake_daemon: DaemonProcess) -> None:
-    from assistant.client import Client, Step
+    from assistant.client import Client, SamplingOptions, Step
 
     before = httpx.get(fake_daemon.url + "/v1/diffu/status", headers=fake_daemon.headers).json()["counters"]
     with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
-        for event in client.stream_generate(prompt="def f(x):", max_new_tokens=16, steps=1000):
+        slow = SamplingOptions(steps=1000)
+        for event in client.stream_generate(prompt="def f(x):", max_new_tokens=16, sampling=slow):
             assert isinstance(event, Step)
             break  # leaving the loop closes the stream
     assert wait_until(
@@ -152,28 +153,29 @@ def test_streaming_client_that_leaves_cancels_its_job(fake_daemon: DaemonProcess
 
 
 def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
-    from assistant.client import APIError, AsyncClient, Client, Done, Step
+    from assistant.client import APIError, AsyncClient, Client, Done, SamplingOptions, Step
 
+    four = SamplingOptions(steps=4)
+    hi = [{"role": "user", "content": "hi"}]
     with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
-        events = list(
-            client.stream_generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8, steps=4)
-        )
+        events = list(client.stream_generate(messages=hi, max_new_tokens=8, sampling=four))
         assert [type(e) for e in events] == [Step] * 4 + [Done]
-        done = client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8, steps=4)
+        done = client.generate(messages=hi, max_new_tokens=8, sampling=four)
         assert done.text == events[-1].text  # deterministic model: streamed and not agree
-        infill = client.infill("def f(", "):\n", canvas_tokens=8, steps=4)
+        infill = client.infill("def f(", "):\n", canvas_tokens=8, sampling=four)
         assert infill.usage["completion_tokens"] <= 8
         assert (
             client.chat_completions([{"role": "user", "content": "hi"}], max_tokens=8)["object"]
             == "chat.completion"
         )
         with pytest.raises(APIError) as info:
-            client.generate(prompt="x", steps=0)
+            client.generate(prompt="x", sampling=SamplingOptions(steps=0))
         assert info.value.status == 400 and info.value.param == "steps"
 
     async def run_async() -> tuple[list[object], dict[str, object]]:
         async with AsyncClient(fake_daemon.url, fake_daemon.token, autostart=False) as client:
-            events = [e async for e in client.stream_infill("def f(", "):\n", canvas_tokens=8, steps=2)]
+            two = SamplingOptions(steps=2)
+            events = [e async for e in client.stream_infill("def f(", "):\n", canvas_tokens=8, sampling=two)]
             return events, await client.status()
 
     events, status = asyncio.run(run_async())
@@ -240,8 +242,8 @@ def _refused(daemon: DaemonProcess) -> bool:
 
 
 def test_a_client_reconnects_to_a_restarted_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from assistant import daemon
-    from assistant.client import Client
+    from assistant import discovery
+    from assistant.client import Client, SamplingOptions
 
     for key, value in isolated_env(tmp_path, DIFFU_MODEL="fake", DIFFU_PORT="0").items():
         monkeypatch.setenv(key, value)
@@ -249,11 +251,12 @@ def test_a_client_reconnects_to_a_restarted_daemon(tmp_path: Path, monkeypatch: 
         with Client() as client:
             first = client.status()["pid"]  # no daemon yet: the client starts one
             os.kill(first, signal.SIGKILL)
-            assert daemon.wait_exit(first, 10)
-            done = client.generate(prompt="def f():", max_new_tokens=8, steps=2)  # gone: starts another
+            assert discovery.wait_exit(first, 10)
+            two = SamplingOptions(steps=2)
+            done = client.generate(prompt="def f():", max_new_tokens=8, sampling=two)  # gone: starts another
             second = client.status()["pid"]
         assert second != first and done.finish_reason in ("stop", "length")
-        info = daemon.find_daemon("fake")
+        info = discovery.find_daemon("fake")
         assert info is not None and info.pid == second
     finally:
         stop_background_daemons(tmp_path)
@@ -366,13 +369,41 @@ def test_health_stream_reports_a_failed_load(tmp_path: Path) -> None:
 
 def test_the_bundled_model_is_named_for_what_it_is_not_its_folder(tmp_path):
     from assistant.config import Config
-    from assistant.server import Daemon
+    from assistant.http.app import HttpApp
     from model_runtime.bundled import bundled_model_dir
 
     def names(model: str) -> str:
-        return Daemon(Config(model=model), loader=lambda progress: None, warmup=False).model_name()
+        return HttpApp(Config(model=model), loader=lambda progress: None, warmup=False).model_name()
 
     assert names(str(bundled_model_dir())) == "diffu-demo"
     (tmp_path / "DiffuCoder-7B-Instruct").mkdir()
     assert names(str(tmp_path / "DiffuCoder-7B-Instruct")) == "DiffuCoder-7B-Instruct"
     assert names("apple/DiffuCoder-7B-Base") == "apple/DiffuCoder-7B-Base"
+
+
+def test_errors_carry_their_facts_as_fields(fake_daemon: DaemonProcess) -> None:
+    from assistant.client import APIError, AsyncClient, Client
+
+    with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
+        with pytest.raises(APIError) as info:
+            client.infill("x" * 600, "", canvas_tokens=16)  # the fake's context is 512 tokens
+    err = info.value
+    assert err.status == 400 and err.code == "context_length_exceeded" and err.param == "prompt"
+    assert err.details == {"prompt_tokens": 600, "max_new_tokens": 16, "context_length": 512}
+    raw = httpx.post(
+        fake_daemon.url + "/v1/chat/completions",
+        headers=fake_daemon.headers,
+        json={"messages": [{"role": "user", "content": "y" * 600}], "max_tokens": 8},
+    ).json()["error"]
+    assert raw["type"] == "invalid_request_error" and raw["details"]["context_length"] == 512
+
+    async def streamed() -> APIError:
+        async with AsyncClient(fake_daemon.url, fake_daemon.token, autostart=False) as aclient:
+            try:
+                async for _ in aclient.stream_generate(prompt="z" * 600, max_new_tokens=8):
+                    pass
+            except APIError as exc:
+                return exc
+        raise AssertionError("no error")
+
+    assert asyncio.run(streamed()).details["prompt_tokens"] == 600

@@ -560,21 +560,21 @@ def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
     discovery = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     old_pid = discovery["pid"]
     os.kill(old_pid, signal.SIGKILL)
-    from assistant import daemon
+    from assistant import discovery
 
-    assert daemon.wait_exit(old_pid, 10)
+    assert discovery.wait_exit(old_pid, 10)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    from assistant.client import Client
+    from assistant.client import Client, SamplingOptions
 
     stages: list[str] = []
     try:
         with Client(progress=lambda stage, fraction, detail: stages.append(stage)) as c:
-            done = c.generate(messages=CHAT, max_new_tokens=8, steps=4)
+            done = c.generate(messages=CHAT, max_new_tokens=8, sampling=SamplingOptions(steps=4))
             status = c.status()
         assert isinstance(done.text, str) and done.finish_reason in ("stop", "length")
         assert status["pid"] != old_pid and "compiling" in stages and stages[-1] == "ok"
-        info = daemon.find_daemon(str(micro_dir))
+        info = discovery.find_daemon(str(micro_dir))
         assert info is not None and info.pid == status["pid"]
         stop = subprocess.run(
             [sys.executable, "-m", "assistant.cli", "daemon", "stop"],

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from assistant.engine import Engine, Job, JobDone, JobError, JobStep, NotReady, QueueFull, ShuttingDown
-from assistant.fake_engine import FakeRuntime
+from assistant.fake_runtime import FakeRuntime
+from assistant.job import Job, JobDone, JobError, JobStep
+from assistant.scheduler import NotReady, QueueFull, Scheduler, ShuttingDown
 from model_runtime.errors import ModelError
 from model_runtime.params import SamplingParams
 
@@ -38,8 +39,8 @@ async def first_step(job: Job) -> JobStep:
     raise AssertionError("no step")
 
 
-async def started_engine(rt: FakeRuntime, **kwargs: Any) -> Engine:
-    engine = Engine(lambda progress: rt, queue_size=kwargs.pop("queue_size", 16),
+async def started_engine(rt: FakeRuntime, **kwargs: Any) -> Scheduler:
+    engine = Scheduler(lambda progress: rt, queue_size=kwargs.pop("queue_size", 16),
                     max_batch=kwargs.pop("max_batch", 16), warmup_params=None)
     ready = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -183,7 +184,7 @@ def test_load_failure_is_reported_and_requests_are_refused() -> None:
             progress("reading", 0.5)
             raise ModelError("config.json: hidden_size: missing")
 
-        engine = Engine(loader, queue_size=4, max_batch=4, warmup_params=None)
+        engine = Scheduler(loader, queue_size=4, max_batch=4, warmup_params=None)
         failed = asyncio.Event()
         loop = asyncio.get_running_loop()
         engine.add_listener(lambda st: st.stage == "failed" and loop.call_soon_threadsafe(failed.set))
@@ -217,7 +218,7 @@ def test_stop_answers_queued_jobs_and_refuses_new_ones() -> None:
 def test_warmup_progress_goes_from_loading_through_compiling_to_ready() -> None:
     async def main() -> None:
         rt = FakeRuntime(batch_buckets=(1, 2), length_buckets=(64,), max_context=64)
-        engine = Engine(lambda progress: rt, queue_size=4, max_batch=4, warmup_params=SamplingParams())
+        engine = Scheduler(lambda progress: rt, queue_size=4, max_batch=4, warmup_params=SamplingParams())
         seen: list[tuple[str, float]] = []
         ready = asyncio.Event()
         loop = asyncio.get_running_loop()

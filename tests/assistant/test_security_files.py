@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant import daemon, paths, security
+from assistant import discovery, paths, security
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,11 +61,12 @@ def test_loopback_bind_detection() -> None:
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from assistant import daemon
-    lock = daemon.DaemonLock(sys.argv[1])
+    from assistant import discovery
+    lock = discovery.DaemonLock(sys.argv[1])
     lock.acquire()
-    lock.publish(daemon.DaemonInfo(url="http://127.0.0.1:1", pid=__import__("os").getpid(), model=sys.argv[1],
-                                   key=lock.key, host="127.0.0.1", port=1, started=time.time(), log_file=""))
+    lock.publish(discovery.DaemonInfo(url="http://127.0.0.1:1", pid=__import__("os").getpid(),
+                                      model=sys.argv[1], key=lock.key, host="127.0.0.1", port=1,
+                                      started=time.time(), log_file=""))
     print("locked", flush=True)
     sys.stdin.read()  # hold the lock until stdin closes (or we are killed)
     lock.release()
@@ -83,22 +84,23 @@ def test_one_daemon_per_model_and_clean_release(diffu_dirs: Path, tmp_path: Path
     model = str(tmp_path)
     holder = _holder(model)
     try:
-        info = daemon.find_daemon(model)
+        info = discovery.find_daemon(model)
         assert info is not None and info.pid == holder.pid
-        assert daemon.find_daemon(None) == info  # with no model configured, any running daemon
-        assert stat.S_IMODE(daemon.discovery_path(info.key).stat().st_mode) == 0o600
-        with pytest.raises(daemon.AlreadyRunning, match=f"running at http://127.0.0.1:1 .pid {holder.pid}"):
-            daemon.DaemonLock(model + "/").acquire()  # the same directory, spelt differently
-        other = daemon.DaemonLock("fake:other")
+        assert discovery.find_daemon(None) == info  # with no model configured, any running daemon
+        assert stat.S_IMODE(discovery.discovery_path(info.key).stat().st_mode) == 0o600
+        running = f"running at http://127.0.0.1:1 .pid {holder.pid}"
+        with pytest.raises(discovery.AlreadyRunning, match=running):
+            discovery.DaemonLock(model + "/").acquire()  # the same directory, spelt differently
+        other = discovery.DaemonLock("fake:other")
         other.acquire()  # another model is fine
         other.release()
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(10)
-    key = daemon.model_key(model)
-    assert not daemon.discovery_path(key).exists() and not daemon.lock_path(key).exists()
-    assert daemon.find_daemon(model) is None
+    key = discovery.model_key(model)
+    assert not discovery.discovery_path(key).exists() and not discovery.lock_path(key).exists()
+    assert discovery.find_daemon(model) is None
 
 
 def test_kill_9_leaves_a_stale_file_that_is_detected_and_removed(diffu_dirs: Path, tmp_path: Path) -> None:
@@ -106,11 +108,11 @@ def test_kill_9_leaves_a_stale_file_that_is_detected_and_removed(diffu_dirs: Pat
     holder = _holder(model)
     holder.send_signal(signal.SIGKILL)
     holder.wait(10)
-    key = daemon.model_key(model)
-    assert daemon.discovery_path(key).exists()  # nobody cleaned up...
-    assert daemon.find_daemon(model) is None  # ...but the lock is free and the pid dead: stale
-    assert not daemon.discovery_path(key).exists()
-    lock = daemon.DaemonLock(model)
+    key = discovery.model_key(model)
+    assert discovery.discovery_path(key).exists()  # nobody cleaned up...
+    assert discovery.find_daemon(model) is None  # ...but the lock is free and the pid dead: stale
+    assert not discovery.discovery_path(key).exists()
+    lock = discovery.DaemonLock(model)
     lock.acquire()  # and a new daemon may start
     lock.release()
 
@@ -119,11 +121,11 @@ def test_garbage_discovery_files_are_ignored(diffu_dirs: Path) -> None:
     paths.runtime_dir().mkdir(parents=True)
     (paths.runtime_dir() / "junk.json").write_text("{not json")
     (paths.runtime_dir() / "other.json").write_text(json.dumps({"url": "x"}))
-    assert daemon.running_daemons() == []
+    assert discovery.running_daemons() == []
 
 
 def test_importing_the_client_loads_no_jax() -> None:
-    code = ("import sys, assistant.client, assistant.daemon, assistant.config; "
+    code = ("import sys, assistant.client, assistant.discovery, assistant.config; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'numpy', "
             "'starlette', 'uvicorn')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -140,7 +142,7 @@ def test_discovery_files_planted_by_another_user_are_ignored(diffu_dirs: Path) -
                                    "key": "evil", "host": "127.0.0.1", "port": 9, "started": 0.0,
                                    "log_file": ""}))
     os.chown(planted, 12345, 12345)
-    assert daemon.DaemonInfo.from_file(planted) is None
+    assert discovery.DaemonInfo.from_file(planted) is None
     foreign = diffu_dirs / "foreign"
     foreign.mkdir()
     os.chown(foreign, 12345, 12345)

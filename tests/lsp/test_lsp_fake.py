@@ -13,7 +13,7 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 
-from assistant.fake_engine import _WORDS
+from assistant.fake_runtime import _WORDS
 from tests.assistant.helpers import isolated_env, start_daemon, stop_background_daemons
 from tests.lsp.conftest import daemon_counter, daemon_running, wait_for
 

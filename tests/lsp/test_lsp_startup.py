@@ -22,7 +22,7 @@ def test_initialize_answers_at_once_without_jax_or_httpx(tmp_path) -> None:
     """An editor starting ``diffu lsp`` gets ``initialize`` answered fast; no model, no HTTP stack yet."""
     probe = (
         "import sys, lsp.server; "
-        "print(sorted(m for m in ('jax', 'httpx', 'model_runtime.engine') if m in sys.modules))"
+        "print(sorted(m for m in ('jax', 'httpx', 'model_runtime.runtime') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,6 +1,6 @@
 """Helpers for the chat tests: an in-process stand-in for the daemon, and Pilot helpers.
 
-The scripted backend is the daemon's own pipeline minus HTTP: the fake runtime (``assistant.fake_engine``)
+The scripted backend is the daemon's own pipeline minus HTTP: the fake runtime (``assistant.fake_runtime``)
 builds the chat row and unmasks it step by step, and the daemon's ``Pieces`` renders each step into the
 canvas text and spans the real SSE stream carries. Only the answers are scripted (so tests can put
 Markdown and code blocks in them) and the clock is fake (``step_seconds`` per step), so tokens/s in
@@ -20,9 +20,11 @@ from textual.pilot import Pilot
 from textual.widgets import Markdown
 
 from assistant.client import APIError, DaemonUnavailable, Done, Step
-from assistant.fake_engine import IM_END_ID, CanvasRow, FakeRuntime
-from assistant.server import Pieces
-from model_runtime.params import DoneEvent, SamplingParams, StepEvent
+from assistant.fake_runtime import IM_END_ID, FakeRuntime
+from assistant.http.native import Pieces
+from model_runtime.interface import BatchDone, BatchStep, CanvasRow
+from model_runtime.params import SamplingParams
+from tui.settings import ChatSettings
 from tui.widgets import AnswerView, PromptInput
 
 ANSWER = """Here is a function that adds two numbers:
@@ -107,8 +109,9 @@ class ScriptedBackend:
         return "fake-scripted"
 
     async def generate(
-        self, messages: list[dict[str, str]], params: dict[str, Any], *, session: str | None = None
+        self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
     ) -> AsyncIterator[Step | Done]:
+        params = settings.request_params()
         self.requests.append(Request(messages, dict(params), session))
         if self.generate_errors:
             raise self.generate_errors.pop(0)
@@ -117,7 +120,7 @@ class ScriptedBackend:
         sampling = SamplingParams(max_new_tokens=tokens, steps=params.get("steps", tokens))
         row = self.runtime.make_row(self.runtime.encode_chat(messages), tokens, chat=True)
         for event in self.runtime.run([row], sampling):
-            if isinstance(event, StepEvent):
+            if isinstance(event, BatchStep):
                 if request_id in self.cancelled:
                     yield Done(request_id, "", "cancelled", stats={"steps": event.step})
                     return
@@ -135,7 +138,7 @@ class ScriptedBackend:
                     await self.resume.wait()
                 await asyncio.sleep(self.step_delay)
             else:
-                assert isinstance(event, DoneEvent)
+                assert isinstance(event, BatchDone)
                 seconds = event.stats.steps * self.step_seconds
                 new = event.stats.new_tokens
                 yield Done(

@@ -20,8 +20,7 @@ import pytest
 from rich.console import Console
 from textual.widgets import Button
 
-from assistant import config as assistant_config
-from assistant.client import Client
+from assistant.client import Client, SamplingOptions
 from assistant.config import Config, load_config
 from tests.assistant.helpers import REPO, DaemonProcess, start_daemon, stop_background_daemons, wait_until
 from tests.tui.helpers import answered, ask, screen_text, until
@@ -134,7 +133,9 @@ def test_once_draws_the_canvas_in_place_then_prints_the_answer(fake_daemon: Daem
     assert run_once(daemon_config(fake_daemon), settings, PROMPT, out=out, console=console) == 0
     with Client(config=daemon_config(fake_daemon)) as client:
         expected = client.generate(
-            messages=[{"role": "user", "content": PROMPT}], **settings.request_params()
+            messages=[{"role": "user", "content": PROMPT}],
+            max_new_tokens=settings.max_new_tokens,
+            sampling=settings.sampling(),
         )
     assert out.getvalue() == expected.text + "\n"
     drawn = terminal.getvalue()
@@ -169,7 +170,9 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
     assert once.returncode == 0, once.stderr
     with Client(config=daemon_config(fake_daemon)) as client:
         expected = client.generate(
-            messages=[{"role": "user", "content": PROMPT}], **settings.request_params()
+            messages=[{"role": "user", "content": PROMPT}],
+            max_new_tokens=settings.max_new_tokens,
+            sampling=settings.sampling(),
         )
     assert once.stdout == expected.text + "\n" and "Traceback" not in once.stderr
     # An answer that fills its canvas gets a note on stderr: one line, not wrapped at 80 columns although
@@ -179,7 +182,9 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
             p
             for p in (f"{PROMPT} ({i})" for i in range(20))
             if client.generate(
-                messages=[{"role": "user", "content": p}], **settings.request_params()
+                messages=[{"role": "user", "content": p}],
+                max_new_tokens=settings.max_new_tokens,
+                sampling=settings.sampling(),
             ).finish_reason
             == "length"
         )
@@ -274,10 +279,6 @@ async def test_end_to_end_with_a_tiny_checkpoint(
     assert store.trace(saved[1].id) == answer.trace
 
 
-@pytest.mark.skipif(
-    not hasattr(assistant_config, "CLIENT_TABLES"),
-    reason="needs assistant/config.py to leave the [chat] and [keymap] tables to their owner",
-)
 def test_config_file_chat_and_keymap_tables_drive_the_command(
     fake_daemon: DaemonProcess, diffu_home: Path
 ) -> None:
@@ -308,11 +309,9 @@ def test_config_file_chat_and_keymap_tables_drive_the_command(
         expected = client.generate(
             messages=[{"role": "user", "content": PROMPT}],
             max_new_tokens=12,
-            steps=3,
-            temperature=0.0,
-            top_p=0.95,
-            alg="entropy",
-            decoder="reference",
+            sampling=SamplingOptions(
+                steps=3, temperature=0.0, top_p=0.95, alg="entropy", decoder="reference"
+            ),
         )
     assert answer.stdout == expected.text + "\n"
     config.write_text("[chat]\nsteps = 0\n")

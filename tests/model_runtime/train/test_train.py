@@ -118,7 +118,8 @@ def _step_losses(run_dir: Path) -> dict[int, float]:
 
 def test_smoke_training_lowers_the_loss_and_exports_a_loadable_model(smoke_run):
     import model_runtime
-    from model_runtime.params import DoneEvent, SamplingParams
+    from model_runtime.interface import BatchDone
+    from model_runtime.params import SamplingParams
 
     losses = _step_losses(smoke_run)
     assert sorted(losses) == list(range(1, 121))
@@ -141,7 +142,7 @@ def test_smoke_training_lowers_the_loss_and_exports_a_loadable_model(smoke_run):
     assert rt.tokenizer.token_to_id("<|mask|>") == cfg["mask_token_id"]
     events = list(rt.infill("def f(x):\n", "\n    return y\n", 4, SamplingParams(max_new_tokens=4, steps=4)))
     done = events[-1]
-    assert isinstance(done, DoneEvent) and rt.tokenizer.mask_id not in done.sequences[0]
+    assert isinstance(done, BatchDone) and rt.tokenizer.mask_id not in done.sequences[0]
 
 
 def test_init_from_fine_tunes_the_exported_model_with_its_own_tokenizer(smoke_run, source_dir, tmp_path):

@@ -1,0 +1,339 @@
+"""The daemon's HTTP app: lifecycle, the path every generation route shares, and the daemon's own routes.
+
+Every generation route does the same: parse the body into a :class:`~assistant.protocol.GenSpec` (4xx on
+bad input), build the job off the event loop (:func:`assistant.job_builder.build_job`), submit it to the
+:class:`~assistant.scheduler.Scheduler`, then turn the job's events into the route's response shape
+(``native``, ``openai``, ``llama``). While a job runs, a watcher waits for the client's
+``http.disconnect`` and cancels the job, so an abandoned request frees the device at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from assistant import __version__, protocol, sse
+from assistant.config import Config
+from assistant.http.streaming import EventStream, HealthFeed, wait_disconnect
+from assistant.job import Job, JobDone, JobError
+from assistant.job_builder import build_job
+from assistant.protocol import GenSpec, RequestError, error_body
+from assistant.scheduler import READY, Loader, NotReady, Scheduler, SchedulerError, SchedulerStatus
+from assistant.security import GuardMiddleware, is_loopback
+from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
+from model_runtime.interface import RuntimeProtocol
+from model_runtime.params import SamplingParams
+
+log = logging.getLogger("diffu.server")
+
+
+class HttpApp:
+    """The daemon's state behind its routes: config, the scheduler, and what every route shares."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        loader: Loader,
+        on_fatal: Callable[[str], None] | None = None,
+        warmup: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.loader = loader
+        self.on_fatal = on_fatal
+        self.warmup = config.warmup if warmup is None else warmup
+        self.scheduler: Scheduler | None = None
+        self.health_feed: HealthFeed | None = None
+        self.started = time.time()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        del app
+        loop = asyncio.get_running_loop()
+        self.health_feed = HealthFeed(loop)
+        self.scheduler = Scheduler(
+            self.loader,
+            queue_size=self.config.queue_size,
+            max_batch=self.config.max_batch,
+            warmup_params=SamplingParams() if self.warmup else None,
+        )
+        self.scheduler.add_listener(self.health_feed.notify)
+        self.scheduler.add_listener(self._on_status)
+        self.scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.scheduler.stop, self.config.shutdown_grace + 5)
+
+    def _on_status(self, status: SchedulerStatus) -> None:  # scheduler thread
+        if status.stage == "failed":
+            log.error("cannot serve: %s", status.error)
+            if self.on_fatal:
+                self.on_fatal(status.error or "model load failed")
+        elif status.stage == READY:
+            log.info("ready to serve")
+
+    @property
+    def sched(self) -> Scheduler:
+        """The scheduler (it exists from the app's start to its end)."""
+        assert self.scheduler is not None, "the app's lifespan has not started"
+        return self.scheduler
+
+    @property
+    def runtime(self) -> RuntimeProtocol:
+        """The runtime, or a 503 (NotReady) while the model loads or compiles."""
+        sched = self.sched
+        if not sched.ready:
+            st = sched.status
+            raise NotReady(
+                f"the model is not ready ({st.stage} {st.progress:.0%}: {st.detail})", retry_after=2
+            )
+        return sched.runtime
+
+    def _ready_runtime(self) -> RuntimeProtocol | None:
+        sched = self.scheduler
+        return sched.runtime if sched is not None and sched.ready else None
+
+    def model_name(self) -> str:
+        """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
+        rt = self._ready_runtime()
+        name = str((rt.model_name if rt is not None else None) or self.config.model)
+        if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
+            return BUNDLED_MODEL_NAME
+        if os.path.isabs(name) or os.path.isdir(name):
+            return os.path.basename(name.rstrip("/")) or name
+        return name
+
+    # -- jobs ------------------------------------------------------------------------------------------
+    async def start_job(self, spec: GenSpec) -> tuple[Job, bool]:
+        """Build ``spec``'s job in a worker thread and submit it; returns (job, context truncated)."""
+        rt = self.runtime
+        loop = asyncio.get_running_loop()
+        sched = self.sched
+        with sched.preparing():
+            job, truncated = await run_in_threadpool(build_job, rt, spec, self.config)
+            job.loop = loop
+            sched.submit(job)
+        return job, truncated
+
+    async def wait_result(self, request: Request, job: Job) -> JobDone | JobError | None:
+        """The job's final event, or None if the client went away first (the job is then cancelled)."""
+
+        async def consume() -> JobDone | JobError:
+            async for event in job.events():
+                if isinstance(event, JobDone | JobError):
+                    return event
+            raise AssertionError("job events ended without a final event")
+
+        result = asyncio.ensure_future(consume())
+        watch = asyncio.ensure_future(wait_disconnect(request.receive))
+        try:
+            await asyncio.wait({result, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not result.done():
+                self.cancel_job(job, "client disconnected")
+                result.cancel()
+            watch.cancel()
+            await asyncio.gather(result, watch, return_exceptions=True)
+        return None if result.cancelled() else result.result()
+
+    def cancel_job(self, job: Job, reason: str) -> None:
+        if self.scheduler is not None and not job.finished:
+            log.info("cancelling %s: %s", job.id, reason)
+            self.scheduler.cancel(job, reason)
+
+    async def respond(
+        self,
+        request: Request,
+        job: Job,
+        stream: bool,
+        events: Callable[[], AsyncIterator[bytes]],
+        body: Callable[[JobDone], Any],
+    ) -> Response:
+        """What every generation route does with its job: an SSE stream of ``events()`` (a client that
+        disconnects cancels the job), or else the finished job as the route's JSON ``body``; 499 when the
+        client left first, and the job's error as a RequestError."""
+        headers = {"x-request-id": job.id}
+        if stream:
+            return EventStream(
+                events(), headers=headers, on_disconnect=lambda: self.cancel_job(job, "client disconnected")
+            )
+        result = await self.wait_result(request, job)
+        if result is None:
+            return Response(status_code=499)
+        if isinstance(result, JobError):
+            raise RequestError(
+                result.message, status=result.status, kind=result.kind, param=result.param,
+                details=result.details,
+            )
+        return JSONResponse(body(result), headers=headers)
+
+    # -- the daemon's routes: health, status, cancel ---------------------------------------------------
+    def _health_body(self) -> tuple[int, dict[str, Any]]:
+        st = self.sched.status
+        if st.stage == READY:
+            return 200, {"status": "ok", "stage": st.stage, "progress": 1.0, "model": self.model_name()}
+        message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
+        return 503, {
+            "status": st.stage,
+            **st.to_dict(),
+            "model": self.model_name(),
+            "error": {"code": 503, "message": message, "type": "unavailable_error"},
+        }
+
+    async def health(self, request: Request) -> Response:
+        """503 with stage and progress while loading or compiling, 200 when ready. No token needed."""
+        if request.query_params.get("stream") in ("1", "true"):
+            return EventStream(self._health_events())
+        status, body = self._health_body()
+        headers = {"retry-after": "1"} if status == 503 else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    async def _health_events(self) -> AsyncIterator[bytes]:
+        """``event: status`` on every stage/progress change until ready or failed."""
+        assert self.health_feed is not None
+        while True:
+            waiter = asyncio.ensure_future(self.health_feed.wait())
+            status, body = self._health_body()
+            yield sse.encode(body, event="status")
+            if status == 200 or body["status"] in ("failed", "stopping"):
+                waiter.cancel()
+                return
+            await waiter
+
+    async def status(self, request: Request) -> Response:
+        del request
+        sched = self.sched
+        rt = self._ready_runtime()
+        return JSONResponse(
+            {
+                "model": self.model_name(),
+                "model_path": self.config.model,
+                "version": __version__,
+                "pid": os.getpid(),
+                "device": rt.device if rt else None,
+                "dtype": rt.dtype if rt else None,
+                "quantize": rt.quantize_mode if rt else None,
+                "max_context": rt.max_context if rt else None,
+                "default_decoder": rt.default_decoder if rt else None,
+                "mesh": rt.mesh_info if rt else None,
+                "buckets": [list(b) for b in rt.buckets] if rt else [],
+                "engine": sched.status.to_dict(),
+                "queue": sched.queue_info(),
+                "counters": dict(sched.counters),
+                "uptime_seconds": round(time.time() - self.started, 3),
+                "limits": {
+                    "max_steps": self.config.max_steps,
+                    "max_seconds": self.config.max_seconds,
+                    "max_body_bytes": self.config.max_body_bytes,
+                    "queue_size": self.config.queue_size,
+                },
+                "auth": self.config.auth,
+                # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
+                "features": ["holes"] if rt is not None and rt.supports_holes else [],
+            }
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        data = protocol.parse_json(await request.body())
+        protocol.reject_unknown(data, {"id"}, "/v1/diffu/cancel")
+        job_id = protocol.get_str(data, "id", required=True, max_len=200) or ""
+        for prefix in ("chatcmpl-", "cmpl-"):
+            job_id = job_id.removeprefix(prefix)
+        if not self.sched.cancel(job_id, "cancelled by the client"):
+            raise RequestError(
+                f"id: no queued or running request {job_id!r}", status=404, param="id", kind="not_found_error"
+            )
+        return JSONResponse({"id": job_id, "cancelled": True})
+
+    # -- the app ---------------------------------------------------------------------------------------
+    def app(self, *, api_key: str | None) -> ASGIApp:
+        """The ASGI app: every dialect's routes behind the security guard."""
+        from assistant.http import llama, native, openai
+
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/diffu/status", self.status, methods=["GET"]),
+            *native.routes(self),
+            Route("/v1/diffu/cancel", self.cancel, methods=["POST"]),
+            *openai.routes(self),
+            *llama.routes(self),
+        ]
+        app = Starlette(
+            routes=routes,
+            lifespan=self.lifespan,
+            exception_handlers={
+                RequestError: _request_error,
+                SchedulerError: _scheduler_error,
+                HTTPException: _http_error,
+                Exception: _internal_error,
+            },
+        )
+        return GuardMiddleware(
+            app,
+            api_key=api_key,
+            check_host=is_loopback(self.config.host),
+            allowed_hosts=self.config.allowed_hosts,
+            cors_origins=self.config.cors_origins,
+            max_body_bytes=self.config.max_body_bytes,
+        )
+
+
+def usage(job: Job, done: JobDone) -> dict[str, int]:
+    """OpenAI-style token counts of a finished job (every dialect reports them)."""
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": done.new_tokens,
+        "total_tokens": job.prompt_tokens + done.new_tokens,
+    }
+
+
+def job_error_event(error: JobError) -> dict[str, Any]:
+    """A JobError as the body of an SSE error event (``code`` is the HTTP status)."""
+    return error_body(error.message, error.kind, param=error.param, code=error.status, details=error.details)
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    if exc.status >= 500:
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+
+async def _scheduler_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SchedulerError)
+    log.info("%s %s: %s", request.method, request.url.path, exc)
+    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(error_body(str(exc), exc.kind), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"method {request.method} not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        error_body("internal server error (see the daemon log)", "server_error"), status_code=500
+    )

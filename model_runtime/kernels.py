@@ -1,0 +1,216 @@
+"""The reference decoder's jitted programs: one denoising step, and every step in one ``fori_loop``.
+
+They are pure functions of (graphdef, state, canvas, inputs): ``graphdef``, the sampler switches and the
+hooks are static (each distinct value is another program), everything that changes per call is traced.
+The traced inputs travel as one registered dataclass (:class:`StepInputs`, :class:`LoopInputs`), so the
+programs, their abstract signatures and their callers name each input once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model_runtime.model import DreamModel, shift_logits
+from model_runtime.params import SamplingParams
+from model_runtime.sampling import (
+    SamplerSpec,
+    commit_by_confidence,
+    commit_origin,
+    sample_tokens,
+    transfer_counts,
+)
+
+Hook = Callable[[jax.Array | None, jax.Array, jax.Array | None], jax.Array]
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Knobs:
+    """The traced sampling values (f32 scalars): changing them never recompiles."""
+
+    temperature: jax.Array
+    top_p: jax.Array
+    alg_temp: jax.Array
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Knobs:
+        return cls(
+            jnp.float32(params.temperature),
+            jnp.float32(params.effective_top_p),
+            jnp.float32(params.alg_temp or 1.0),
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class StepInputs:
+    """What one denoising step reads besides the canvas."""
+
+    attn: jax.Array  # [B, L] bool: real tokens (False: left padding)
+    ratio: jax.Array  # f32: the schedule's fraction of this step's masks to keep masked
+    is_last: jax.Array  # bool: the last step commits every mask left
+    key: jax.Array  # this step's PRNG key
+    index: jax.Array  # i32: the step's number, for the hooks
+    knobs: Knobs
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class LoopInputs:
+    """What the fused loop reads besides the canvas: the whole schedule and the base key."""
+
+    attn: jax.Array  # [B, L] bool
+    ratios: jax.Array  # [R] f32, the schedule padded to a power of two (ratio_bucket)
+    steps: jax.Array  # i32: how many entries of ``ratios`` to run
+    key: jax.Array  # step i uses fold_in(key, i), as the streaming path does
+    knobs: Knobs
+
+    def step(self, i: jax.Array) -> StepInputs:
+        return StepInputs(
+            self.attn, self.ratios[i], i == self.steps - 1, jax.random.fold_in(self.key, i), i, self.knobs
+        )
+
+
+def ratio_bucket(steps: int) -> int:
+    """Length of the schedule array the fused program takes: a power of two, so steps share programs."""
+    return max(64, 1 << (steps - 1).bit_length())
+
+
+def denoise_step(
+    state: nnx.State,
+    x: jax.Array,
+    inputs: StepInputs,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SamplerSpec,
+    mask_id: int,
+    logits_hook: Hook | None,
+    tokens_hook: Hook | None,
+    window: int = 0,
+) -> jax.Array:
+    """One step of the reference's ``_sample`` loop on a ``[B, L]`` canvas; returns the new canvas.
+
+    ``window`` (static; 0 = the whole canvas) limits the sampler to the last ``window`` positions when
+    the caller knows every mask lies there (plain generation: the appended region). The reference computes
+    logits for the whole canvas and then only uses masked positions; we compute them for masked positions
+    only (``_sample_masked``). Neither changes a result, only the cost: ``lm_head`` and top-k over the
+    vocabulary are a large part of a step.
+    """
+    model = nnx.merge(graphdef, state)
+    knobs = inputs.knobs
+    n = x.shape[1]
+    w = window if window and window < n else n
+    canvas = x
+    head, x = (x[:, : n - w], x[:, n - w :]) if w < n else (None, x)
+    mask_index = x == mask_id  # masks inside the prompt are denoised too (infill)
+    k_sample, k_commit = jax.random.split(inputs.key)
+    if logits_hook is None and tokens_hook is None:
+        trunk = model.trunk(canvas, inputs.attn)
+        confidence, x0 = _sample_masked(
+            model, trunk, n - w, mask_index, k_sample, spec, knobs.temperature, knobs.top_p
+        )
+        logits = None
+    else:
+        hidden, _ = model.hidden(canvas, inputs.attn)
+        # The shift: position p is predicted by the output at p - 1 (position 0 by itself, never a mask).
+        hidden = hidden[:, n - w - 1 : n - 1] if w < n else shift_logits(hidden)
+        logits = model.head(hidden)  # [B, W, V]: the hooks see every position's logits
+        if logits_hook is not None:
+            logits = logits_hook(inputs.index, x, logits)
+        confidence, x0 = sample_tokens(logits, k_sample, spec, knobs.temperature, knobs.top_p)
+    if spec.alg == "origin":
+        new = commit_origin(x, mask_index, x0, inputs.ratio, k_commit)
+    else:
+        counts = transfer_counts(jnp.sum(mask_index, axis=-1), inputs.ratio, inputs.is_last)
+        new = commit_by_confidence(x, mask_index, x0, confidence, counts, k_commit, spec, knobs.alg_temp)
+    if tokens_hook is not None:
+        new = tokens_hook(inputs.index, new, logits)
+    return new if head is None else jnp.concatenate([head, new], axis=1)
+
+
+def denoise_all(
+    state: nnx.State,
+    x: jax.Array,
+    inputs: LoopInputs,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SamplerSpec,
+    mask_id: int,
+    logits_hook: Hook | None,
+    tokens_hook: Hook | None,
+    window: int = 0,
+) -> jax.Array:
+    """All ``inputs.steps`` steps in one program; per-step keys as the streaming path, so results agree."""
+    statics: dict[str, Any] = dict(
+        graphdef=graphdef,
+        spec=spec,
+        mask_id=mask_id,
+        logits_hook=logits_hook,
+        tokens_hook=tokens_hook,
+        window=window,
+    )
+
+    def body(i: jax.Array, x: jax.Array) -> jax.Array:
+        return denoise_step(state, x, inputs.step(i), **statics)
+
+    return jax.lax.fori_loop(0, inputs.steps, body, x)
+
+
+# Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
+_ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
+
+
+def row_sizes(window: int) -> list[int]:
+    """The row counts ``_sample_masked`` may gather over a ``window``-position region, smallest first."""
+    return [m for m in _ROW_BUCKETS if m < window] + [window]
+
+
+def gathered_rows(masks: int, window: int) -> int:
+    """Rows a reference step gathers when its fullest row holds ``masks`` masks (for FLOP counts)."""
+    return next(m for m in row_sizes(window) if m >= masks)
+
+
+def _sample_masked(
+    model: DreamModel,
+    trunk: tuple[jax.Array, jax.Array, jax.Array],
+    offset: int,
+    mask_index: jax.Array,
+    key: jax.Array,
+    spec: SamplerSpec,
+    temperature: jax.Array,
+    top_p: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """``sample_tokens`` of the still-masked positions only: (confidence, proposal) over ``[B, W]``.
+
+    ``trunk`` is ``model.trunk`` of the canvas, whose last ``W`` positions (from ``offset``) are sampled.
+    A step's masks are gathered (in position order) into the smallest row bucket that holds every row's,
+    and the last layer's queries and MLP, ``lm_head`` and the sampler run on those rows only; early steps
+    use all ``W`` rows, late ones a few. Other positions get confidence -inf, which the commit ignores as
+    the reference's ``logits[mask_index]`` gather does.
+    """
+    b, w = mask_index.shape
+    sizes = row_sizes(w)
+    # Masked positions first, in position order (stable), so rows keep the reference's tie order.
+    order = jnp.argsort(~mask_index, axis=-1, stable=True)
+    batch = jnp.arange(b)[:, None]
+
+    def branch(m: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
+        def run(order: jax.Array, *trunk: jax.Array) -> tuple[jax.Array, jax.Array]:
+            idx = order[:, :m]
+            # The shift: position p is predicted by the output at p - 1 (position 0 by itself).
+            hidden = model.finish(trunk[0], trunk[1], trunk[2], jnp.maximum(idx + offset - 1, 0))  # [B, m, D]
+            confidence, x0 = sample_tokens(model.head(hidden), key, spec, temperature, top_p)
+            full_conf = jnp.full((b, w), -jnp.inf, confidence.dtype).at[batch, idx].set(confidence)
+            return full_conf, jnp.zeros((b, w), jnp.int32).at[batch, idx].set(x0)
+
+        return run
+
+    most = jnp.max(jnp.sum(mask_index, axis=-1))
+    pick = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), most.astype(jnp.int32))  # first size >= most
+    return jax.lax.switch(pick, [branch(m) for m in sizes], order, *trunk)

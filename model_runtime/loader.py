@@ -1,0 +1,190 @@
+"""Loading a DiffuCoder/Dream checkpoint onto a device or a mesh: ``load(model) -> Runtime``.
+
+Tensors are read one at a time from memory-mapped safetensors through the one fail-loud name map
+(``checkpoint.py``, ``weights.py``), converted (or quantized) on the host and placed straight into their
+shards. No code from the model directory runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from model_runtime import compile_cache, quant, sharding
+from model_runtime.checkpoint import (
+    check_names,
+    list_tensors,
+    read_tensors,
+    refuse_pickle_only,
+    resolve_model_dir,
+)
+from model_runtime.config import load_config
+from model_runtime.errors import InputError, ModelError
+from model_runtime.model import DreamModel
+from model_runtime.params import DECODERS
+from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
+from model_runtime.tokenizer import load_tokenizer
+
+Progress = Callable[[str, float], None]
+
+
+def default_dtype() -> str:
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def _dtype(name: str | None) -> jnp.dtype:
+    name = name or default_dtype()
+    table = {
+        "float32": jnp.float32,
+        "fp32": jnp.float32,
+        "bfloat16": jnp.bfloat16,
+        "bf16": jnp.bfloat16,
+        "float16": jnp.float16,
+        "fp16": jnp.float16,
+    }
+    if name not in table:
+        raise InputError(f"dtype: expected one of float32, bfloat16, float16; got {name!r}")
+    return table[name]
+
+
+def recommended_decoder(model_dir: Path) -> str:
+    """The decoder a model directory recommends: ``diffu_decoder`` in its ``generation_config.json``.
+
+    Published checkpoints carry no such key and get the reference decoder. A model trained by ``diffu
+    train`` gets it only where ``scripts/decoder_quality.py --record`` measured the fast decoder writing
+    better code on the model's held-out files (the bundled demo model does).
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return "reference"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("diffu_decoder", "reference")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ModelError(f"generation_config.json: cannot read it as a JSON object ({exc})") from None
+    if value not in DECODERS:
+        raise ModelError(
+            f"generation_config.json: diffu_decoder must be one of {', '.join(DECODERS)}, got {value!r}"
+        )
+    return value
+
+
+def load(
+    model: str | os.PathLike | None = None,
+    *,
+    dtype: str | None = None,
+    max_context: int | None = None,
+    length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+    batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    progress: Progress | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    tp: int = 1,
+    dp: int | None = None,
+    quantize: str | quant.QuantSpec | None = None,
+) -> Runtime:
+    """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device, or with ``tp``
+    (tensor parallel) / ``dp`` (data parallel) onto a device mesh.
+
+    Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
+    CPU, bfloat16 on accelerators by default) and placed; on a mesh each device receives only its shard
+    of a sharded weight. ``quantize`` (``"int8"``, ``"int4"`` or a ``quant.QuantSpec``) stores the
+    projection matrices and ``lm_head`` as integers with scales, each quantized on the host as it is
+    read (see ``quant.py``). No code from the model directory runs.
+    """
+    qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
+    compile_cache.enable(cache_dir)
+    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
+    if (
+        qspec is not None
+        and qspec.mode == "int4"
+        and mesh is not None
+        and mesh.devices.flat[0].platform == "cpu"
+    ):
+        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
+        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
+        raise InputError(
+            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
+            "use --quantize int8, or one device (tp=1, dp=1)"
+        )
+    if model is None:
+        # No model configured: the small demo model trained by `diffu train` that ships in the package.
+        from model_runtime.bundled import bundled_model_dir
+
+        model = bundled_model_dir()
+        if not (model / "config.json").is_file():
+            raise ModelError(
+                "no model given and the bundled demo model is missing from this installation: "
+                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
+            )
+    report = progress or (lambda stage, frac: None)
+    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
+    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
+    report("reading config", 0.0)
+    cfg = load_config(model_dir)
+    tokenizer = load_tokenizer(
+        model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
+    )
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is {cfg.vocab_size}"
+        )
+    tensors = list_tensors(model_dir)
+    targets = check_names(cfg, tensors)
+    jdtype = _dtype(dtype)
+    if qspec is not None:
+        for spec in targets.values():
+            if qspec.applies(spec):
+                qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    # Abstract shapes first (nothing allocated), then each tensor goes straight into its shards.
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0), quant=qspec))
+    graphdef, state = nnx.split(abstract)
+    pure = nnx.to_pure_dict(state)
+    total = sum(int(np.prod(t.shape)) for t in tensors.values())
+    done = 0
+    for name, array in read_tensors(tensors):
+        target = targets.get(name)
+        if target is None:
+            continue  # a recomputed buffer (rotary inv_freq)
+        node: Any = pure
+        for part in target.path[:-1]:
+            node = node[part]
+        leaf = str(target.path[-1])
+        # Convert this tensor alone: layout change and dtype cast (or quantization) on the host, then
+        # onto the device(s).
+        if qspec is not None and qspec.applies(target):
+            values, scale = quant.quantize(target.convert(array), target, qspec, np.dtype(jdtype))
+            placed = {leaf: values, leaf + "_scale": scale}
+        else:
+            placed = {leaf: np.asarray(target.convert(array), dtype=jdtype)}
+        for key, host in placed.items():
+            if mesh is None:
+                node[key] = jax.device_put(host)
+            else:
+                node[key] = sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+        del placed
+        done += int(np.prod(array.shape))
+        report("loading weights", done / total)
+    nnx.replace_by_pure_dict(state, pure)
+    report("ready", 1.0)
+    return Runtime(
+        cfg,
+        tokenizer,
+        graphdef,
+        state,
+        model_name=str(model),
+        model_dir=model_dir,
+        dtype=jdtype,
+        max_context=max_context,
+        length_buckets=length_buckets,
+        batch_buckets=batch_buckets,
+        mesh=mesh,
+        default_decoder=recommended_decoder(model_dir),
+        quantize=qspec,
+    )

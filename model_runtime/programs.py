@@ -1,0 +1,185 @@
+"""The runtime's compiled programs: lowered and compiled ahead of time per shape bucket, kept in memory.
+
+A program is keyed by what makes it a different XLA program: its kind (one reference step, the fused
+reference loop, or the fast decoder's refresh and block programs), the (batch, length) bucket, the
+sampler's static switches, the hooks and the logits window. Compiling is timed and counted against
+JAX's persistent compilation cache (``compile_cache``), so a restart reports which programs it found
+there. Nothing here bounds the number of programs: every distinct key stays (issue #17 adds a bound;
+:meth:`ProgramCache._compile` is where entries are added).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, ItemsView
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from model_runtime import compile_cache, fast
+from model_runtime.config import DreamConfig
+from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
+from model_runtime.placement import Placed, output_shardings
+from model_runtime.sampling import SamplerSpec
+
+Program = Callable[..., Any]
+
+
+class Built(NamedTuple):
+    """A program and what getting it cost: compile seconds, fresh compiles, persistent-cache hits (all
+    zero when it was already in memory)."""
+
+    program: Program
+    seconds: float
+    compiled: int
+    hits: int
+
+
+class ProgramCache:
+    """Compiled programs of one model's parameters (``graphdef``/``state``) on one device or mesh."""
+
+    def __init__(
+        self, cfg: DreamConfig, graphdef: nnx.GraphDef, state: nnx.State, dtype: str, mesh: Mesh | None
+    ) -> None:
+        self.cfg = cfg
+        self.graphdef = graphdef
+        self.state = state
+        self.dtype = dtype
+        self.mesh = mesh
+        dp = int(mesh.shape["dp"]) if mesh is not None else 1
+        # Canvas arrays [B, L]: rows over dp (replicated without a mesh: one device).
+        self._rows = (
+            None if mesh is None else NamedSharding(mesh, PartitionSpec("dp" if dp > 1 else None, None))
+        )
+        self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+        self._programs: dict[tuple[Any, ...], Program] = {}
+        static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
+        # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
+        rows_out: dict[str, Any] = {} if self._rows is None else {"out_shardings": self._rows}
+        self._jitted = {
+            # One denoising step per call: for streaming, where every canvas goes to the host anyway.
+            "step": jax.jit(denoise_step, static_argnames=static, donate_argnames=("x",), **rows_out),
+            # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
+            "all": jax.jit(denoise_all, static_argnames=static, donate_argnames=("x",), **rows_out),
+            # The fast decoder's two fixed-shape programs.
+            "refresh": jax.jit(
+                fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
+            ),
+            "block": jax.jit(
+                fast.block_loop, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
+            ),
+        }
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def items(self) -> ItemsView[tuple[Any, ...], Program]:
+        """(key, program) pairs; a key starts with the program's kind."""
+        return self._programs.items()
+
+    # -- abstract arguments ----------------------------------------------------------------------
+    def _abstract(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An abstract argument (a ShapeDtypeStruct standing in for an array); on a mesh, ``[B, L]``
+        canvases are split over dp, the rest replicated."""
+        if self.mesh is None:
+            return jax.ShapeDtypeStruct(shape, dtype)
+        return jax.ShapeDtypeStruct(
+            shape, dtype, sharding=self._rows if len(shape) == 2 else self._replicated
+        )
+
+    def _key(self) -> Any:
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        if self.mesh is not None:
+            rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self._replicated)
+        return rng
+
+    def _scalar(self, dtype: Any) -> Any:
+        return self._abstract((), dtype)
+
+    def _knobs(self) -> Knobs:
+        f32: Any = self._scalar(jnp.float32)
+        return Knobs(f32, f32, f32)
+
+    # -- the reference decoder -------------------------------------------------------------------
+    def reference(
+        self,
+        kind: str,
+        shape: tuple[int, int],
+        spec: SamplerSpec,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+        n_ratios: int = 0,
+        window: int = 0,
+    ) -> Built:
+        """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
+        schedule padded to ``n_ratios`` entries)."""
+        key = (kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
+        program = self._programs.get(key)
+        if program is not None:
+            return Built(program, 0.0, 0, 0)
+        # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
+        common: dict[str, Any] = dict(
+            attn=self._abstract(shape, jnp.bool_), key=self._key(), knobs=self._knobs()
+        )
+        inputs: StepInputs | LoopInputs
+        if kind == "step":
+            f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
+            inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
+        else:
+            ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
+            inputs = LoopInputs(ratios=ratios, steps=i32, **common)
+        statics = dict(
+            mask_id=self.cfg.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook, window=window
+        )
+        return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
+
+    # -- the fast decoder ------------------------------------------------------------------------
+    def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
+        """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
+        b, n = shape
+        cfg = self.cfg
+        x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
+        f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._key()
+        statics = dict(mask_id=cfg.mask_token_id)
+        out: list[Program] = []
+        seconds, compiled, hits = 0.0, 0, 0
+        for kind in ("refresh", "block"):
+            key = (kind, shape, fspec)
+            if key in self._programs:
+                out.append(self._programs[key])
+                continue
+            if kind == "refresh":
+                args: tuple[Any, ...] = (x, attn, i32, rng, f32, f32)
+            else:
+                # The block program takes the caches exactly as the refresh program lays them out.
+                kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
+                layouts: Any = output_shardings(out[0])
+                caches = [
+                    tuple(
+                        jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer
+                    )
+                    for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+                ]
+                args = (x, attn, caches, i32, rng, f32, f32, f32, f32)
+            built = self._compile(key, kind, args, fspec, statics)
+            out.append(built.program)
+            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
+        return out, seconds, compiled, hits
+
+    def _compile(
+        self, key: tuple[Any, ...], kind: str, args: tuple[Any, ...], spec: object, statics: dict[str, Any]
+    ) -> Built:
+        """Lower and compile ``self._jitted[kind]`` for abstract ``args``, timed and counted."""
+        requests0, hits0 = compile_cache.counters()
+        t0 = time.perf_counter()
+        lowered = self._jitted[kind].lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+        requests1, hits1 = compile_cache.counters()
+        program: Program = compiled if self.mesh is None else Placed(compiled)
+        self._programs[key] = program
+        hits = hits1 - hits0
+        return Built(program, seconds, (requests1 - requests0) - hits, hits)

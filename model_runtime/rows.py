@@ -1,0 +1,107 @@
+"""Building canvas rows from prompts: plain generation, infill, infill with other files, prompt holes.
+
+Every runtime builds rows the same way from its tokenizer, so the logic lives once here, in a mixin the
+real runtime, the fake one and the multi-host leader share. Plain Python (no JAX): the daemon builds rows
+in worker threads while the device runs other batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from model_runtime.errors import InputError
+from model_runtime.interface import CanvasRow, TokenizerProtocol
+
+# Qwen2.5-Coder's repository layout, which DiffuCoder's tokenizer still carries: ``<|file_sep|>name\ntext``
+# per other file, then ``<|file_sep|>\n`` and the edited file.
+FILE_SEP = "<|file_sep|>"
+
+
+class CanvasBuilder:
+    """Row construction for a runtime that sets a ``tokenizer`` and a ``max_context``."""
+
+    tokenizer: TokenizerProtocol
+    max_context: int
+
+    def make_row(self, prompt_ids: Sequence[int], max_new_tokens: int, *, chat: bool) -> CanvasRow:
+        """``prompt + <|mask|> * max_new_tokens``: plain generation (chat or raw)."""
+        ids = tuple(int(i) for i in prompt_ids) + (self.tokenizer.mask_id,) * max_new_tokens
+        return CanvasRow(ids, (len(prompt_ids), len(ids)), chat)
+
+    def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow:
+        """``prefix + <|mask|> * canvas_tokens + suffix``: the model fills the middle."""
+        if canvas_tokens < 1:
+            raise InputError(f"canvas_tokens: must be >= 1, got {canvas_tokens}", field="canvas_tokens")
+        tok = self.tokenizer
+        pre, suf = tok.encode(prefix), tok.encode(suffix)
+        ids = tuple(pre) + (tok.mask_id,) * canvas_tokens + tuple(suf)
+        return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), chat=False)
+
+    def make_repo_infill_row(
+        self, prefix: str, suffix: str, canvas_tokens: int, files: Sequence[tuple[str, str]]
+    ) -> tuple[CanvasRow, bool]:
+        """An infill row with other files (``(name, text)``, oldest first) in front, as many as fit.
+
+        Returns the row and whether files were dropped. When they do not all fit the context the newest
+        are kept: llama.vim appends to its ring buffer, so the last chunk is the latest.
+        """
+        row = self.make_infill_row(prefix, suffix, canvas_tokens)
+        if not files:
+            return row, False
+        tok = self.tokenizer
+        chunks = [f"{FILE_SEP}{name}\n{text}" for name, text in files]
+        budget = self.max_context - len(row.ids) - len(tok.encode(f"{FILE_SEP}\n"))
+        kept: list[str] = []
+        for chunk in reversed(chunks):  # each chunk is tokenized once, newest first
+            budget -= len(tok.encode(chunk))
+            if budget < 0:
+                break
+            kept.insert(0, chunk)
+        while kept:
+            # Tokens can merge across chunk borders, so check the real row and drop more if needed.
+            with_files = self.make_infill_row("".join(kept) + f"{FILE_SEP}\n" + prefix, suffix, canvas_tokens)
+            if len(with_files.ids) <= self.max_context:
+                return with_files, len(kept) < len(chunks)
+            kept.pop(0)
+        return row, True
+
+    def make_holes_row(self, prompt_ids: Sequence[int]) -> tuple[CanvasRow, int]:
+        """A row whose region spans the prompt's ``<|mask|>`` holes, first to last, with no canvas after.
+
+        Only masked positions are ever committed, so the text between holes stays as it is. Returns the
+        row and its number of masks.
+        """
+        runs = mask_runs(prompt_ids, self.tokenizer.mask_id)
+        if not runs:
+            raise InputError(
+                "max_new_tokens: 0 asks to fill the prompt's <|mask|> holes, but the prompt has none",
+                field="max_new_tokens",
+            )
+        row = self.make_row(prompt_ids, 0, chat=False)
+        return dataclasses.replace(row, region=(runs[0][0], runs[-1][1])), sum(b - a for a, b in runs)
+
+    def hole_fills(self, row: CanvasRow, region_ids: Sequence[int]) -> list[str]:
+        """One text per run of masks in ``row``'s region, each cut at its first stop token or leftover
+        mask; ``region_ids`` is the region after denoising."""
+        tok = self.tokenizer
+        stops = set(tok.stop_ids(chat=False)) | {tok.mask_id}
+        lo, hi = row.region
+        fills = []
+        for a, b in mask_runs(row.ids[lo:hi], tok.mask_id):
+            ids = list(region_ids[a:b])
+            cut = next((k for k, t in enumerate(ids) if t in stops), len(ids))
+            fills.append(tok.decode(ids[:cut]))
+        return fills
+
+
+def mask_runs(ids: Sequence[int], mask_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of ``mask_id`` in ``ids``."""
+    runs: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t == mask_id:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    return runs

@@ -1,0 +1,395 @@
+"""The loaded model: ``Runtime.run(rows, params)`` denoises a batch of canvas rows into events.
+
+Shapes are bucketed: a batch is left-padded to a (batch, length) bucket (``batch.py``), which leaves
+every real row's result unchanged, so another prompt length inside a bucket reuses the compiled program
+(``programs.py``). Each denoising step is one jitted pure function (``kernels.py``); the fast decoder's
+programs are in ``fast.py``. ``loader.load`` builds a Runtime from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from model_runtime import distributed, fast, quant, sharding
+from model_runtime.batch import PlacedBatch
+from model_runtime.config import DreamConfig
+from model_runtime.errors import InputError
+from model_runtime.interface import BatchEvents, CanvasRow, RuntimeProtocol, WarmupProgress
+from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket
+from model_runtime.params import SamplingParams
+from model_runtime.programs import ProgramCache
+from model_runtime.rows import CanvasBuilder
+from model_runtime.sampling import SamplerSpec, transfer_ratios
+from model_runtime.tokenizer import DreamTokenizer
+
+# Canvas lengths: fine steps where canvases are common (a 64-token step costs at most ~25% extra
+# compute at 256), coarser above. Padding to a bucket never changes a result, only the cost.
+DEFAULT_LENGTH_BUCKETS = (64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
+# Dream's README: "the context length (input+output) of Dream currently is 2048"; max_position_embeddings
+# (131072) is inherited from Qwen2.5 and untested, so we cap at 2048 unless told otherwise.
+DEFAULT_MAX_CONTEXT = 2048
+
+
+def _pick(buckets: Sequence[int], n: int) -> int | None:
+    return next((b for b in sorted(buckets) if b >= n), None)
+
+
+class Runtime(CanvasBuilder):
+    """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
+
+    # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
+    supports_holes = True
+
+    def __init__(
+        self,
+        cfg: DreamConfig,
+        tokenizer: DreamTokenizer,
+        graphdef: nnx.GraphDef,
+        state: nnx.State,
+        *,
+        model_name: str,
+        model_dir: Path,
+        dtype: jnp.dtype,
+        max_context: int | None = None,
+        length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        mesh: Mesh | None = None,
+        default_decoder: str = "reference",
+        quantize: quant.QuantSpec | None = None,
+    ) -> None:
+        self.config = cfg
+        self.quantize = quantize
+        # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
+        # ``diffu_decoder``, see loader.recommended_decoder), else the reference decoder.
+        self.default_decoder = default_decoder
+        self.mesh = mesh
+        self.tokenizer: DreamTokenizer = tokenizer
+        self.graphdef = graphdef
+        self.state = state
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.dtype = jnp.dtype(dtype).name
+        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
+        lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
+        self.length_buckets = tuple(lengths)
+        dp = int(mesh.shape["dp"]) if mesh is not None else 1
+        # With data parallelism every batch bucket is a multiple of dp, so each replica gets whole rows.
+        self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
+        devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
+        self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
+        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh)
+
+    @property
+    def mesh_info(self) -> dict[str, object]:
+        """The device mesh (dp x tp, devices, processes), for status reports."""
+        return sharding.describe(self.mesh)
+
+    @property
+    def quantize_mode(self) -> str | None:
+        return self.quantize.mode if self.quantize is not None else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+
+    # -- building rows (the rest is CanvasBuilder's) ---------------------------------------------
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        try:
+            return self.tokenizer.encode_chat(messages)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        chat: bool,
+        stream: bool = True,
+        **hooks: Hook | None,
+    ) -> BatchEvents:
+        """Left-padded batch generation: one BatchStep per step, then a BatchDone."""
+        rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        return self.run(rows, params, stream=stream, **hooks)
+
+    def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
+        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+
+    # -- compiling ------------------------------------------------------------------------------
+    def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
+        if length > self.max_context:
+            raise InputError(
+                f"the prompt and canvas need {length} tokens, more than the context of "
+                f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens",
+                details={"row_tokens": length, "context_length": self.max_context},
+            )
+        b = _pick(self.batch_buckets, batch)
+        if b is None:
+            raise InputError(
+                f"a batch of {batch} rows is larger than the largest batch bucket {self.batch_buckets[-1]}"
+            )
+        n = _pick(self.length_buckets, length)
+        assert n is not None  # the largest length bucket is max_context
+        return b, n
+
+    def warmup(
+        self,
+        params: SamplingParams,
+        progress: WarmupProgress | None = None,
+        shapes: Sequence[tuple[int, int]] | None = None,
+        *,
+        stream: bool = True,
+    ) -> float:
+        """Compile every bucket (or ``shapes``) for ``params``'s sampler switches; returns the seconds.
+
+        ``stream`` picks the per-step program (what the daemon's streaming routes use) or the fused one.
+        Issue #17's serve-while-compiling starts here: the daemon's scheduler calls this before it
+        takes the first job.
+        """
+        spec = SamplerSpec.from_params(params)
+        shapes = list(shapes or self.buckets)
+        total = 0.0
+        for i, shape in enumerate(shapes):
+            if progress:
+                progress(i, len(shapes), f"compiling batch {shape[0]} x {shape[1]} tokens")
+            # The programs plain generation of params.max_new_tokens tokens uses (see _window).
+            window = self.window_for(params.max_new_tokens, shape[1])
+            if stream:
+                total += self._programs.reference("step", (shape[0], shape[1]), spec, window=window).seconds
+            else:
+                n_ratios = ratio_bucket(params.steps)
+                built = self._programs.reference(
+                    "all", (shape[0], shape[1]), spec, n_ratios=n_ratios, window=window
+                )
+                total += built.seconds
+        if progress:
+            progress(len(shapes), len(shapes), "compiled")
+        return total
+
+    # -- running --------------------------------------------------------------------------------
+    def step_canvas(
+        self, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams
+    ) -> np.ndarray:
+        """Apply denoising step ``step`` of ``params.steps`` to an arbitrary ``[B, L]`` canvas.
+
+        The same compiled program ``run`` uses, at the canvas's exact shape; for parity checks that feed
+        a reference's canvas in and compare what each side commits.
+        """
+        x = np.asarray(x, np.int32)
+        attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
+        shape = (int(x.shape[0]), int(x.shape[1]))
+        program = self._programs.reference("step", shape, SamplerSpec.from_params(params)).program
+        inputs = StepInputs(
+            attn=jnp.asarray(attn),
+            ratio=jnp.float32(transfer_ratios(params.steps, params.eps)[step]),
+            is_last=jnp.bool_(step == params.steps - 1),
+            key=jax.random.fold_in(jax.random.key(params.seed), step),
+            index=jnp.int32(step),
+            knobs=Knobs.of(params),
+        )
+        return distributed.host(program(self.state, jnp.asarray(x), inputs))
+
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+    ) -> BatchEvents:
+        """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here.
+
+        With ``stream`` (default) every step yields a BatchStep; without it the whole loop runs as one
+        compiled program and only the BatchDone comes back (same result, no per-step host sync).
+        """
+        if not rows:
+            raise InputError("no rows to generate")
+        longest = max(len(r.ids) for r in rows)
+        shape = self.bucket_for(len(rows), longest)
+        for r in rows:
+            if r.region[1] <= r.region[0]:
+                raise InputError("a row has an empty generation region")
+        if params.decoder == "fast":
+            layouts = {(len(r.ids) - r.region[0], len(r.ids) - r.region[1]) for r in rows}
+            if len(layouts) > 1:
+                raise InputError(
+                    "the fast decoder needs every row's region in the same columns (same "
+                    "length and the same number of tokens after it); run them separately"
+                )
+            if logits_hook is not None or tokens_hook is not None:
+                raise InputError("hooks are supported by the reference decoder only")
+            return self._run_fast(list(rows), params, shape, stream)
+        return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+
+    def _window(self, rows: list[CanvasRow], n: int) -> int:
+        """For plain generation (masks only in an appended region), the length bucket holding the region.
+
+        Infill rows (masks between prefix and suffix) or masks inside a prompt use the whole canvas
+        (0): their extent varies request by request, and every distinct window is another program.
+        """
+        mask_id = self.config.mask_token_id
+        if any(r.region[1] != len(r.ids) or mask_id in r.ids[: r.region[0]] for r in rows):
+            return 0
+        return self.window_for(max(r.region[1] - r.region[0] for r in rows), n)
+
+    def window_for(self, new_tokens: int, n: int) -> int:
+        """The logits window plain generation of ``new_tokens`` uses on an ``n``-token canvas (0: all)."""
+        window = _pick(self.length_buckets, new_tokens)
+        return 0 if window is None or window >= n else window
+
+    def _run(
+        self,
+        rows: list[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+        logits_hook: Hook | None,
+        tokens_hook: Hook | None,
+    ) -> BatchEvents:
+        spec = SamplerSpec.from_params(params)
+        n_ratios = 0 if stream else ratio_bucket(params.steps)
+        window = 0 if logits_hook or tokens_hook else self._window(rows, shape[1])
+        program, compile_s, compiled, hits = self._programs.reference(
+            "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios, window
+        )
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
+        if tokens_hook is not None:
+            x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
+        ratios = transfer_ratios(params.steps, params.eps)
+        base_key = jax.random.key(params.seed)
+        knobs = Knobs.of(params)
+        mask_id = self.config.mask_token_id
+        t_start = time.perf_counter()
+        if not stream:
+            padded = np.ones(n_ratios, np.float32)
+            padded[: params.steps] = ratios
+            loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), base_key, knobs)
+            prev = distributed.host(program(self.state, x, loop))
+        else:
+            prev = distributed.host(x)
+            for i in range(params.steps):
+                t0 = time.perf_counter()
+                inputs = StepInputs(
+                    attn=attn,
+                    ratio=jnp.float32(ratios[i]),
+                    is_last=jnp.bool_(i == params.steps - 1),
+                    key=jax.random.fold_in(base_key, i),
+                    index=jnp.int32(i),
+                    knobs=knobs,
+                )
+                x = program(self.state, x, inputs)
+                cur = distributed.host(x)  # the one host transfer per step that streaming needs
+                yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
+                prev = cur
+        yield batch.done_event(
+            prev,
+            self.tokenizer,
+            pad_id=self.config.pad_token_id,
+            steps=params.steps,
+            elapsed=time.perf_counter() - t_start,
+            compile_s=compile_s,
+            compiled=compiled,
+            hits=hits,
+        )
+
+    def _run_fast(
+        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int], stream: bool
+    ) -> BatchEvents:
+        """The fast decoder (model_runtime.fast): one BatchStep per block, early stop at end-of-text.
+
+        Issue #17's one-event-per-forward streaming goes here: a block runs its forwards on device
+        (``block_loop``) and reports once.
+        """
+        n = shape[1]
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        lo = batch.offsets[0] + rows[0].region[0]  # every row's region sits in the same columns (see run)
+        hi = batch.offsets[0] + rows[0].region[1]
+        size = max(1, min(params.block_length, hi - lo, n - 1))
+        fspec = fast.FastSpec(
+            sampler=dataclasses.replace(
+                SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
+            ),
+            block_length=size,
+            use_factor=params.factor is not None,
+        )
+        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
+        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
+        knobs = Knobs.of(params)
+        threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
+        base_key = jax.random.key(params.seed)
+        starts = list(range(lo, hi, size))
+        stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
+        mask_id = self.config.mask_token_id
+        forwards = 0
+        prev = batch.x
+        t_start = time.perf_counter()
+        for b, start in enumerate(starts):
+            t0 = time.perf_counter()
+            key = jax.random.fold_in(base_key, b)
+            x, caches = refresh(
+                self.state,
+                x,
+                attn,
+                jnp.int32(start),
+                jax.random.fold_in(key, 0),
+                knobs.temperature,
+                knobs.top_p,
+            )
+            window = min(start, hi - size)  # the last block may be short: slide the window back, not past hi
+            x, iters = block(
+                self.state,
+                x,
+                attn,
+                caches,
+                jnp.int32(window),
+                jax.random.fold_in(key, 1),
+                knobs.temperature,
+                knobs.top_p,
+                threshold,
+                factor,
+            )
+            cur = np.array(distributed.host(x))  # one host sync per block: the event, the end-of-text check
+            forwards += 1 + int(distributed.host(iters))
+            done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
+            if done and b < len(starts) - 1:
+                # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
+                rest = cur[:, start + size : hi]
+                rest[rest == mask_id] = self.config.pad_token_id
+            if stream:
+                yield batch.step_event(prev, cur, b, len(starts), time.perf_counter() - t0, mask_id)
+            prev = cur
+            if done:
+                break
+        yield batch.done_event(
+            prev,
+            self.tokenizer,
+            pad_id=self.config.pad_token_id,
+            steps=forwards,
+            elapsed=time.perf_counter() - t_start,
+            compile_s=compile_s,
+            compiled=compiled,
+            hits=hits,
+            decoder="fast",
+        )
+
+
+if TYPE_CHECKING:
+    # The type checker in .ci/run holds this class to the interface the daemon serves.
+    _conforms: type[RuntimeProtocol] = Runtime
