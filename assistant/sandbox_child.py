@@ -199,7 +199,7 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     status_fd = int(config["status_fd"])
     libc = _libc()
-    report: dict[str, object] = enter_namespaces(libc)
+    report: dict[str, object] = dict(enter_namespaces(libc))
     set_limits(config["limits"])
     report["landlock_abi"] = landlock(libc, config["workdir"], config["read_dirs"])
     os.chdir(config["workdir"])

@@ -191,14 +191,14 @@ class GuardMiddleware:
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = bytearray()
             while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
+                chunk = await receive()
+                if chunk["type"] == "http.disconnect":
                     return
-                body += message.get("body", b"")
+                body += chunk.get("body", b"")
                 if len(body) > self.max_body_bytes:
                     await self._too_large(send)
                     return
-                if not message.get("more_body", False):
+                if not chunk.get("more_body", False):
                     break
             receive = _replay(bytes(body), receive)
         await self.app(scope, receive, send)

@@ -58,7 +58,7 @@ class MeshSpec:
 def logical_to_spec(axes: Sequence[str], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """PartitionSpec for a tensor with these logical axes; undivisible dimensions are replicated."""
     used: set[str] = set()
-    spec = []
+    spec: list[str | None] = []
     for axis, size in zip(axes, shape, strict=True):
         target = RULES.get(axis)
         if target is not None and target in used:

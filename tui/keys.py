@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # Textual is imported only by the full-screen app, not by ``diffu chat --once``
-    from textual.binding import Binding
+    from textual.binding import BindingType
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ CHAT_IDS = tuple(spec.id for spec in _SPECS if not spec.id.startswith("replay-")
 REPLAY_IDS = tuple(spec.id for spec in _SPECS if spec.id.startswith("replay-"))
 
 
-def bindings(*ids: str) -> list[Binding]:
+def bindings(*ids: str) -> list[BindingType]:
     """Textual bindings for the given ids (their default keys; the app's keymap overrides them)."""
     from textual.binding import Binding
 
