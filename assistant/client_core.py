@@ -85,13 +85,17 @@ class Step:
 
 @dataclass(frozen=True)
 class Done:
-    """The final answer. ``finish_reason``: stop, length, time (budget spent) or cancelled."""
+    """The final answer. ``finish_reason``: stop, length, time (budget spent) or cancelled.
+
+    ``holes``: for a prompt whose ``<|mask|>`` holes were filled (``max_new_tokens=0``), each hole's text.
+    """
 
     id: str
     text: str
     finish_reason: str
     stats: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
+    holes: list[str] | None = None
 
 
 def _step(data: dict[str, Any]) -> Step:
@@ -102,7 +106,7 @@ def _step(data: dict[str, Any]) -> Step:
 
 def parse_done(data: dict[str, Any]) -> Done:
     return Done(id=data.get("id", ""), text=data["text"], finish_reason=data["finish_reason"],
-                stats=data.get("stats", {}), usage=data.get("usage", {}))
+                stats=data.get("stats", {}), usage=data.get("usage", {}), holes=data.get("holes"))
 
 
 def parse_event(event: sse.ServerSentEvent) -> Step | Done | None:

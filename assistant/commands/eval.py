@@ -142,7 +142,7 @@ def _check(args: argparse.Namespace) -> list[int]:
 
 
 def _block_lengths(args: argparse.Namespace) -> list[int]:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if args.sweep_block_lengths is None:
         return []

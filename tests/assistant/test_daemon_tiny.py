@@ -631,3 +631,14 @@ def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: P
             assert r.status_code == 200 and r.json()["stats"]["decoder"] == "reference", r.text
     finally:
         daemon.stop()
+
+
+def test_the_typed_client_reads_the_hole_fills(tiny_daemon: DaemonProcess) -> None:
+    from assistant.client import Client
+
+    prompt = "def g(<|mask|><|mask|>):\n    return <|mask|>\n"
+    with Client(tiny_daemon.url, tiny_daemon.token, autostart=False) as client:
+        done = client.generate(prompt=prompt, max_new_tokens=0)  # greedy by default: the same twice
+        body = {"prompt": prompt, "max_new_tokens": 0, "stream": False}
+        raw = client.request("POST", "/v1/diffu/generate", body)
+    assert done.holes == raw["holes"] and len(done.holes) == 2
