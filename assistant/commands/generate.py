@@ -13,9 +13,14 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from model_runtime.interface import BatchDone
 from model_runtime.params import ALGS, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
+
+if TYPE_CHECKING:
+    from model_runtime.interface import RuntimeProtocol
+    from model_runtime.runtime import Runtime
 
 MASK_GLYPH = "░"
 
@@ -158,7 +163,7 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: object) -> SamplingParams:
+def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
     """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
     return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
 
@@ -332,8 +337,8 @@ def check_prompt_args(args: argparse.Namespace) -> None:
 
 
 def load_with_progress(
-    model: str | None, dtype: str | None, *, tp: int = 1, dp: int | None = None, **options: object
-):
+    model: str | None, dtype: str | None, *, tp: int = 1, dp: int | None = None, **options: Any
+) -> Runtime:
     """Load with a rich progress bar on stderr when it is a terminal (piped output stays clean).
 
     ``options`` go to ``model_runtime.load`` (shape buckets, context).
@@ -367,10 +372,11 @@ def _collect_json(rt, rows, events, with_history: bool) -> dict[str, Any]:
     longest = max(len(r.ids) for r in rows)
     pad = rt.config.pad_token_id
     for event in events:
-        if hasattr(event, "texts"):
+        if isinstance(event, BatchDone):
             done = event
         elif with_history:
             history.append([[pad] * (longest - len(c)) + c for c in event.content])
+    assert done is not None, "the runtime ends every generation with a BatchDone"
     _report_stats(done.stats, stream=sys.stderr)
     out: dict[str, Any] = {
         "prompt_ids": [list(r.ids[: r.region[0]]) for r in rows],
