@@ -150,8 +150,13 @@ class Scheduler:
         return self.status.stage == READY
 
     @property
+    def loaded(self) -> bool:
+        """Whether the runtime exists (it may still be compiling: see ``ready``)."""
+        return self._runtime is not None
+
+    @property
     def runtime(self) -> RuntimeProtocol:
-        """The loaded runtime; only once ``ready`` (its loader runs in the scheduler thread)."""
+        """The loaded runtime (its loader runs in the scheduler thread); serve with it once ``ready``."""
         if self._runtime is None:
             raise NotReady(f"the model is not ready ({self.status.stage} {self.status.progress:.0%})",
                            retry_after=2)
@@ -240,6 +245,7 @@ class Scheduler:
         try:
             self._set_status(LOADING, 0.0, "loading the model")
             runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+            self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
             largest = max((b for b, _ in runtime.buckets), default=1)
             self.max_batch = max(1, min(self.max_batch, largest))
@@ -257,7 +263,6 @@ class Scheduler:
             return
         if self._stopping:
             return
-        self._runtime = runtime
         self._set_status(READY, 1.0, "ready")
         log.info("engine ready: model %s on %s (%s), buckets %s", runtime.model_name,
                  runtime.device, runtime.dtype, runtime.buckets)

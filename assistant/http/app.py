@@ -111,7 +111,8 @@ class HttpApp:
 
     def model_name(self) -> str:
         """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
-        rt = self._ready_runtime()
+        sched = self.scheduler
+        rt = sched.runtime if sched is not None and sched.loaded else None  # named while it compiles too
         name = str((rt.model_name if rt is not None else None) or self.config.model)
         if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
             return BUNDLED_MODEL_NAME
