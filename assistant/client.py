@@ -211,7 +211,7 @@ class Client:
                 )
             except LOST_CONNECTION as exc:
                 self._endpoint = None
-                if give_up(tries, False, endpoint, self.config):
+                if give_up(tries, endpoint, self.config):
                     raise lost_daemon(endpoint, exc) from None
                 continue
             raise_for_status(response)
@@ -233,7 +233,7 @@ class Client:
                 return
             except LOST_CONNECTION as exc:
                 self._endpoint = None
-                if give_up(tries, started, endpoint, self.config):
+                if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
     def _events(self, path: str, body: dict[str, Any]) -> Iterator[Step | Done]:
@@ -358,7 +358,7 @@ class AsyncClient:
                                                     headers=endpoint.headers)
             except LOST_CONNECTION as exc:
                 self._endpoint = None
-                if give_up(tries, False, endpoint, self.config):
+                if give_up(tries, endpoint, self.config):
                     raise lost_daemon(endpoint, exc) from None
                 continue
             raise_for_status(response)
@@ -381,7 +381,7 @@ class AsyncClient:
                 return
             except LOST_CONNECTION as exc:
                 self._endpoint = None
-                if give_up(tries, started, endpoint, self.config):
+                if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
     async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Step | Done]:

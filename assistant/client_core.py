@@ -188,12 +188,15 @@ def openai_body(first: tuple[str, Any], max_tokens: int | None, sampling: Sampli
 LOST_CONNECTION = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)  # the daemon went away
 
 
-def give_up(tries: int, started: bool, endpoint: Endpoint, config: Config) -> bool:
+def give_up(tries: int, endpoint: Endpoint, config: Config, *, started: bool | None = None) -> bool:
     """After a lost connection: whether to stop instead of finding (or starting) the daemon again.
 
-    A stream that already delivered events cannot resume; a URL the user configured is not rediscovered.
+    A JSON request (``started`` None) to a URL the user configured is not retried; a stream (``started``
+    says whether it delivered events) is retried only before its first event: it cannot resume.
     """
-    return started or tries == RETRIES or (endpoint.info is None and bool(config.url))
+    if started is None:
+        return tries == RETRIES or (endpoint.info is None and bool(config.url))
+    return started or tries == RETRIES
 
 
 def lost_daemon(endpoint: Endpoint, exc: Exception) -> DaemonUnavailable:
