@@ -250,7 +250,7 @@ class Scheduler:
             largest = max((b for b, _ in runtime.buckets), default=1)
             self.max_batch = max(1, min(self.max_batch, largest))
             if self._warmup_params is not None:
-                # Issue #17's serve-while-compiling changes this: today nothing is served until every
+                # Serving while compiling (issues #16/#17) changes this: today nothing is served until every
                 # bucket is compiled.
                 self._set_status(COMPILING, 0.0, "compiling shape buckets")
                 runtime.warmup(self._warmup_params, self._on_warmup)

@@ -4,7 +4,7 @@ A program is keyed by what makes it a different XLA program: its kind (one refer
 reference loop, or the fast decoder's refresh and block programs), the (batch, length) bucket, the
 sampler's static switches, the hooks and the logits window. Compiling is timed and counted against
 JAX's persistent compilation cache (``compile_cache``), so a restart reports which programs it found
-there. Nothing here bounds the number of programs: every distinct key stays (issue #17 adds a bound;
+there. Nothing here bounds the number of programs: every distinct key stays (issues #16/#17 add a bound;
 :meth:`ProgramCache._compile` is where entries are added).
 """
 

@@ -158,7 +158,7 @@ class Runtime(CanvasBuilder):
         """Compile every bucket (or ``shapes``) for ``params``'s sampler switches; returns the seconds.
 
         ``stream`` picks the per-step program (what the daemon's streaming routes use) or the fused one.
-        Issue #17's serve-while-compiling starts here: the daemon's scheduler calls this before it
+        Serving while compiling (issues #16/#17) starts here: the daemon's scheduler calls this before it
         takes the first job.
         """
         spec = SamplerSpec.from_params(params)
@@ -314,7 +314,7 @@ class Runtime(CanvasBuilder):
     ) -> BatchEvents:
         """The fast decoder (model_runtime.fast): one BatchStep per block, early stop at end-of-text.
 
-        Issue #17's one-event-per-forward streaming goes here: a block runs its forwards on device
+        One event per forward (issues #16/#17) goes here: a block runs its forwards on device
         (``block_loop``) and reports once.
         """
         n = shape[1]
