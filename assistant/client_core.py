@@ -31,9 +31,17 @@ class APIError(Exception):
     does not fit; read them instead of the message, which is for people.
     """
 
-    def __init__(self, status: int, message: str, kind: str = "", param: str | None = None,
-                 retry_after: float | None = None, *, code: str | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "",
+        param: str | None = None,
+        retry_after: float | None = None,
+        *,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
@@ -99,14 +107,27 @@ class Done:
 
 
 def _step(data: dict[str, Any]) -> Step:
-    return Step(id=data.get("id", ""), step=data["step"], steps=data["steps"], canvas=data["canvas"],
-                masks=data["masks"], unmasked=data.get("unmasked", []), masked=data.get("masked", []),
-                seconds=data.get("seconds", 0.0))
+    return Step(
+        id=data.get("id", ""),
+        step=data["step"],
+        steps=data["steps"],
+        canvas=data["canvas"],
+        masks=data["masks"],
+        unmasked=data.get("unmasked", []),
+        masked=data.get("masked", []),
+        seconds=data.get("seconds", 0.0),
+    )
 
 
 def parse_done(data: dict[str, Any]) -> Done:
-    return Done(id=data.get("id", ""), text=data["text"], finish_reason=data["finish_reason"],
-                stats=data.get("stats", {}), usage=data.get("usage", {}), holes=data.get("holes"))
+    return Done(
+        id=data.get("id", ""),
+        text=data["text"],
+        finish_reason=data["finish_reason"],
+        stats=data.get("stats", {}),
+        usage=data.get("usage", {}),
+        holes=data.get("holes"),
+    )
 
 
 def parse_event(event: sse.ServerSentEvent) -> Step | Done | None:
@@ -117,8 +138,13 @@ def parse_event(event: sse.ServerSentEvent) -> Step | Done | None:
     if event.event == "error":
         err = event.json().get("error", {})
         # In an SSE error event ``code`` is the HTTP status the request would have had.
-        raise APIError(int(err.get("code") or 500), err.get("message", "error"), err.get("type", ""),
-                       err.get("param"), details=err.get("details"))
+        raise APIError(
+            int(err.get("code") or 500),
+            err.get("message", "error"),
+            err.get("type", ""),
+            err.get("param"),
+            details=err.get("details"),
+        )
     return None
 
 
@@ -134,15 +160,28 @@ def raise_for_status(response: httpx.Response, body: bytes | None = None) -> Non
         message, kind, param = raw.decode("utf-8", "replace") or response.reason_phrase, "", None
         code, details = None, None
     retry = response.headers.get("retry-after")
-    raise APIError(response.status_code, message, kind, param, float(retry) if retry else None,
-                   code=code if isinstance(code, str) else None,
-                   details=details if isinstance(details, dict) else None)
+    raise APIError(
+        response.status_code,
+        message,
+        kind,
+        param,
+        float(retry) if retry else None,
+        code=code if isinstance(code, str) else None,
+        details=details if isinstance(details, dict) else None,
+    )
 
 
 # -- requests, built once for both clients ------------------------------------------------------------
-def generate_body(messages: list[dict[str, str]] | None, prompt: str | None, max_new_tokens: int | None,
-                   sampling: SamplingOptions | None, session: str | None, max_seconds: float | None,
-                   *, stream: bool) -> dict[str, Any]:
+def generate_body(
+    messages: list[dict[str, str]] | None,
+    prompt: str | None,
+    max_new_tokens: int | None,
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+) -> dict[str, Any]:
     body = _common_body(sampling, session, max_seconds, stream=stream)
     if max_new_tokens is not None:
         body["max_new_tokens"] = max_new_tokens
@@ -153,16 +192,25 @@ def generate_body(messages: list[dict[str, str]] | None, prompt: str | None, max
     return body
 
 
-def infill_body(prefix: str, suffix: str, canvas_tokens: int | None, sampling: SamplingOptions | None,
-                 session: str | None, max_seconds: float | None, *, stream: bool) -> dict[str, Any]:
+def infill_body(
+    prefix: str,
+    suffix: str,
+    canvas_tokens: int | None,
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+) -> dict[str, Any]:
     body = {"prefix": prefix, "suffix": suffix, **_common_body(sampling, session, max_seconds, stream=stream)}
     if canvas_tokens is not None:
         body["canvas_tokens"] = canvas_tokens
     return body
 
 
-def _common_body(sampling: SamplingOptions | None, session: str | None, max_seconds: float | None, *,
-                 stream: bool) -> dict[str, Any]:
+def _common_body(
+    sampling: SamplingOptions | None, session: str | None, max_seconds: float | None, *, stream: bool
+) -> dict[str, Any]:
     body: dict[str, Any] = sampling.body() if sampling is not None else {}
     if session is not None:
         body["session"] = session  # a newer request of the same session supersedes this one
@@ -172,8 +220,13 @@ def _common_body(sampling: SamplingOptions | None, session: str | None, max_seco
     return body
 
 
-def openai_body(first: tuple[str, Any], max_tokens: int | None, sampling: SamplingOptions | None,
-                 stop: list[str] | None, **extra: str | None) -> dict[str, Any]:
+def openai_body(
+    first: tuple[str, Any],
+    max_tokens: int | None,
+    sampling: SamplingOptions | None,
+    stop: list[str] | None,
+    **extra: str | None,
+) -> dict[str, Any]:
     """A non-streamed OpenAI request: ``first`` is (``messages``, ...) or (``prompt``, ...)."""
     body: dict[str, Any] = {first[0]: first[1], **(sampling.body() if sampling is not None else {})}
     if max_tokens is not None:
@@ -204,9 +257,9 @@ def lost_daemon(endpoint: Endpoint, exc: Exception) -> DaemonUnavailable:
 
 
 def no_daemon() -> DaemonUnavailable:
-    return DaemonUnavailable("no diffu daemon is running; start one with 'diffu daemon start' or "
-                             "'diffu serve', or set DIFFU_URL")
-
+    return DaemonUnavailable(
+        "no diffu daemon is running; start one with 'diffu daemon start' or 'diffu serve', or set DIFFU_URL"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,7 +272,6 @@ class Endpoint:
     def headers(self) -> dict[str, str]:
         # With auth off the daemon accepts any key; clients (and proxies) often insist on sending one.
         return {"authorization": f"Bearer {self.api_key or 'none'}"}
-
 
 
 def health_update(event: sse.ServerSentEvent, progress: Progress | None) -> bool:
@@ -240,8 +292,9 @@ def _config(config: Config | None) -> Config:
     return config if config is not None else load_config()[0]
 
 
-def client_settings(config: Config | None, url: str | None, api_key: str | None, autostart: bool | None,
-              timeout: float | None) -> tuple[Config, bool, httpx.Timeout]:
+def client_settings(
+    config: Config | None, url: str | None, api_key: str | None, autostart: bool | None, timeout: float | None
+) -> tuple[Config, bool, httpx.Timeout]:
     """What both clients take from their arguments: the effective config, auto-start, HTTP timeouts.
 
     Reads may wait for a whole generation (the daemon's time budget plus a margin); connects should not.

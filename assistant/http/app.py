@@ -179,7 +179,10 @@ class HttpApp:
             return Response(status_code=499)
         if isinstance(result, JobError):
             raise RequestError(
-                result.message, status=result.status, kind=result.kind, param=result.param,
+                result.message,
+                status=result.status,
+                kind=result.kind,
+                param=result.param,
                 details=result.details,
             )
         return JSONResponse(body(result), headers=headers)
