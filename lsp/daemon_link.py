@@ -3,6 +3,11 @@
 The link is made in the background as soon as the editor says ``initialized``, so the model loads and
 warms up while the user types; requests wait on the same attempt rather than starting their own. A
 failure is remembered for a few seconds so a burst of keystrokes does not start a burst of daemons.
+
+The server has no tokenizer (it must not load the model), so prompts are sized with a characters-per-token
+ratio learned from the daemon's answers; a prompt that still does not fit is refused by the daemon with
+its token count and context length as data, and :meth:`DaemonLink.fitting` (the one retry helper) learns
+from them and builds the prompt again.
 """
 
 from __future__ import annotations
@@ -12,17 +17,22 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable
 from assistant.config import Config, ConfigError, load_config
+from lsp.state import stage_message
 
 if TYPE_CHECKING:
     from lsp.server import DiffuLanguageServer
 
 log = logging.getLogger("diffu.lsp")
+T = TypeVar("T")
 
 RETRY_SECONDS = 5.0  # after a failed attempt, requests fail fast for this long instead of retrying
+FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
+# Until the daemon's error bodies carry prompt_tokens as data (APIError.details), its message has it.
 _PROMPT_TOKENS = re.compile(r"the prompt \((\d+) tokens\)")
 
 
@@ -38,14 +48,15 @@ class Progress:
         self.server = server
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
-        self._latest: tuple[str, float, str] = ("", 0.0, "")
+        self.latest: tuple[str, float, str] = ("", 0.0, "")  # (stage, fraction, detail)
         self._stage = ""
 
     def __call__(self, stage: str, fraction: float, detail: str) -> None:
-        self._latest = (stage, fraction, detail)
+        self.latest = (stage, fraction, detail)
+        self.server.status_changed()
         if stage != self._stage:
             self._stage = stage
-            self.server.log(f"diffu daemon: {_message(stage, detail)}", level="info")
+            self.server.log(f"diffu daemon: {stage_message(stage, detail)}", level="info")
         if self._task is None or self._task.done():
             if stage == "ok":
                 return  # already ready: nothing to show
@@ -54,14 +65,15 @@ class Progress:
 
     def finish(self, error: str) -> None:
         """The attempt failed: end the progress (the error itself is reported by the caller)."""
-        self._latest = ("failed", 0.0, error)
+        self.latest = ("failed", 0.0, error)
         self._stage = ""
         self._changed.set()
 
     async def _run(self) -> None:
         from lsprotocol import types
 
-        if not self.server.supports_work_done_progress:
+        window = self.server.client_capabilities.window
+        if not (window and window.work_done_progress):
             return
         token = f"diffu-daemon-{uuid.uuid4().hex[:8]}"
         progress = self.server.work_done_progress
@@ -70,43 +82,31 @@ class Progress:
         except Exception as exc:  # the editor refused the token: progress is a courtesy, not a need
             log.debug("work done progress refused: %s", exc)
             return
-        stage, fraction, detail = self._latest
+        stage, fraction, detail = self.latest
         progress.begin(
             token,
             types.WorkDoneProgressBegin(
-                title="diffu", message=_message(stage, detail), percentage=_percent(stage, fraction)
+                title="diffu", message=stage_message(stage, detail), percentage=_percent(stage, fraction)
             ),
         )
         while True:
             self._changed.clear()
-            stage, fraction, detail = self._latest
+            stage, fraction, detail = self.latest
             if stage in ("ok", "failed", "stopping"):
                 progress.end(
                     token,
                     types.WorkDoneProgressEnd(
-                        message="model ready" if stage == "ok" else _message(stage, detail)
+                        message="model ready" if stage == "ok" else stage_message(stage, detail)
                     ),
                 )
                 return
             progress.report(
                 token,
                 types.WorkDoneProgressReport(
-                    message=_message(stage, detail), percentage=_percent(stage, fraction)
+                    message=stage_message(stage, detail), percentage=_percent(stage, fraction)
                 ),
             )
             await self._changed.wait()
-
-
-def _message(stage: str, detail: str) -> str:
-    names = {
-        "ok": "ready",
-        "starting": "starting the daemon",
-        "loading": "loading the model",
-        "compiling": "warming up",
-        "failed": "the daemon failed",
-        "stopping": "the daemon is stopping",
-    }
-    return f"{names.get(stage, stage)}{': ' + detail if detail else ''}"
 
 
 def _percent(stage: str, fraction: float) -> int:
@@ -127,10 +127,11 @@ class DaemonLink:
         self.features: set[str] = set()
         self.model = ""
         self.url: str | None = None
+        self.error = ""
+        self.connected_at = 0.0  # monotonic time of the last successful connection
         self._key: tuple[Any, ...] | None = None
         self._connecting: asyncio.Task[AsyncClient] | None = None
         self._failed_at = 0.0
-        self._error = ""
         self.progress = Progress(server)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
         # for code (BPE vocabularies of code models average 3-4).
@@ -187,6 +188,7 @@ class DaemonLink:
         if time.monotonic() - self._failed_at < RETRY_SECONDS:
             return None
         self._connecting = asyncio.ensure_future(self._connect())
+        self.server.status_changed()
         return self._connecting
 
     async def _connect(self) -> AsyncClient:
@@ -198,20 +200,21 @@ class DaemonLink:
             models = await client.request("GET", "/v1/models")
             status = await client.status()
         except (DaemonUnavailable, APIError) as exc:
-            self._failed_at = time.monotonic()
-            self._error = describe(exc)
-            self.progress.finish(self._error)
-            raise DaemonUnavailable(self._error) from None
+            self._failed(describe(exc))
+            self.progress.finish(self.error)
+            raise DaemonUnavailable(self.error) from None
         entry = (models.get("data") or [{}])[0]
         self.model = str(entry.get("id", ""))
         self.max_context = entry.get("context_length") or entry.get("max_model_len")
         self.features = set(status.get("features") or [])
-        self._error = ""
+        self.error = ""
         self.url = endpoint.url
+        self.connected_at = time.monotonic()
         self.server.log(
             f"diffu: connected to {endpoint.url} (model {self.model}, context {self.max_context} tokens)",
             level="info",
         )
+        self.server.status_changed()
         return client
 
     async def ready(self) -> AsyncClient:
@@ -219,7 +222,7 @@ class DaemonLink:
         task = self._attempt()
         if task is None:
             raise DaemonUnavailable(
-                f"{self._error or 'the diffu daemon is unavailable'} (retrying in a few seconds)"
+                f"{self.error or 'the diffu daemon is unavailable'} (retrying in a few seconds)"
             )
         # Shielded: one request being cancelled must not cancel the connection others wait for.
         return await asyncio.shield(task)
@@ -229,24 +232,87 @@ class DaemonLink:
         task = self._connecting
         return task is not None and task.done() and not task.cancelled() and task.exception() is None
 
+    @property
+    def state(self) -> str:
+        """``ready``, ``connecting`` (finding, starting or waiting for the daemon) or ``unavailable``."""
+        if self.connected:
+            return "ready"
+        task = self._connecting
+        if task is not None and not task.done():
+            return "connecting"
+        return "unavailable" if self.error else "connecting"
+
     def lost(self, error: str) -> None:
         """A request found the daemon gone: later requests fail fast for a while, then reconnect."""
-        self._error = error
-        self._failed_at = time.monotonic()
+        self._failed(error)
         self._connecting = None
 
+    def _failed(self, error: str) -> None:
+        self.error = error
+        self._failed_at = time.monotonic()
+        self.server.status_changed()
+
+    # -- fitting prompts to the context ----------------------------------------------------------------
     def learn_ratio(self, chars: int, prompt_tokens: int) -> None:
         if chars > 0 and prompt_tokens > 0:
             seen = chars / prompt_tokens
             self.chars_per_token = 0.5 * self.chars_per_token + 0.5 * seen
 
-    def learn_from_overflow(self, chars: int, message: str) -> None:
-        """After a context-length error: set the ratio from the prompt size the daemon reported."""
-        m = _PROMPT_TOKENS.search(message)
-        if m and int(m.group(1)) > 0:
-            self.chars_per_token = max(0.25, 0.9 * chars / int(m.group(1)))
+    def learn_from_overflow(self, chars: int, exc: APIError) -> None:
+        """After a context-length refusal: take the prompt size and context length the daemon reported."""
+        prompt_tokens, context = overflow_facts(exc)
+        if context:
+            self.max_context = context
+        if prompt_tokens:
+            self.chars_per_token = max(0.25, 0.9 * chars / prompt_tokens)
         else:
             self.chars_per_token = max(0.25, self.chars_per_token / 2)
+
+    def budget_chars(self, budget_tokens: int, reserve_tokens: int) -> int:
+        """Characters of prompt for ``budget_tokens``, leaving ``reserve_tokens`` of the context free."""
+        if self.max_context:
+            # The daemon refuses a prompt that does not fit its context together with the canvas.
+            budget_tokens = min(budget_tokens, int(self.max_context) - reserve_tokens - 2)
+        return int(max(budget_tokens, 8) * self.chars_per_token)
+
+    async def fitting(self, build: Callable[[], tuple[int, Awaitable[T]]]) -> T:
+        """Await ``build()``'s request; when the daemon says the prompt does not fit, learn and build again.
+
+        ``build`` makes the prompt from the current ratio and returns (its characters, the request).
+        """
+        for attempt in range(FIT_ATTEMPTS):
+            chars, request = build()
+            try:
+                return await request
+            except APIError as exc:
+                if attempt == FIT_ATTEMPTS - 1 or not is_overflow(exc):
+                    raise
+                self.learn_from_overflow(chars, exc)
+        raise AssertionError("unreachable")
+
+
+def _details(exc: APIError) -> dict[str, Any]:
+    # Daemons before error details send none; the attribute arrives with them.
+    details = getattr(exc, "details", None)
+    return details if isinstance(details, dict) else {}
+
+
+def is_overflow(exc: APIError) -> bool:
+    """Whether the daemon refused a request because the prompt and canvas exceed the model's context."""
+    return exc.status == 400 and (exc.param == "prompt" or "context_length" in _details(exc))
+
+
+def overflow_facts(exc: APIError) -> tuple[int | None, int | None]:
+    """(prompt tokens, context length) of a context-length refusal, where the daemon reported them."""
+    details = _details(exc)
+    prompt_tokens, context = details.get("prompt_tokens"), details.get("context_length")
+    if prompt_tokens is None:
+        m = _PROMPT_TOKENS.search(exc.message)
+        prompt_tokens = int(m.group(1)) if m else None
+    return (
+        prompt_tokens if isinstance(prompt_tokens, int) and prompt_tokens > 0 else None,
+        context if isinstance(context, int) and context > 0 else None,
+    )
 
 
 def describe(exc: BaseException) -> str:

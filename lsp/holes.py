@@ -1,18 +1,21 @@
-"""Fill holes: find hole markers in a document, build the masked prompt, turn fills into edits.
+"""Fill holes: find hole markers in a document, build the masked prompt, clean the fills.
 
 A masked-diffusion model denoises every ``<|mask|>`` of its canvas together, wherever it sits, so all the
 holes of a selection can be filled in one run with each fill seeing the others: something an
 autoregressive assistant cannot do in one pass. A run of N ``<|mask|>`` markers is a hole of exactly N
-tokens; the configurable marker (``???`` by default) is a hole of ``hole_tokens`` tokens.
+tokens; the configurable marker (``???`` by default) is a hole of ``hole_tokens`` tokens. Holes outside
+the selection are masks in the prompt too (the model sees them as holes, as it sees those inside), but
+only the selection's fills are applied.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lsp.context import header_line, window
-from lsp.postprocess import cut_special
+from lsp.context import Mode, classify, header_line, window
+from lsp.postprocess import align_indent, postprocess
 
 MASK = "<|mask|>"
 
@@ -28,11 +31,14 @@ class Hole:
 
 @dataclass(frozen=True)
 class HolePrompt:
-    """The masked text sent to the daemon and where it sits in the document."""
+    """The masked text sent to the daemon and the holes it holds, in order (one fill comes back for each)."""
 
     text: str
     holes: list[Hole]
-    offset: int  # document offset of the first character after the header
+
+
+class HoleError(Exception):
+    """The holes cannot be filled as marked (the message says why and what to do)."""
 
 
 def _pattern(marker: str) -> re.Pattern[str]:
@@ -57,40 +63,78 @@ def find_holes(
     return holes
 
 
-def masked_prompt(text: str, holes: list[Hole], *, path: str, language: str, budget_chars: int) -> HolePrompt:
-    """The document with every hole replaced by its mask tokens, windowed around the holes.
-
-    The span from the first hole to the last is always sent whole (each hole needs its neighbours); the
-    rest of the budget goes to the text before and after that span, cut at line boundaries.
-    """
-    first, last = holes[0].start, holes[-1].end
-    pieces, pos = [], first
-    for hole in holes:
+def mask_holes(text: str, holes: list[Hole]) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with every hole replaced by its mask tokens, and each hole's ``[start, end)`` in it."""
+    pieces, spans, pos, out_len = [], [], 0, 0
+    for hole in sorted(holes, key=lambda h: h.start):
         pieces.append(text[pos : hole.start])
+        out_len += hole.start - pos
         pieces.append(MASK * hole.tokens)
+        spans.append((out_len, out_len + hole.tokens * len(MASK)))
+        out_len += hole.tokens * len(MASK)
         pos = hole.end
-    span = "".join(pieces)
-    header = header_line(path, language)
-    # A mask token costs one token but eight characters; count the span's masks as single characters.
-    left = budget_chars - len(header) - (len(span) - sum(h.tokens for h in holes) * (len(MASK) - 1))
-    before, after, _ = window(text[:first], text[last:], max(left, 0), 0.7)
-    return HolePrompt(text=header + before + span + after, holes=holes, offset=first - len(before))
+    pieces.append(text[pos:])
+    return "".join(pieces), spans
 
 
-def clean_fill(fill: str, document: str, hole: Hole) -> str:
-    """A fill as it should replace its hole: special tokens cut, one line when the hole sits inside a line.
+def masked_prompt(
+    text: str,
+    targets: list[Hole],
+    *,
+    others: Sequence[Hole] = (),
+    path: str,
+    language: str,
+    budget_chars: int,
+) -> HolePrompt:
+    """The document with every hole masked, windowed around the ``targets``.
 
-    A hole with code before or after it on its line is an expression or statement part: a newline in its
-    fill would break the line. A hole alone on its line may take several lines, but not a trailing
-    newline (the line already ends).
+    The span from the first target to the last is always sent whole (each hole needs its neighbours); the
+    rest of the budget goes to the text before and after that span, cut at line boundaries. ``others``
+    (holes outside the selection) inside the window are masks like the targets; the returned holes are
+    all the holes the prompt holds, in order.
     """
-    fill = cut_special(fill)
+    holes = sorted({*targets, *others}, key=lambda h: h.start)
+    masked, spans = mask_holes(text, holes)
+    index = {h: i for i, h in enumerate(holes)}
+    first, last = spans[index[targets[0]]][0], spans[index[targets[-1]]][1]
+    span = masked[first:last]
+    header = header_line(path, language)
+    # A mask token costs one token but eight characters; count each as one character of the budget.
+    inner_masks = sum(h.tokens for h, (s, e) in zip(holes, spans, strict=True) if s >= first and e <= last)
+    left = budget_chars - len(header) - (len(span) - inner_masks * (len(MASK) - 1))
+    before, after, _ = window(masked[:first], masked[last:], max(left, 0), 0.7)
+    lo, hi = first - len(before), last + len(after)
+    kept = [h for h, (s, e) in zip(holes, spans, strict=True) if s >= lo and e <= hi]
+    return HolePrompt(text=header + before + span + after, holes=kept)
+
+
+def finish_fill(fill: str, document: str, hole: Hole) -> str:
+    """A fill as it should replace its hole, through the post-processing suggestions get.
+
+    A hole with code before or after it on its line is part of an expression or statement: its fill is
+    one line, cut where it repeats the code after it. A hole alone on its line may take several lines
+    (not a trailing newline: the line already ends), cut where it repeats the line above or the code
+    below or leaves the hole's indentation block, with its first line starting at the hole's column.
+    Returns "" when nothing worth inserting is left (the marker then stays, so the user sees it).
+    """
     line_start = document.rfind("\n", 0, hole.start) + 1
     line_end = document.find("\n", hole.end)
     line_end = len(document) if line_end < 0 else line_end
-    inline = bool(document[line_start : hole.start].strip() or document[hole.end : line_end].strip())
-    if inline:
-        fill = fill.lstrip("\n").split("\n", 1)[0].rstrip()
-        # Spaces around an inline fill are the document's business: keep what the marker had.
-        return fill.strip() if fill.strip() else ""
-    return fill.strip("\n").rstrip()
+    before_on_line = document[line_start : hole.start]
+    after_on_line = document[hole.end : line_end]
+    above = document[:line_start].rstrip("\r\n")
+    line_above = above[above.rfind("\n") + 1 :]
+    inline = bool(before_on_line.strip() or after_on_line.strip())
+    mode = Mode.SINGLE_LINE if inline else classify(before_on_line, after_on_line, line_above)
+    text = postprocess(
+        fill.lstrip("\n") if inline else fill.strip("\n"),
+        suffix=document[hole.end :],
+        mode=mode,
+        cursor_line=before_on_line,
+        line_above=line_above,
+        min_chars=1,
+    )
+    if text is None:
+        return ""
+    # Spaces around an inline fill are the document's business: keep what the marker had.
+    return text.strip() if inline else align_indent(text, before_on_line)

@@ -126,6 +126,30 @@ def limit_scope(text: str, cursor_line: str, line_above: str, mode: Mode) -> str
     return text
 
 
+def align_indent(text: str, cursor_line: str) -> str:
+    """Make the first line's indentation relative to a cursor that sits on a whitespace-only line.
+
+    The editor inserts at the cursor, after the line's own ``cursor_line`` indentation. For such a line
+    the prompt ends at the line's start (a byte-level BPE tokenizer splits indentation from the word after
+    it, so a prompt ending in spaces invites a token like `` return`` and one space too many), and the
+    model writes the whole indentation: the part that repeats the cursor's is dropped, an indentation
+    that does not extend it is dropped entirely. Later lines are whole lines and stay as they are.
+    """
+    if not cursor_line or cursor_line.strip():
+        return text
+    first, sep, rest = text.partition("\n")
+    first = first[len(cursor_line) :] if first.startswith(cursor_line) else first.lstrip(" \t")
+    return first + sep + rest
+
+
+_NOT_TEXT = frozenset(" \t\r\n)]}\"'`;,:.")
+
+
+def line_suffix_chars(line_after: str) -> int:
+    """Characters after the cursor on its line that are code, not closing brackets, quotes or spaces."""
+    return sum(ch not in _NOT_TEXT for ch in line_after)
+
+
 def postprocess(
     text: str, *, suffix: str, mode: Mode, cursor_line: str, line_above: str, min_chars: int
 ) -> str | None:

@@ -39,8 +39,16 @@ class Settings:
     """Part of the budget kept for snippets of other open documents when the file does not fit."""
     current_file_only: bool = False
     """Never send text of other open documents."""
-    min_chars: int = 4
-    """Drop suggestions shorter than this (after stripping whitespace)."""
+    min_chars: int = 1
+    """Drop suggestions shorter than this (after stripping whitespace). 1 keeps short right answers
+    (``1``, ``)``, ``self``): a diffusion model's canvas is sized before it runs, so a short answer is the
+    model choosing end-of-text early, not a truncated guess."""
+    max_line_suffix: int = 8
+    """While typing, ask nothing when more than this many characters (besides spaces and closing
+    brackets, quotes and punctuation) follow the cursor on its line: mid-line edits rarely want
+    suggestions (llama.vim's rule). Explicit (invoked) requests always ask."""
+    candidates: int = 3
+    """Suggestions to offer on an explicit (invoked) request, to cycle through; automatic ones offer one."""
     hole_marker: str = "???"
     """Marks a hole for fill-holes besides ``<|mask|>``; empty: only ``<|mask|>``."""
     hole_tokens: int = 16
@@ -77,6 +85,9 @@ def _snake(name: str) -> str:
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 KEYS = {camel(name): name for name in FIELDS}
+# Keys an editor keeps in the same ``diffu`` section for its own use (VS Code's extension starts the server
+# with ``serverCommand``; vscode-languageclient reads ``trace.server``): silently not ours.
+CLIENT_KEYS = frozenset({"serverCommand", "trace"})
 # Keys other clients or older versions of this server use; accepted so a user's config keeps working.
 ALIASES = {
     "daemonUrl": "url",
@@ -95,6 +106,8 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "prefix_fraction": (0.0, 1.0),
     "snippet_tokens": (0, 131_072),
     "min_chars": (0, 1000),
+    "max_line_suffix": (0, 10_000),
+    "candidates": (1, 8),
     "hole_tokens": (1, 1024),
     "max_seconds": (0.001, 3600.0),
 }
@@ -158,6 +171,8 @@ def parse_settings(data: Any, base: Settings | None = None) -> tuple[Settings, l
     changes: dict[str, Any] = {}
     problems: list[str] = []
     for key, value in data.items():
+        if key in CLIENT_KEYS:
+            continue
         name = KEYS.get(key) or ALIASES.get(key) or (key if key in FIELDS else None)
         if name is None and _snake(key) in FIELDS:
             name = _snake(key)

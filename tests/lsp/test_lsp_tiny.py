@@ -31,11 +31,11 @@ async def test_inline_completion_fits_a_small_context(lsp, tiny_daemon) -> None:
     status = await session.status()
     assert status["max_context"] == 128
     assert status["counters"]["errors"] == 0, session.logs()
-    if result is not None:  # the tiny model may well say nothing worth showing
-        item = result.items[0]
+    for item in result.items:  # the tiny model may well say nothing worth showing
         assert item.range.start == types.Position(line, 12)
         assert "\n" not in item.insert_text
-    assert status["counters"]["requests"] == 1 and len(status["timings"]) == int(result is not None)
+    # The model ran once (its time is recorded whether or not it said anything worth showing).
+    assert status["counters"]["requests"] == 1 and len(status["timings"]) == 1
 
 
 async def test_fill_holes_with_the_real_runtime(lsp, tiny_daemon) -> None:
@@ -79,7 +79,7 @@ async def test_latency_benchmark(lsp, tiny_daemon, capsys) -> None:
     assert len(timings) == 15, "every benchmark request must have been answered by the model"
     engine = [t["engine_ms"] for t in timings]
     daemon = [t["daemon_ms"] for t in timings]
-    handler = [t["handler_ms"] for t in timings]
+    handler = [t["wall_ms"] for t in timings]
     overhead = [w - e for w, e in zip(walls, engine, strict=True)]
     figures = {
         "request->response (editor)": statistics.median(walls),

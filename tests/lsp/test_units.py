@@ -7,7 +7,7 @@ import pytest
 from lsp import context as ctx
 from lsp.cache import SuggestionCache
 from lsp.context import Mode
-from lsp.holes import MASK, Hole, clean_fill, find_holes, masked_prompt
+from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.postprocess import (
     cut_special,
     cut_suffix_overlap,
@@ -204,12 +204,37 @@ def test_masked_prompt_windows_around_the_holes() -> None:
     assert len(prompt.text) - 8 * len(MASK) + 8 <= 300 + 20
 
 
-def test_clean_fill() -> None:
+def test_masked_prompt_keeps_holes_outside_the_selection_as_masks() -> None:
+    """Finding 4: a hole outside the selection is a mask the model sees, not literal text."""
+    text = f"a = {MASK}{MASK}\nb = ???\nc = ???\n"
+    holes = find_holes(text, "???", 3)
+    prompt = masked_prompt(
+        text, [holes[1]], others=[holes[0], holes[2]], path="a", language="", budget_chars=500
+    )
+    assert prompt.text == f"a = {MASK * 2}\nb = {MASK * 3}\nc = {MASK * 3}\n"
+    assert prompt.holes == holes  # one fill comes back per hole, in order
+
+
+def test_finish_fill() -> None:
     doc = "x = ???\n    ???\n"
     inline, alone = Hole(4, 7, 8), Hole(12, 15, 8)
-    assert clean_fill(" 42\nextra", doc, inline) == "42"
-    assert clean_fill("a = 1\n    b = 2\n\n", doc, alone) == "a = 1\n    b = 2"
-    assert clean_fill("<|endoftext|>", doc, alone) == ""
+    assert finish_fill(" 42\nextra", doc, inline) == "42"
+    assert finish_fill("a = 1\n    b = 2\n\n", doc, alone) == "a = 1\n    b = 2"
+    assert finish_fill("<|endoftext|>", doc, alone) == ""
+    # A BPE token with a leading space at the hole's column: the fill starts at the column (finding 2).
+    assert finish_fill(" return x", doc, alone) == "return x"
+
+
+def test_finish_fill_goes_through_the_suggestion_pipeline() -> None:
+    """Finding 2: fills are cut where they repeat the code around them, as suggestions are."""
+    doc = "def f(x):\n    ???\n\n\ndef g():\n    pass\n"
+    hole = find_holes(doc, "???", 8)[0]
+    # The model repeats the line above the hole: nothing is left worth inserting (the marker stays).
+    assert finish_fill("def f(x):\n    return x", doc, hole) == ""
+    # The fill runs on into the code after the hole: cut where it repeats it.
+    assert finish_fill("return x\n\n\ndef g():\n    pass", doc, hole) == "return x"
+    inline = find_holes("y = f(???)\n", "???", 8)[0]
+    assert finish_fill("1)\n", "y = f(???)\n", inline) == "1"  # the ) after the hole is not doubled
 
 
 # -- settings -----------------------------------------------------------------------------------------
@@ -226,6 +251,12 @@ def test_settings_parse_and_report() -> None:
         "url: must start with http:// or https://, got 'localhost:8012'; keeping None"
     ]
     assert parse_settings("nonsense")[1] == ["settings: expected an object, got str"]
+
+
+def test_client_only_settings_are_ignored() -> None:
+    """Finding 3: VS Code sends its own keys in the same section; they are not the server's to judge."""
+    s, problems = parse_settings({"diffu": {"serverCommand": ["diffu", "lsp"], "trace": {"server": "off"}}})
+    assert problems == [] and s == Settings()
 
 
 def test_settings_section() -> None:

@@ -1,0 +1,237 @@
+"""The language server object: what ``diffu lsp`` keeps between requests, and how it reports itself.
+
+It holds state only (settings, the daemon link, the cache, recent chunks, counters and timings, all public
+and read by ``diffu.status``) and the small helpers the handlers in ``lsp.server`` share: documents by
+URI, logging to the editor, the ``diffu/status`` notification behind the editors' status items. The
+protocol is ``jsonrpc``'s conformant one, so malformed traffic gets the answers the specification asks
+for before pygls sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol.language_server import lsp_method
+from pygls.workspace import TextDocument
+
+from lsp import capabilities
+from lsp.cache import SuggestionCache
+from lsp.jsonrpc import ConformantProtocol, serve
+from lsp.recent import RecentChunks
+from lsp.settings import Settings, parse_settings
+from lsp.state import Timings, new_counters, stage_message, status_item
+from lsp.supersede import Supersede
+
+if TYPE_CHECKING:
+    from lsp.daemon_link import DaemonLink
+
+# assistant.client (httpx) is imported after ``initialize`` is answered, where it is needed: importing it
+# up front would add a tenth of a second to every editor's start.
+
+log = logging.getLogger("diffu.lsp")
+
+VERSION = "0.1.0"
+STATUS_NOTIFICATION = "diffu/status"
+MAX_OTHER_DOCUMENTS = 10
+ERROR_REPEAT_SECONDS = 30.0  # the same error is logged again only after this long
+_LEVELS = {
+    "error": types.MessageType.Error,
+    "warning": types.MessageType.Warning,
+    "info": types.MessageType.Info,
+    "debug": types.MessageType.Log,
+}
+# Settings that change what a suggestion would be: cached suggestions made under others are dropped.
+_SHAPING = (
+    "max_tokens",
+    "steps",
+    "temperature",
+    "context_tokens",
+    "prefix_fraction",
+    "snippet_tokens",
+    "current_file_only",
+    "min_chars",
+    "url",
+    "model",
+)
+
+
+class DiffuProtocol(ConformantProtocol):
+    """The conformant protocol, choosing the completion provider once pygls has built the capabilities."""
+
+    _server: DiffuLanguageServer
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Any:
+        result = yield from super().lsp_initialize(params)
+        self._server.provider = capabilities.choose(params.capabilities, result.capabilities)
+        return result
+
+
+class DiffuLanguageServer(LanguageServer):
+    """The server's state: settings, the daemon link, the suggestion cache, recent chunks and counters."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "diffu",
+            VERSION,
+            protocol_cls=DiffuProtocol,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
+        self.settings = Settings()
+        self.cache = SuggestionCache()
+        self.recent = RecentChunks()
+        self.counters = new_counters()
+        self.timings = Timings()
+        self.touched: dict[str, float] = {}  # uri -> when it was last opened or edited
+        self.supersede = Supersede(lambda uri: self.touched.get(uri, 0.0), self.counters)
+        self.provider = capabilities.Provider()
+        self.registrations: dict[str, str] = {}  # method -> registration id
+        self.registration_lock = asyncio.Lock()
+        self.busy = 0  # suggestions being made
+        self.session = f"lsp-{os.getpid()}"  # the daemon supersedes older jobs of the same session
+        self._link: DaemonLink | None = None
+        self._logged: dict[str, float] = {}
+        self._status_sent: dict[str, Any] | None = None
+
+    @property
+    def link(self) -> DaemonLink:
+        if self._link is None:
+            from lsp.daemon_link import DaemonLink
+
+            self._link = DaemonLink(self)
+            self._configure_link()
+        return self._link
+
+    def _configure_link(self) -> None:
+        s = self.settings
+        if self._link is not None:
+            self._link.configure(url=s.url, api_key=s.api_key, model=s.model, autostart=s.autostart)
+
+    # -- the editor's view of us ----------------------------------------------------------------------
+    def log(self, message: str, *, level: str = "info", show: bool = False) -> None:
+        """``window/logMessage`` (and ``showMessage`` with ``show``); repeats of an error are rate-limited."""
+        getattr(log, "debug" if level == "debug" else level)(message)
+        if level in ("error", "warning"):
+            now = time.monotonic()
+            if now - self._logged.get(message, -ERROR_REPEAT_SECONDS) < ERROR_REPEAT_SECONDS:
+                return
+            self._logged[message] = now
+        try:
+            self.window_log_message(types.LogMessageParams(type=_LEVELS[level], message=message))
+            if show:
+                self.window_show_message(types.ShowMessageParams(type=_LEVELS[level], message=message))
+        except Exception:  # no transport (shutting down): the stderr log above still has it
+            log.debug("could not send a log message", exc_info=True)
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """A failed notification handler: one line in the editor's log, never a popup or a traceback."""
+        del source
+        self.log(f"diffu: {type(error).__name__}: {error}", level="error")
+
+    def status_item(self) -> dict[str, Any]:
+        link = self._link
+        stage, _, detail = link.progress.latest if link is not None else ("", 0.0, "")
+        item = status_item(
+            enabled=self.settings.enable,
+            link_state=link.state if link is not None else "connecting",
+            busy=self.busy > 0,
+            error=link.error if link is not None else "",
+            detail=stage_message(stage, detail) if stage and stage != "ok" else "",
+            latency_ms=self.timings.last_ms,
+            model=link.model if link is not None else "",
+        )
+        return item.to_json()
+
+    def status_changed(self) -> None:
+        """Send ``diffu/status`` (the editors' status item) when what it shows changed."""
+        item = self.status_item()
+        if item == self._status_sent or not self.protocol.initialize_received:
+            return
+        self._status_sent = item
+        try:
+            self.protocol.notify(STATUS_NOTIFICATION, item)
+        except Exception:  # no transport (shutting down)
+            log.debug("could not send the status", exc_info=True)
+
+    # -- settings --------------------------------------------------------------------------------------
+    def apply_settings(self, data: Any, *, source: str) -> list[str]:
+        """Apply a (partial) settings object; bad keys are reported and the rest applied."""
+        before = self.settings
+        self.settings, problems = parse_settings(data, before)
+        for problem in problems:
+            self.log(f"diffu settings ({source}): {problem}", level="warning", show=True)
+        self._configure_link()
+        if any(getattr(before, k) != getattr(self.settings, k) for k in _SHAPING):
+            self.cache.clear()  # cached suggestions were made under other settings
+        self.status_changed()
+        return problems
+
+    # -- documents -------------------------------------------------------------------------------------
+    def document(self, uri: str) -> TextDocument:
+        """An open document; an unopened one is the request's error (-32602), never a read from disk."""
+        doc = self.workspace.text_documents.get(unquote(uri))
+        if doc is None:
+            raise JsonRpcInvalidParams(f"{uri} is not an open document (send textDocument/didOpen first)")
+        return doc
+
+    def offset(self, doc: TextDocument, position: types.Position) -> int:
+        if position.line > len(doc.lines):
+            raise JsonRpcInvalidParams(
+                f"position line {position.line} is beyond the end of {doc.uri} ({len(doc.lines)} lines)"
+            )
+        return doc.offset_at_position(position)
+
+    def relative_path(self, uri: str) -> str:
+        parsed = urlparse(uri)
+        path = unquote(parsed.path) if parsed.scheme == "file" else uri
+        root = self.workspace.root_path
+        for folder in [root, *[unquote(urlparse(f.uri).path) for f in self.workspace.folders.values()]]:
+            if folder and path.startswith(folder.rstrip("/") + "/"):
+                return path[len(folder.rstrip("/")) + 1 :]
+        return PurePosixPath(path).name or path
+
+    def enabled_for(self, doc: TextDocument) -> bool:
+        s = self.settings
+        return s.enable and (not s.languages or (doc.language_id or "") in s.languages)
+
+    def touch(self, uri: str, line: int | None = None) -> None:
+        """The user opened or edited ``uri`` (at ``line``): it is recent, and so is the chunk around it."""
+        self.touched[uri] = time.monotonic()
+        if line is not None and not self.settings.current_file_only:
+            doc = self.workspace.text_documents.get(unquote(uri))
+            if doc is not None:
+                self.recent.note(uri, self.relative_path(uri), doc.source, line)
+
+    def forget(self, uri: str) -> None:
+        self.touched.pop(uri, None)
+        self.supersede.cancel(uri)
+
+    def context_documents(self, uri: str) -> list[tuple[str, str]]:
+        """Text beyond the file for the prompt: recent chunks, then other open documents, newest first."""
+        if self.settings.current_file_only:
+            return []
+        out = [(c.name, c.text) for c in self.recent.chunks(exclude=uri)]
+        others = sorted(
+            (u for u in self.workspace.text_documents if u != unquote(uri)),
+            key=lambda u: self.touched.get(u, 0.0),
+            reverse=True,
+        )
+        for other in others[:MAX_OTHER_DOCUMENTS]:
+            doc = self.workspace.text_documents[other]
+            if doc.source.strip():
+                out.append((self.relative_path(other), doc.source))
+        return out
+
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> int:  # type: ignore[override]
+        """Serve over stdio until ``exit``; returns the exit code (0 only after ``shutdown``)."""
+        return serve(self.protocol, stdin or sys.stdin.buffer, stdout or sys.stdout.buffer)

@@ -1,0 +1,173 @@
+"""What the server keeps between requests, as plain data: counters, latencies, and the status it reports.
+
+The handlers update these; ``diffu.status`` and the ``diffu/status`` notification (the editors' status
+item) read them. Nothing here talks to the editor or the daemon.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+TIMINGS_KEPT = 200
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One suggestion the model answered: its mode and where the time went (milliseconds).
+
+    ``wall_ms`` is what the user waits for after the server's debounce: request received to answer sent
+    (the editor's own delay before it asks, 200 ms in Neovim, comes on top). ``first`` marks the first
+    model request after the server connected to the daemon.
+    """
+
+    mode: str
+    wall_ms: float
+    daemon_ms: float
+    engine_ms: float
+    queue_ms: float
+    first: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "wall_ms": round(self.wall_ms, 1),
+            "daemon_ms": round(self.daemon_ms, 1),
+            "engine_ms": round(self.engine_ms, 1),
+            "queue_ms": round(self.queue_ms, 1),
+            "first": self.first,
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Timings:
+    """The latest answered suggestions' timings, and their summary per mode."""
+
+    def __init__(self) -> None:
+        self.recent: deque[Timing] = deque(maxlen=TIMINGS_KEPT)
+        self.first_after_connect: Timing | None = None
+        self._claimed = -1.0  # the connection whose first request was taken
+
+    def claim_first(self, connected_at: float) -> bool:
+        """True for the first model request after the connection made at ``connected_at``."""
+        if connected_at == self._claimed:
+            return False
+        self._claimed = connected_at
+        return True
+
+    def add(self, timing: Timing) -> None:
+        self.recent.append(timing)
+        if timing.first:
+            self.first_after_connect = timing
+
+    @property
+    def last_ms(self) -> float | None:
+        return self.recent[-1].wall_ms if self.recent else None
+
+    def summary(self) -> dict[str, Any]:
+        modes: dict[str, list[float]] = {}
+        for t in self.recent:
+            modes.setdefault(t.mode, []).append(t.wall_ms)
+        first = self.first_after_connect
+        return {
+            "by_mode": {
+                mode: {
+                    "n": len(walls),
+                    "median_ms": round(statistics.median(walls), 1),
+                    "p90_ms": round(percentile(walls, 0.9), 1),
+                }
+                for mode, walls in sorted(modes.items())
+            },
+            "last_ms": None if self.last_ms is None else round(self.last_ms, 1),
+            "first_after_connect_ms": None if first is None else round(first.wall_ms, 1),
+        }
+
+
+COUNTERS = (
+    "requests",  # suggestion requests received
+    "answered",  # ... answered with at least one suggestion from the model
+    "cached",  # ... answered from the cache
+    "skipped",  # ... not sent to the model (disabled, mid-line while typing)
+    "stale",  # ... whose document changed while the model ran (answered empty)
+    "superseded",  # ... replaced by a newer request of the same editor (answered empty)
+    "cancelled",  # ... cancelled by the editor
+    "errors",  # ... that failed (daemon unavailable, refused)
+    "accepted",  # suggestions the user accepted
+    "holes_filled",  # holes filled by fill-holes
+)
+
+
+def new_counters() -> Counter[str]:
+    return Counter(dict.fromkeys(COUNTERS, 0))
+
+
+@dataclass(frozen=True)
+class StatusItem:
+    """What an editor's status item shows: ``state`` and a one-line ``message``, with the last latency.
+
+    States: ``disabled`` (suggestions off), ``connecting`` (finding, starting or loading the daemon),
+    ``ready``, ``busy`` (a suggestion is being made), ``unavailable`` (the daemon cannot be reached).
+    """
+
+    state: str
+    message: str
+    latency_ms: float | None
+    model: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "message": self.message,
+            "latencyMs": None if self.latency_ms is None else round(self.latency_ms),
+            "model": self.model,
+        }
+
+
+def status_item(
+    *,
+    enabled: bool,
+    link_state: str,
+    busy: bool,
+    error: str,
+    detail: str,
+    latency_ms: float | None,
+    model: str,
+) -> StatusItem:
+    """The status item for the server's state (pure: the inputs are what the server knows)."""
+    if not enabled:
+        return StatusItem("disabled", "suggestions are off (diffu.enable)", latency_ms, model)
+    if link_state == "unavailable":
+        return StatusItem("unavailable", error or "the daemon is unavailable", latency_ms, model)
+    if link_state == "connecting":
+        return StatusItem("connecting", detail or "connecting to the daemon", latency_ms, model)
+    if busy:
+        return StatusItem("busy", "making a suggestion", latency_ms, model)
+    shown = f", last suggestion {latency_ms:.0f} ms" if latency_ms is not None else ""
+    return StatusItem("ready", f"{model or 'model'} ready{shown}", latency_ms, model)
+
+
+_STAGES = {
+    "ok": "ready",
+    "starting": "starting the daemon",
+    "loading": "loading the model",
+    "compiling": "warming up",
+    "failed": "the daemon failed",
+    "stopping": "the daemon is stopping",
+}
+
+
+def stage_message(stage: str, detail: str) -> str:
+    """A daemon start-up stage in words, for progress reports and the status item."""
+    return f"{_STAGES.get(stage, stage)}{': ' + detail if detail else ''}"

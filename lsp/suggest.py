@@ -1,0 +1,207 @@
+"""Suggestions at a cursor: the plain functions behind inline completion and the completion fallback.
+
+From the text around the cursor to cleaned suggestions: whether to ask at all, the canvas (mode, size,
+steps), the prompt (``context.build_prompt``), the daemon request through the link's one retry helper,
+and the post-processing. An explicit (invoked) request asks for several candidates at once: the greedy
+one and others sampled at :data:`CANDIDATE_TEMPERATURE` with their own seeds, which the daemon batches
+into one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lsp import context as ctx
+from lsp.cache import SuggestionCache
+from lsp.context import Mode
+from lsp.postprocess import align_indent, line_suffix_chars, postprocess
+from lsp.settings import Settings
+from lsp.state import Timing, Timings
+
+if TYPE_CHECKING:
+    from assistant.client import AsyncClient, Done
+    from lsp.daemon_link import DaemonLink
+
+CANDIDATE_TEMPERATURE = 0.8  # Tabby's manual-trigger candidates use the same
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a suggestion is asked for: the document's text on each side of the cursor, and why."""
+
+    path: str  # workspace-relative, for the prompt's header line
+    language: str
+    before: str
+    after: str
+    invoked: bool  # the user asked (a key), rather than typing
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the model is asked: the canvas and the text the prompt ends with."""
+
+    mode: Mode
+    canvas: int
+    steps: int
+    prompt_before: str  # ``before``, less a blank cursor line's indentation (see postprocess.align_indent)
+    cursor_line: str  # the cursor's line up to the cursor
+    line_above: str
+
+
+def plan(cursor: Cursor, settings: Settings) -> Plan:
+    """The canvas for this cursor: its mode decides the size (a DLM needs it before it starts)."""
+    before = cursor.before
+    line_before = before[before.rfind("\n") + 1 :]
+    line_after = cursor.after.split("\n", 1)[0]
+    above = before[: len(before) - len(line_before)].rstrip("\r\n")
+    line_above = above[above.rfind("\n") + 1 :]
+    mode = ctx.classify(line_before, line_after, line_above)
+    canvas = ctx.canvas_tokens(mode, settings.max_tokens)
+    if settings.steps:
+        steps = min(settings.steps, canvas)
+    else:
+        steps = canvas if cursor.invoked else max(1, canvas // 2)
+    blank = not line_before.strip() and not line_after.strip()
+    prompt_before = before[: len(before) - len(line_before)] if blank else before
+    return Plan(mode, canvas, steps, prompt_before, line_before, line_above)
+
+
+def skip_reason(cursor: Cursor, settings: Settings) -> str | None:
+    """Why an automatic request is not worth a model call (None: ask)."""
+    if cursor.invoked:
+        return None
+    line_after = cursor.after.split("\n", 1)[0]
+    if line_suffix_chars(line_after) > settings.max_line_suffix:
+        return "the cursor is inside a line"
+    return None
+
+
+def fingerprint(settings: Settings) -> str:
+    """The settings that shape an answer: cached suggestions are only reused under the same."""
+    return f"{settings.max_tokens}|{settings.steps}|{settings.temperature}|{settings.context_tokens}"
+
+
+async def _all(requests: Sequence[Awaitable[Done]]) -> list[Done]:
+    """Await every request together; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(r) for r in requests]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def ask(
+    link: DaemonLink,
+    client: AsyncClient,
+    cursor: Cursor,
+    settings: Settings,
+    others: Sequence[tuple[str, str]],
+    session: str,
+) -> tuple[list[str], Plan, tuple[float, float, float]]:
+    """The model's cleaned suggestions (best first, distinct) and (daemon ms, engine ms, queue ms)."""
+    p = plan(cursor, settings)
+    n = settings.candidates if cursor.invoked else 1
+    prompts: list[ctx.Prompt] = []
+
+    def params(k: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"canvas_tokens": p.canvas, "steps": p.steps, "session": f"{session}#{k}"}
+        out["temperature"] = settings.temperature if k == 0 else CANDIDATE_TEMPERATURE
+        if k:
+            out["seed"] = k
+        if settings.max_seconds:
+            out["max_seconds"] = settings.max_seconds
+        return out
+
+    def build() -> tuple[int, Awaitable[list[Done]]]:
+        budget = settings.context_tokens
+        if link.max_context:
+            budget = min(budget, int(link.max_context) - p.canvas - 2)
+        prompt = ctx.build_prompt(
+            before=p.prompt_before,
+            after=cursor.after,
+            path=cursor.path,
+            language=cursor.language,
+            budget_tokens=max(budget, 8),
+            prefix_fraction=settings.prefix_fraction,
+            chars_per_token=link.chars_per_token,
+            snippet_tokens=settings.snippet_tokens,
+            other_documents=others,
+        )
+        prompts.append(prompt)
+        requests = [client.infill(prompt.prefix, prompt.suffix, **params(k)) for k in range(n)]
+        return len(prompt.prefix) + len(prompt.suffix), _all(requests)
+
+    sent = time.perf_counter()
+    dones = await link.fitting(build)
+    prompt = prompts[-1]
+    link.learn_ratio(len(prompt.prefix) + len(prompt.suffix), int(dones[0].usage.get("prompt_tokens", 0)))
+    timing = (
+        (time.perf_counter() - sent) * 1000,
+        float(dones[0].stats.get("generate_seconds", 0.0)) * 1000,
+        float(dones[0].stats.get("queue_seconds", 0.0)) * 1000,
+    )
+    texts: list[str] = []
+    for done in dones:
+        if done.finish_reason == "cancelled":
+            continue
+        text = postprocess(
+            done.text,
+            suffix=prompt.suffix,
+            mode=p.mode,
+            cursor_line=p.cursor_line,
+            line_above=p.line_above,
+            min_chars=settings.min_chars,
+        )
+        if text is not None:
+            text = align_indent(text, p.cursor_line)
+            if text not in texts:
+                texts.append(text)
+    return texts, p, timing
+
+
+async def suggest(
+    cursor: Cursor,
+    *,
+    settings: Settings,
+    link: DaemonLink,
+    cache: SuggestionCache,
+    counters: Counter[str],
+    timings: Timings,
+    others: Sequence[tuple[str, str]],
+    session: str,
+) -> list[str]:
+    """Suggestions to show at ``cursor``, best first; [] when there is nothing worth showing.
+
+    Raises DaemonUnavailable or APIError for daemon trouble (the caller logs it and answers empty).
+    """
+    received = time.perf_counter()
+    if skip_reason(cursor, settings) is not None:
+        counters["skipped"] += 1
+        return []
+    waited = 0.0
+    if not cursor.invoked and settings.debounce_ms:
+        # Typing goes on: a newer request of this editor cancels us here, before any model work.
+        waited = settings.debounce_ms
+        await asyncio.sleep(settings.debounce_ms / 1000)
+    key = fingerprint(settings)
+    if not cursor.invoked:
+        hit = cache.get(cursor.before, cursor.after, key)
+        if hit is not None:
+            counters["cached"] += 1
+            return [hit]
+    client = await link.ready()
+    first = timings.claim_first(link.connected_at)
+    texts, p, (daemon_ms, engine_ms, queue_ms) = await ask(link, client, cursor, settings, others, session)
+    wall = (time.perf_counter() - received) * 1000 - waited
+    timings.add(Timing(p.mode.value, wall, daemon_ms, engine_ms, queue_ms, first=first))
+    if not texts:
+        return []
+    cache.put(cursor.before, cursor.after, key, texts[0])
+    counters["answered"] += 1
+    return texts
