@@ -322,10 +322,15 @@ class ConformantProtocol(LanguageServerProtocol):
             if request:
                 return Rejected(METHOD_NOT_FOUND, f"Method not found: {msg.method} is a notification", msg.id)
             return Rejected(0, f"{msg.method} is a request, sent as a notification", answer=False)
+        data = msg.data
         if cls is None:
+            known = msg.method in self.fm.features or msg.method in self.fm.builtin_features
+            if request and not known:
+                return Rejected(METHOD_NOT_FOUND, f"Method not found: {msg.method}", msg.id)
             cls = JsonRPCRequestMessage if request else JsonRPCNotification
+            data = {"params": None, **data}
         try:
-            return self._converter.structure(msg.data, cls)
+            return self._converter.structure(data, cls)
         except Exception as exc:
             return Rejected(
                 INVALID_PARAMS,
