@@ -125,6 +125,8 @@ class DiffuLanguageServer(LanguageServer):
             now = time.monotonic()
             if now - self._logged.get(message, -ERROR_REPEAT_SECONDS) < ERROR_REPEAT_SECONDS:
                 return
+            if len(self._logged) > 1000:  # forget what can no longer be a repeat
+                self._logged = {m: t for m, t in self._logged.items() if now - t < ERROR_REPEAT_SECONDS}
             self._logged[message] = now
         try:
             self.window_log_message(types.LogMessageParams(type=_LEVELS[level], message=message))

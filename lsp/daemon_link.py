@@ -221,9 +221,8 @@ class DaemonLink:
         """The connected client; raises DaemonUnavailable (at once while a recent failure is fresh)."""
         task = self._attempt()
         if task is None:
-            raise DaemonUnavailable(
-                f"{self.error or 'the diffu daemon is unavailable'} (retrying in a few seconds)"
-            )
+            # The same words as the failure itself: callers report it (rate-limited) and pass it to lost().
+            raise DaemonUnavailable(self.error or "the diffu daemon is unavailable")
         # Shielded: one request being cancelled must not cancel the connection others wait for.
         return await asyncio.shield(task)
 

@@ -283,7 +283,25 @@ class ConformantProtocol(LanguageServerProtocol):
             self.initialize_received = True
         elif checked.method == types.SHUTDOWN:
             self.shutdown_received = True
-        self.handle_message(structured)
+        if len(self._request_futures) > 64:
+            self._forget_finished()
+        try:
+            self.handle_message(structured)
+        except Exception as exc:  # a bug in dispatching one message must not end the server
+            log.exception("could not handle %s", checked.method)
+            if checked.kind == "request":
+                self._reject(
+                    Rejected(INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}", checked.id)
+                )
+
+    def _forget_finished(self) -> None:
+        """Drop the futures of finished handlers.
+
+        pygls keeps the future of every handler run under an id, and only a request's answer removes it:
+        notifications (a ``didChange`` per keystroke) and the steps of its built-in handlers would pile
+        up for the life of the process.
+        """
+        self._request_futures = {k: f for k, f in self._request_futures.items() if not f.done()}
 
     def _gate(self, msg: Message) -> Rejected | None:
         """The lifecycle rules of the LSP specification ("Server lifecycle")."""
@@ -330,7 +348,10 @@ class ConformantProtocol(LanguageServerProtocol):
             cls = JsonRPCRequestMessage if request else JsonRPCNotification
             data = {"params": None, **data}
         try:
-            return self._converter.structure(data, cls)
+            structured = self._converter.structure(data, cls)
+            if msg.method == types.CANCEL_REQUEST and not _valid_id(structured.params.id):
+                raise ValueError(f"id must be an integer or a string, got {structured.params.id!r}"[:120])
+            return structured
         except Exception as exc:
             return Rejected(
                 INVALID_PARAMS,

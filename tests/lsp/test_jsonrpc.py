@@ -147,3 +147,62 @@ def test_broken_headers_never_leave_the_server_deaf(server: RawServer) -> None:
     nulls = server.responses(None)
     assert nulls and all(r["error"]["code"] in (-32700, -32600) for r in nulls)
     assert not server.violations
+
+
+@pytest.mark.asyncio
+async def test_notifications_leave_nothing_behind() -> None:
+    """pygls keeps a future per handler run and only a request's answer removes it; a didChange per
+    keystroke must not pile up for the life of the server."""
+    import asyncio
+
+    from lsprotocol import types
+    from pygls.lsp.server import LanguageServer
+
+    from lsp.jsonrpc import ConformantProtocol
+
+    server = LanguageServer("t", "1", protocol_cls=ConformantProtocol)
+    sent: list[bytes] = []
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    async def changed(ls: LanguageServer, params: types.DidChangeTextDocumentParams) -> None:
+        await asyncio.sleep(0)
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            sent.append(data)
+
+        def close(self) -> None:
+            pass
+
+    protocol = server.protocol
+    protocol.set_writer(Sink())
+    framer = Framer()
+    uri = "file:///t/a.py"
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"processId": None, "capabilities": {}},
+        },
+        {"jsonrpc": "2.0", "method": "initialized", "params": {}},
+        {
+            "jsonrpc": "2.0",
+            "method": "textDocument/didOpen",
+            "params": {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": ""}},
+        },
+    ]
+    change = {
+        "range": {"start": {"line": 0, "character": 0}, "end": {"line": 0, "character": 0}},
+        "text": "x",
+    }
+    for version in range(2, 202):
+        params = {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]}
+        messages.append({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": params})
+    for message in messages:
+        for body in framer.feed(frame(message)):
+            protocol.handle_frame(body)
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+    assert protocol.workspace.get_text_document(uri).source == "x" * 200
+    assert len(protocol._request_futures) <= 65  # pygls' own bookkeeping (one per handler run) stays bounded

@@ -264,3 +264,19 @@ def test_settings_section() -> None:
     assert settings_section({"enable": False}) == {"enable": False}
     assert settings_section({"python": {}}) is None
     assert settings_section(None) is None
+
+
+# -- daemon link --------------------------------------------------------------------------------------
+def test_overflow_facts_and_the_retry_message() -> None:
+    """The prompt size and context come from the error's details (the message only until daemons send
+    them); a failure reported again does not grow its own message."""
+    from assistant.client import APIError
+    from lsp.daemon_link import is_overflow, overflow_facts
+
+    exc = APIError(
+        400, "the prompt (900 tokens) plus the 64 tokens to generate make 964, ...", param="prompt"
+    )
+    assert is_overflow(exc) and overflow_facts(exc) == (900, None)
+    exc.details = {"prompt_tokens": 700, "context_length": 512}  # type: ignore[attr-defined]
+    assert overflow_facts(exc) == (700, 512)
+    assert not is_overflow(APIError(400, "steps: must be <= 256", param="steps"))
