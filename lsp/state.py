@@ -29,6 +29,10 @@ class Timing:
     engine_ms: float
     queue_ms: float
     first: bool = False
+    canvas: int = 0  # tokens
+    steps: int = 0
+    prompt_chars: int = 0
+    context: tuple[str, ...] = ()  # names of the chunks of other files the prompt carried
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +42,10 @@ class Timing:
             "engine_ms": round(self.engine_ms, 1),
             "queue_ms": round(self.queue_ms, 1),
             "first": self.first,
+            "canvas": self.canvas,
+            "steps": self.steps,
+            "prompt_chars": self.prompt_chars,
+            "context": list(self.context),
         }
 
 

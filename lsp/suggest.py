@@ -96,6 +96,18 @@ async def _all(requests: Sequence[Awaitable[Done]]) -> list[Done]:
             task.cancel()
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What the model was asked and what it answered, cleaned: suggestions best first, distinct."""
+
+    texts: list[str]
+    plan: Plan
+    prompt: ctx.Prompt
+    daemon_ms: float
+    engine_ms: float
+    queue_ms: float
+
+
 async def ask(
     link: DaemonLink,
     client: AsyncClient,
@@ -103,8 +115,8 @@ async def ask(
     settings: Settings,
     others: Sequence[tuple[str, str]],
     session: str,
-) -> tuple[list[str], Plan, tuple[float, float, float]]:
-    """The model's cleaned suggestions (best first, distinct) and (daemon ms, engine ms, queue ms)."""
+) -> Asked:
+    """Ask the daemon (several candidates when invoked) and clean what comes back."""
     p = plan(cursor, settings)
     n = settings.candidates if cursor.invoked else 1
     prompts: list[ctx.Prompt] = []
@@ -141,11 +153,9 @@ async def ask(
     dones = await link.fitting(build)
     prompt = prompts[-1]
     link.learn_ratio(len(prompt.prefix) + len(prompt.suffix), int(dones[0].usage.get("prompt_tokens", 0)))
-    timing = (
-        (time.perf_counter() - sent) * 1000,
-        float(dones[0].stats.get("generate_seconds", 0.0)) * 1000,
-        float(dones[0].stats.get("queue_seconds", 0.0)) * 1000,
-    )
+    daemon_ms = (time.perf_counter() - sent) * 1000
+    engine_ms = float(dones[0].stats.get("generate_seconds", 0.0)) * 1000
+    queue_ms = float(dones[0].stats.get("queue_seconds", 0.0)) * 1000
     texts: list[str] = []
     for done in dones:
         if done.finish_reason == "cancelled":
@@ -162,7 +172,7 @@ async def ask(
             text = align_indent(text, p.cursor_line)
             if text not in texts:
                 texts.append(text)
-    return texts, p, timing
+    return Asked(texts, p, prompt, daemon_ms, engine_ms, queue_ms)
 
 
 async def suggest(
@@ -197,11 +207,23 @@ async def suggest(
             return [hit]
     client = await link.ready()
     first = timings.claim_first(link.connected_at)
-    texts, p, (daemon_ms, engine_ms, queue_ms) = await ask(link, client, cursor, settings, others, session)
-    wall = (time.perf_counter() - received) * 1000 - waited
-    timings.add(Timing(p.mode.value, wall, daemon_ms, engine_ms, queue_ms, first=first))
-    if not texts:
+    asked = await ask(link, client, cursor, settings, others, session)
+    p, prompt = asked.plan, asked.prompt
+    timing = Timing(
+        mode=p.mode.value,
+        wall_ms=(time.perf_counter() - received) * 1000 - waited,
+        daemon_ms=asked.daemon_ms,
+        engine_ms=asked.engine_ms,
+        queue_ms=asked.queue_ms,
+        first=first,
+        canvas=p.canvas,
+        steps=p.steps,
+        prompt_chars=len(prompt.prefix) + len(prompt.suffix),
+        context=tuple(dict.fromkeys(s.name for s in prompt.snippets)),
+    )
+    timings.add(timing)
+    if not asked.texts:
         return []
-    cache.put(cursor.before, cursor.after, key, texts[0])
+    cache.put(cursor.before, cursor.after, key, asked.texts[0])
     counters["answered"] += 1
-    return texts
+    return asked.texts

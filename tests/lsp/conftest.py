@@ -68,6 +68,7 @@ class Session:
         self.applied_edits: list[types.WorkspaceEdit] = []
         self.result: types.InitializeResult | None = None
         self.versions: dict[str, int] = {}
+        self.status_items: list[dict[str, Any]] = []  # diffu/status notifications, oldest first
 
     def open(self, name: str, text: str, language: str = "python") -> str:
         uri = (self.root / "ws" / name).as_uri()
@@ -85,6 +86,19 @@ class Session:
             types.DidChangeTextDocumentParams(
                 text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
                 content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+            )
+        )
+
+    def insert(self, uri: str, line: int, character: int, text: str) -> None:
+        """An incremental edit, as editors send while typing."""
+        self.versions[uri] += 1
+        at = types.Position(line, character)
+        self.client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)
+                ],
             )
         )
 
@@ -221,6 +235,10 @@ def _record_editor_requests(session: Session) -> None:
         for unreg in params.unregisterations:
             session.unregistered.append(unreg.method)
             session.registrations.pop(unreg.method, None)
+
+    @client.feature("diffu/status")
+    def status_item(params: Any) -> None:
+        session.status_items.append(params if isinstance(params, dict) else params._asdict())
 
     @client.feature(types.WORKSPACE_APPLY_EDIT)
     def apply_edit(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
