@@ -1,10 +1,12 @@
-// diffu for VS Code: starts `diffu lsp` and lets vscode-languageclient do the rest.
+// diffu for VS Code: starts `diffu lsp`, lets vscode-languageclient do the LSP work, and shows the
+// server's state in the status bar.
 //
 // Inline completion (ghost text) is a proposed LSP 3.18 feature in vscode-languageclient 9, so the client
 // must opt in with registerProposedFeatures(); without it the client would not declare
 // textDocument.inlineCompletion and the server would fall back to the completion list.
 import * as vscode from "vscode";
 import {
+  ConfigurationParams,
   ExecuteCommandRequest,
   LanguageClient,
   LanguageClientOptions,
@@ -13,17 +15,26 @@ import {
 } from "vscode-languageclient/node";
 
 const SECTION = "diffu";
-// Extension-side settings that are not the server's (the server warns about keys it does not know).
-const CLIENT_ONLY = new Set(["serverCommand"]);
+// Settings of this extension, not of the server: it would have nothing to do with them.
+const CLIENT_ONLY = new Set(["serverCommand", "trace"]);
+const STATUS_NOTIFICATION = "diffu/status";
+
+/** The server's status item, as the `diffu/status` notification carries it. */
+export interface ServerStatus {
+  state: "disabled" | "connecting" | "ready" | "busy" | "unavailable";
+  message: string;
+  latencyMs: number | null;
+  model: string;
+}
 
 let client: LanguageClient | undefined;
 let output: vscode.OutputChannel | undefined;
+let statusItem: vscode.StatusBarItem | undefined;
 
-/** The server's settings: the `diffu` section without the extension's own keys, empty strings unset. */
-function serverSettings(): Record<string, unknown> {
-  const config = vscode.workspace.getConfiguration(SECTION);
+/** A `diffu` settings object without the extension's own keys; empty strings mean unset. */
+export function serverSettings(section: Record<string, unknown>): Record<string, unknown> {
   const settings: Record<string, unknown> = {};
-  for (const [key, value] of Object.entries(config)) {
+  for (const [key, value] of Object.entries(section)) {
     if (typeof value === "function" || CLIENT_ONLY.has(key) || value === "") {
       continue;
     }
@@ -32,22 +43,77 @@ function serverSettings(): Record<string, unknown> {
   return settings;
 }
 
+function currentSettings(): Record<string, unknown> {
+  const config = vscode.workspace.getConfiguration(SECTION);
+  return serverSettings(JSON.parse(JSON.stringify(config)) as Record<string, unknown>);
+}
+
+/** The status bar's text and tooltip for the server's state (undefined: no word from it yet). */
+export function statusText(status: ServerStatus | undefined): { text: string; tooltip: string } {
+  if (!status) {
+    return { text: "$(loading~spin) diffu", tooltip: "diffu: starting the language server" };
+  }
+  const tooltip = `diffu: ${status.message}`;
+  switch (status.state) {
+    case "ready":
+      return { text: status.latencyMs === null ? "$(sparkle) diffu" : `$(sparkle) diffu ${status.latencyMs} ms`, tooltip };
+    case "busy":
+      return { text: "$(loading~spin) diffu", tooltip };
+    case "connecting":
+      return { text: "$(sync~spin) diffu", tooltip };
+    case "disabled":
+      return { text: "$(circle-slash) diffu", tooltip };
+    default:
+      return { text: "$(warning) diffu", tooltip };
+  }
+}
+
+function showStatusItem(status: ServerStatus | undefined): void {
+  if (!statusItem) {
+    return;
+  }
+  const { text, tooltip } = statusText(status);
+  statusItem.text = text;
+  statusItem.tooltip = tooltip;
+  statusItem.show();
+}
+
 function createClient(): LanguageClient {
   const command = vscode.workspace.getConfiguration(SECTION).get<string[]>("serverCommand", ["diffu", "lsp"]);
   if (!Array.isArray(command) || command.length === 0) {
-    throw new Error("diffu.serverCommand must be a non-empty array, e.g. [\"diffu\", \"lsp\"]");
+    throw new Error('diffu.serverCommand must be a non-empty array, e.g. ["diffu", "lsp"]');
   }
   // TransportKind.stdio adds `--stdio` to the arguments; `diffu lsp` accepts it.
   const serverOptions: ServerOptions = { command: command[0], args: command.slice(1), transport: TransportKind.stdio };
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
-    initializationOptions: serverSettings(),
-    // Pushes workspace/didChangeConfiguration with the `diffu` section whenever it changes.
-    synchronize: { configurationSection: SECTION },
+    initializationOptions: currentSettings(),
     outputChannel: output,
+    middleware: {
+      // vscode-languageclient 9 sends VS Code's trigger kind as it is (Invoke 0, Automatic 1: the values of
+      // the 3.17 proposal), while LSP 3.18 numbers them Invoked 1, Automatic 2: translate, or an explicit
+      // request would be refused as invalid and every automatic one taken for an explicit one.
+      provideInlineCompletionItems: (document, position, context, token, next) =>
+        next(document, position, { ...context, triggerKind: context.triggerKind + 1 }, token),
+      workspace: {
+        // The server pulls its section (workspace/configuration): answer it without our own keys.
+        configuration: async (params: ConfigurationParams, token, next) => {
+          const result = await next(params, token);
+          if (!Array.isArray(result)) {
+            return result;
+          }
+          return result.map((value, i) =>
+            params.items[i]?.section === SECTION && value && typeof value === "object"
+              ? serverSettings(value as Record<string, unknown>)
+              : value,
+          );
+        },
+      },
+    },
   };
   const languageClient = new LanguageClient("diffu", "diffu", serverOptions, clientOptions);
   languageClient.registerProposedFeatures();
+  languageClient.onNotification(STATUS_NOTIFICATION, (status: ServerStatus) => showStatusItem(status));
   return languageClient;
 }
 
@@ -60,13 +126,11 @@ async function fillHoles(): Promise<void> {
   const selection = editor.selection;
   const range = selection.isEmpty ? null : client.code2ProtocolConverter.asRange(selection);
   // The server fills every hole in one diffusion run and applies the fills with workspace/applyEdit.
-  await vscode.window.withProgress(
-    { location: vscode.ProgressLocation.Window, title: "diffu: filling holes" },
-    () =>
-      client!.sendRequest(ExecuteCommandRequest.type, {
-        command: "diffu.fillHoles",
-        arguments: [editor.document.uri.toString(), range],
-      }),
+  await vscode.window.withProgress({ location: vscode.ProgressLocation.Window, title: "diffu: filling holes" }, () =>
+    client!.sendRequest(ExecuteCommandRequest.type, {
+      command: "diffu.fillHoles",
+      arguments: [editor.document.uri.toString(), range],
+    }),
   );
 }
 
@@ -79,18 +143,26 @@ async function showStatus(): Promise<void> {
   output?.show(true);
 }
 
+async function restart(): Promise<void> {
+  await client?.stop();
+  showStatusItem(undefined);
+  client = createClient();
+  await client.start();
+}
+
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   output = vscode.window.createOutputChannel("diffu");
-  context.subscriptions.push(output);
+  statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  statusItem.command = "diffu.showStatus";
+  showStatusItem(undefined);
+  context.subscriptions.push(output, statusItem);
   client = createClient();
   context.subscriptions.push(
     vscode.commands.registerCommand("diffu.fillHolesInEditor", fillHoles),
     vscode.commands.registerCommand("diffu.showStatus", showStatus),
-    vscode.commands.registerCommand("diffu.restart", async () => {
-      await client?.stop();
-      client = createClient();
-      await client.start();
-    }),
+    vscode.commands.registerCommand("diffu.restart", restart),
+    // The server registers for changes of its section (the client then tells it, and it ignores the keys
+    // that are ours); only a new server command needs a new server.
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       if (event.affectsConfiguration(`${SECTION}.serverCommand`)) {
         await vscode.commands.executeCommand("diffu.restart");
