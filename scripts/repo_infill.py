@@ -36,8 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from assistant.client import Client  # noqa: E402
+from assistant.client import APIError, Client  # noqa: E402
 from lsp import context as ctx  # noqa: E402
+from lsp.daemon_link import is_overflow, overflow_facts  # noqa: E402
 from lsp.postprocess import align_indent, postprocess  # noqa: E402
 from lsp.recent import RecentChunks  # noqa: E402
 from lsp.settings import Settings  # noqa: E402
@@ -171,14 +172,25 @@ def main() -> int:
         with Client(daemon.url, daemon.token, autostart=False) as client:
             max_context = int(client.models()["data"][0]["context_length"])
             # The server learns characters per token from the daemon's answers; measure it once here.
-            sample = items[0].text[:4000]
+            sample = items[0].text[:2000]
             used = client.infill(sample, "", canvas_tokens=1, steps=1).usage["prompt_tokens"]
             chars_per_token = len(sample) / max(used, 1)
 
             def run(job: tuple[Target, str]) -> dict:
                 target, condition = job
-                p, prompt = prompt_for(target, condition, settings, chars_per_token, max_context)
-                done = client.infill(prompt.prefix, prompt.suffix, canvas_tokens=p.canvas, steps=p.steps)
+                ratio = chars_per_token
+                for attempt in range(3):  # as the server's DaemonLink.fitting: learn from a refusal
+                    p, prompt = prompt_for(target, condition, settings, ratio, max_context)
+                    try:
+                        done = client.infill(
+                            prompt.prefix, prompt.suffix, canvas_tokens=p.canvas, steps=p.steps
+                        )
+                        break
+                    except APIError as exc:
+                        tokens, _ = overflow_facts(exc)
+                        if attempt == 2 or not is_overflow(exc) or not tokens:
+                            raise
+                        ratio = 0.9 * (len(prompt.prefix) + len(prompt.suffix)) / tokens
                 text = postprocess(
                     done.text,
                     suffix=prompt.suffix,
