@@ -24,6 +24,7 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol.language_server import lsp_method
 from pygls.workspace import TextDocument
 
+from assistant import __version__
 from lsp import capabilities
 from lsp.cache import SuggestionCache
 from lsp.jsonrpc import ConformantProtocol, serve
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("diffu.lsp")
 
-VERSION = "0.1.0"
 STATUS_NOTIFICATION = "diffu/status"
 MAX_OTHER_DOCUMENTS = 10
 ERROR_REPEAT_SECONDS = 30.0  # the same error is logged again only after this long
@@ -80,10 +80,12 @@ class DiffuProtocol(ConformantProtocol):
 class DiffuLanguageServer(LanguageServer):
     """The server's state: settings, the daemon link, the suggestion cache, recent chunks and counters."""
 
+    protocol: DiffuProtocol
+
     def __init__(self) -> None:
         super().__init__(
             "diffu",
-            VERSION,
+            __version__,
             protocol_cls=DiffuProtocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
@@ -234,6 +236,6 @@ class DiffuLanguageServer(LanguageServer):
                 out.append((self.relative_path(other), doc.source))
         return out
 
-    def start_io(self, stdin: Any = None, stdout: Any = None) -> int:  # type: ignore[override]
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> int:
         """Serve over stdio until ``exit``; returns the exit code (0 only after ``shutdown``)."""
         return serve(self.protocol, stdin or sys.stdin.buffer, stdout or sys.stdout.buffer)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,8 +31,7 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 5.0  # after a failed attempt, requests fail fast for this long instead of retrying
 FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
-# Until the daemon's error bodies carry prompt_tokens as data (APIError.details), its message has it.
-_PROMPT_TOKENS = re.compile(r"the prompt \((\d+) tokens\)")
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the daemon's error code (OpenAI's) for an overflow
 
 
 class Progress:
@@ -264,8 +262,6 @@ class DaemonLink:
             self.max_context = context
         if prompt_tokens:
             self.chars_per_token = max(0.25, 0.9 * chars / prompt_tokens)
-        else:
-            self.chars_per_token = max(0.25, self.chars_per_token / 2)
 
     def budget_chars(self, budget_tokens: int, reserve_tokens: int) -> int:
         """Characters of prompt for ``budget_tokens``, leaving ``reserve_tokens`` of the context free."""
@@ -290,24 +286,14 @@ class DaemonLink:
         raise AssertionError("unreachable")
 
 
-def _details(exc: APIError) -> dict[str, Any]:
-    # Daemons before error details send none; the attribute arrives with them.
-    details = getattr(exc, "details", None)
-    return details if isinstance(details, dict) else {}
-
-
 def is_overflow(exc: APIError) -> bool:
-    """Whether the daemon refused a request because the prompt and canvas exceed the model's context."""
-    return exc.status == 400 and (exc.param == "prompt" or "context_length" in _details(exc))
+    """Whether the daemon refused a prompt that, with its canvas, exceeds the model's context."""
+    return exc.code == CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
 
 
 def overflow_facts(exc: APIError) -> tuple[int | None, int | None]:
-    """(prompt tokens, context length) of a context-length refusal, where the daemon reported them."""
-    details = _details(exc)
-    prompt_tokens, context = details.get("prompt_tokens"), details.get("context_length")
-    if prompt_tokens is None:
-        m = _PROMPT_TOKENS.search(exc.message)
-        prompt_tokens = int(m.group(1)) if m else None
+    """(prompt tokens, context length) of a context-length refusal, as the daemon reported them."""
+    prompt_tokens, context = exc.details.get("prompt_tokens"), exc.details.get("context_length")
     return (
         prompt_tokens if isinstance(prompt_tokens, int) and prompt_tokens > 0 else None,
         context if isinstance(context, int) and context > 0 else None,

@@ -31,15 +31,15 @@ class HoleDocument:
     language: str
 
 
-def _params(settings: Settings, tokens: int, session: str) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "steps": settings.steps or tokens,
-        "temperature": settings.temperature,
+def _request_options(settings: Settings, tokens: int, session: str) -> dict[str, Any]:
+    """The typed client's options for a fill of ``tokens`` masks: one step per mask unless set."""
+    from assistant.client import SamplingOptions
+
+    return {
+        "sampling": SamplingOptions(steps=settings.steps or tokens, temperature=settings.temperature),
         "session": session,
+        "max_seconds": settings.max_seconds,
     }
-    if settings.max_seconds:
-        params["max_seconds"] = settings.max_seconds
-    return params
 
 
 async def fill_holes(
@@ -80,7 +80,9 @@ async def _one_run(
         )
         prompts.append(prompt)
         total = sum(h.tokens for h in prompt.holes)
-        request = client.generate(prompt=prompt.text, max_new_tokens=0, **_params(settings, total, session))
+        request = client.generate(
+            prompt=prompt.text, max_new_tokens=0, **_request_options(settings, total, session)
+        )
         return len(prompt.text), request
 
     done = await link.fitting(build)
@@ -114,7 +116,10 @@ async def _in_turn(
             budget = link.budget_chars(settings.context_tokens, target.tokens) - len(header)
             pre, suf, _ = window(before, after, max(budget, 0), 0.7)
             request = client.infill(
-                header + pre, suf, canvas_tokens=target.tokens, **_params(settings, target.tokens, session)
+                header + pre,
+                suf,
+                canvas_tokens=target.tokens,
+                **_request_options(settings, target.tokens, session),
             )
             return len(header) + len(pre) + len(suf), request
 

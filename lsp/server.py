@@ -359,7 +359,8 @@ async def _fill(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -
         )
 
     try:
-        fills = await ls.supersede.run(f"holes:{uri}", uri, work, [])
+        nothing: list[str] = []
+        fills = await ls.supersede.run(f"holes:{uri}", uri, work, nothing)
     except asyncio.CancelledError:
         raise
     except Exception as exc:

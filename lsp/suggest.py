@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lsp import context as ctx
 from lsp.cache import SuggestionCache
@@ -117,18 +117,27 @@ async def ask(
     session: str,
 ) -> Asked:
     """Ask the daemon (several candidates when invoked) and clean what comes back."""
+    from assistant.client import SamplingOptions
+
     p = plan(cursor, settings)
     n = settings.candidates if cursor.invoked else 1
     prompts: list[ctx.Prompt] = []
 
-    def params(k: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"canvas_tokens": p.canvas, "steps": p.steps, "session": f"{session}#{k}"}
-        out["temperature"] = settings.temperature if k == 0 else CANDIDATE_TEMPERATURE
-        if k:
-            out["seed"] = k
-        if settings.max_seconds:
-            out["max_seconds"] = settings.max_seconds
-        return out
+    def request(prompt: ctx.Prompt, k: int) -> Awaitable[Done]:
+        """Candidate ``k``: 0 is the greedy one (the user's temperature), others sampled with seed k."""
+        sampling = SamplingOptions(
+            steps=p.steps,
+            temperature=settings.temperature if k == 0 else CANDIDATE_TEMPERATURE,
+            seed=k if k else None,
+        )
+        return client.infill(
+            prompt.prefix,
+            prompt.suffix,
+            canvas_tokens=p.canvas,
+            sampling=sampling,
+            session=f"{session}#{k}",
+            max_seconds=settings.max_seconds,
+        )
 
     def build() -> tuple[int, Awaitable[list[Done]]]:
         budget = settings.context_tokens
@@ -146,7 +155,7 @@ async def ask(
             other_documents=others,
         )
         prompts.append(prompt)
-        requests = [client.infill(prompt.prefix, prompt.suffix, **params(k)) for k in range(n)]
+        requests = [request(prompt, k) for k in range(n)]
         return len(prompt.prefix) + len(prompt.suffix), _all(requests)
 
     sent = time.perf_counter()

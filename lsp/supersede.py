@@ -52,7 +52,7 @@ class Supersede:
                 return empty
             task.cancel()
         mine: asyncio.Task[T] = asyncio.ensure_future(work())
-        self._slots[slot] = (mine, uri, now)  # type: ignore[assignment]
+        self._slots[slot] = (mine, uri, now)
         try:
             return await mine
         except asyncio.CancelledError:

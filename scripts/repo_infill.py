@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from assistant.client import APIError, Client  # noqa: E402
+from assistant.client import APIError, Client, SamplingOptions  # noqa: E402
 from lsp import context as ctx  # noqa: E402
 from lsp.daemon_link import is_overflow, overflow_facts  # noqa: E402
 from lsp.postprocess import align_indent, postprocess  # noqa: E402
@@ -173,7 +173,8 @@ def main() -> int:
             max_context = int(client.models()["data"][0]["context_length"])
             # The server learns characters per token from the daemon's answers; measure it once here.
             sample = items[0].text[:2000]
-            used = client.infill(sample, "", canvas_tokens=1, steps=1).usage["prompt_tokens"]
+            used = client.infill(sample, "", canvas_tokens=1, sampling=SamplingOptions(steps=1))
+            used = used.usage["prompt_tokens"]
             chars_per_token = len(sample) / max(used, 1)
 
             def run(job: tuple[Target, str]) -> dict:
@@ -183,7 +184,10 @@ def main() -> int:
                     p, prompt = prompt_for(target, condition, settings, ratio, max_context)
                     try:
                         done = client.infill(
-                            prompt.prefix, prompt.suffix, canvas_tokens=p.canvas, steps=p.steps
+                            prompt.prefix,
+                            prompt.suffix,
+                            canvas_tokens=p.canvas,
+                            sampling=SamplingOptions(steps=p.steps),
                         )
                         break
                     except APIError as exc:

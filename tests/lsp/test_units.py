@@ -267,105 +267,16 @@ def test_settings_section() -> None:
 
 
 # -- daemon link --------------------------------------------------------------------------------------
-def test_overflow_facts_and_the_retry_message() -> None:
-    """The prompt size and context come from the error's details (the message only until daemons send
-    them); a failure reported again does not grow its own message."""
+def test_overflow_facts() -> None:
+    """The prompt size and the context come from the error's details, never from its English message."""
     from assistant.client import APIError
     from lsp.daemon_link import is_overflow, overflow_facts
 
-    exc = APIError(
-        400, "the prompt (900 tokens) plus the 64 tokens to generate make 964, ...", param="prompt"
+    details = {"prompt_tokens": 900, "max_new_tokens": 64, "context_length": 512}
+    exc = APIError(400, "words for people", param="prompt", code="context_length_exceeded", details=details)
+    assert is_overflow(exc) and overflow_facts(exc) == (900, 512)
+    canvas_too_big = APIError(
+        400, "...", param="max_tokens", code="context_length_exceeded", details={"context_length": 512}
     )
-    assert is_overflow(exc) and overflow_facts(exc) == (900, None)
-    exc.details = {"prompt_tokens": 700, "context_length": 512}  # type: ignore[attr-defined]
-    assert overflow_facts(exc) == (700, 512)
-    assert not is_overflow(APIError(400, "steps: must be <= 256", param="steps"))
-
-
-# -- indentation, mid-line, plan ----------------------------------------------------------------------
-def test_align_indent() -> None:
-    """Finding 2: on a blank line the model writes the whole indentation; the cursor already has some."""
-    from lsp.postprocess import align_indent
-
-    assert align_indent("            return x", " " * 12) == "return x"  # the cursor's indentation repeated
-    assert align_indent(" return x", " " * 12) == "return x"  # a BPE token's space: not deeper
-    assert align_indent("                x\n    y", " " * 12) == "    x\n    y"  # deeper: the rest is kept
-    assert align_indent("    return x", "") == "    return x"  # cursor at column 0: the model's indentation
-    assert align_indent(" + 1", "    x =") == " + 1"  # not a blank line: untouched
-
-
-def test_plan_cuts_a_blank_cursor_line_from_the_prompt() -> None:
-    from lsp.suggest import Cursor, plan
-
-    for nl in ("\n", "\r\n"):
-        before = f"def f(x):{nl}    if x:{nl}" + " " * 8
-        p = plan(Cursor("a.py", "python", before, f"{nl}    return 1{nl}", invoked=False), Settings())
-        assert p.prompt_before == f"def f(x):{nl}    if x:{nl}" and p.cursor_line == " " * 8
-        assert p.mode is Mode.BLOCK and p.canvas == 64 and p.steps == 32
-    inside = plan(Cursor("a.py", "python", "    ", "x = 1\n", invoked=True), Settings())
-    assert inside.prompt_before == "    " and inside.mode is Mode.SINGLE_LINE and inside.steps == 24
-
-
-def test_mid_line_cursors_skip_automatic_requests() -> None:
-    from lsp.postprocess import line_suffix_chars
-    from lsp.suggest import Cursor, skip_reason
-
-    assert line_suffix_chars('")]};, ') == 0 and line_suffix_chars("second_argument)") == 15
-    settings = Settings()
-    typing = Cursor("a.py", "python", "f(", "first_argument)\n", invoked=False)
-    assert skip_reason(typing, settings) == "the cursor is inside a line"
-    assert skip_reason(Cursor("a.py", "python", "f(", "x)\n", invoked=False), settings) is None
-    assert skip_reason(Cursor("a.py", "python", "f(", "first_argument)\n", invoked=True), settings) is None
-
-
-# -- recent chunks, timings, status item --------------------------------------------------------------
-def test_recent_chunks_ring() -> None:
-    from lsp.recent import RecentChunks
-
-    text = "".join(f"line {i}\n" for i in range(200))
-    ring = RecentChunks(capacity=3, lines=10)
-    ring.note("a", "a.py", text, 100)
-    ring.note("a", "a.py", text, 102)  # the same place again: replaced, not doubled
-    assert [c.start for c in ring.chunks()] == [97]
-    ring.note("b", "b.py", text, 0)
-    ring.note("c", "c.py", text, 199)
-    ring.note("d", "d.py", text, 50)  # over capacity: the oldest goes
-    assert [c.name for c in ring.chunks()] == ["d.py", "c.py", "b.py"]
-    assert ring.chunks(exclude="c")[1].name == "b.py" and ring.chunks()[1].text.endswith("line 199\n")
-
-
-def test_timings_summary_and_status_item() -> None:
-    from lsp.state import Timing, Timings, percentile, status_item
-
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.9) == pytest.approx(3.7)  # numpy's linear interpolation
-    timings = Timings()
-    assert timings.claim_first(5.0) and not timings.claim_first(5.0) and timings.claim_first(6.0)
-    for i, wall in enumerate([900.0, 100.0, 200.0, 300.0]):
-        timings.add(Timing("single_line", wall, wall, wall, 0.0, first=i == 0))
-    timings.add(Timing("block", 50.0, 50.0, 40.0, 0.0))
-    summary = timings.summary()
-    assert summary["by_mode"]["single_line"] == {"n": 4, "median_ms": 250.0, "p90_ms": 720.0}
-    assert summary["first_after_connect_ms"] == 900.0 and summary["last_ms"] == 50.0
-    ready = status_item(
-        enabled=True, link_state="ready", busy=False, error="", detail="", latency_ms=312.4, model="m"
-    )
-    assert ready.to_json() == {
-        "state": "ready",
-        "message": "m ready, last suggestion 312 ms",
-        "latencyMs": 312,
-        "model": "m",
-    }
-    down = status_item(
-        enabled=True,
-        link_state="unavailable",
-        busy=True,
-        error="no daemon",
-        detail="",
-        latency_ms=None,
-        model="",
-    )
-    assert (down.state, down.message) == ("unavailable", "no daemon")
-    off = status_item(
-        enabled=False, link_state="ready", busy=False, error="", detail="", latency_ms=None, model=""
-    )
-    assert off.state == "disabled"
+    assert not is_overflow(canvas_too_big)  # a smaller prompt would not help
+    assert not is_overflow(APIError(400, "the prompt (900 tokens) ...", param="prompt"))
