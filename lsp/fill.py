@@ -31,101 +31,75 @@ class HoleDocument:
     language: str
 
 
-def _request_options(settings: Settings, tokens: int, session: str) -> dict[str, Any]:
-    """The typed client's options for a fill of ``tokens`` masks: one step per mask unless set."""
-    from assistant.client import SamplingOptions
+@dataclass(frozen=True)
+class Filler:
+    """One fill-holes run: the daemon (link and connected client), the document, settings and session."""
 
-    return {
-        "sampling": SamplingOptions(steps=settings.steps or tokens, temperature=settings.temperature),
-        "session": session,
-        "max_seconds": settings.max_seconds,
-    }
+    link: DaemonLink
+    client: AsyncClient
+    doc: HoleDocument
+    settings: Settings
+    session: str
 
+    async def fill(self, targets: list[Hole], others: list[Hole]) -> list[str]:
+        """The finished fill of each target, in order ("" where the model gave nothing worth inserting)."""
+        if "holes" in self.link.features:
+            raw = await self._one_run(targets, others)
+            return [finish_fill(text, self.doc.text, hole) for text, hole in zip(raw, targets, strict=True)]
+        return await self._in_turn(targets, others)
 
-async def fill_holes(
-    link: DaemonLink,
-    client: AsyncClient,
-    doc: HoleDocument,
-    targets: list[Hole],
-    others: list[Hole],
-    settings: Settings,
-    session: str,
-) -> list[str]:
-    """The finished fill of each target, in order ("" where the model gave nothing worth inserting)."""
-    if "holes" in link.features:
-        raw = await _one_run(link, client, doc, targets, others, settings, session)
-        return [finish_fill(text, doc.text, hole) for text, hole in zip(raw, targets, strict=True)]
-    return await _in_turn(link, client, doc, targets, others, settings, session)
+    def _options(self, tokens: int) -> dict[str, Any]:
+        """The typed client's options for a fill of ``tokens`` masks: one step per mask unless set."""
+        from assistant.client import SamplingOptions
 
+        s = self.settings
+        return {
+            "sampling": SamplingOptions(steps=s.steps or tokens, temperature=s.temperature),
+            "session": self.session,
+            "max_seconds": s.max_seconds,
+        }
 
-async def _one_run(
-    link: DaemonLink,
-    client: AsyncClient,
-    doc: HoleDocument,
-    targets: list[Hole],
-    others: list[Hole],
-    settings: Settings,
-    session: str,
-) -> list[str]:
-    prompts: list[HolePrompt] = []
+    async def _one_run(self, targets: list[Hole], others: list[Hole]) -> list[str]:
+        prompts: list[HolePrompt] = []
+        doc = self.doc
 
-    def build() -> tuple[int, Awaitable[Done]]:
-        prompt = masked_prompt(
-            doc.text,
-            targets,
-            others=others,
-            path=doc.path,
-            language=doc.language,
-            budget_chars=link.budget_chars(settings.context_tokens, 0),
-        )
-        prompts.append(prompt)
-        total = sum(h.tokens for h in prompt.holes)
-        request = client.generate(
-            prompt=prompt.text, max_new_tokens=0, **_request_options(settings, total, session)
-        )
-        return len(prompt.text), request
-
-    done = await link.fitting(build)
-    holes = prompts[-1].holes
-    if done.holes is None or len(done.holes) != len(holes):
-        got = "none" if done.holes is None else str(len(done.holes))
-        raise HoleError(
-            f"the daemon filled {got} holes of the {len(holes)} sent; holes that touch are one run of "
-            "masks to the model: put a space or a line between them"
-        )
-    fills = dict(zip(holes, done.holes, strict=True))
-    return [fills[h] for h in targets]
-
-
-async def _in_turn(
-    link: DaemonLink,
-    client: AsyncClient,
-    doc: HoleDocument,
-    targets: list[Hole],
-    others: list[Hole],
-    settings: Settings,
-    session: str,
-) -> list[str]:
-    header = header_line(doc.path, doc.language)
-    holes = sorted({*targets, *others}, key=lambda h: h.start)
-    filled: dict[Hole, str] = {}
-    for target in targets:
-        before, after = _split_at(doc.text, holes, target, filled)
-
-        def build(before: str = before, after: str = after, target: Hole = target) -> tuple[int, Any]:
-            budget = link.budget_chars(settings.context_tokens, target.tokens) - len(header)
-            pre, suf, _ = window(before, after, max(budget, 0), 0.7)
-            request = client.infill(
-                header + pre,
-                suf,
-                canvas_tokens=target.tokens,
-                **_request_options(settings, target.tokens, session),
+        def build() -> tuple[int, Awaitable[Done]]:
+            budget = self.link.budget_chars(self.settings.context_tokens, 0)
+            prompt = masked_prompt(
+                doc.text, targets, others=others, path=doc.path, language=doc.language, budget_chars=budget
             )
-            return len(header) + len(pre) + len(suf), request
+            prompts.append(prompt)
+            options = self._options(sum(h.tokens for h in prompt.holes))
+            return len(prompt.text), self.client.generate(prompt=prompt.text, max_new_tokens=0, **options)
 
-        done: Done = await link.fitting(build)
-        filled[target] = finish_fill(done.text, doc.text, target)
-    return [filled[t] for t in targets]
+        done = await self.link.fitting(build)
+        holes = prompts[-1].holes
+        if done.holes is None or len(done.holes) != len(holes):
+            got = "none" if done.holes is None else str(len(done.holes))
+            raise HoleError(
+                f"the daemon filled {got} holes of the {len(holes)} sent; holes that touch are one run of "
+                "masks to the model: put a space or a line between them"
+            )
+        fills = dict(zip(holes, done.holes, strict=True))
+        return [fills[h] for h in targets]
+
+    async def _in_turn(self, targets: list[Hole], others: list[Hole]) -> list[str]:
+        header = header_line(self.doc.path, self.doc.language)
+        holes = sorted({*targets, *others}, key=lambda h: h.start)
+        filled: dict[Hole, str] = {}
+        for target in targets:
+            before, after = _split_at(self.doc.text, holes, target, filled)
+
+            def build(before: str = before, after: str = after, target: Hole = target) -> tuple[int, Any]:
+                budget = self.link.budget_chars(self.settings.context_tokens, target.tokens) - len(header)
+                pre, suf, _ = window(before, after, max(budget, 0), 0.7)
+                options = self._options(target.tokens)
+                request = self.client.infill(header + pre, suf, canvas_tokens=target.tokens, **options)
+                return len(header) + len(pre) + len(suf), request
+
+            done: Done = await self.link.fitting(build)
+            filled[target] = finish_fill(done.text, self.doc.text, target)
+        return [filled[t] for t in targets]
 
 
 def _split_at(text: str, holes: list[Hole], target: Hole, filled: dict[Hole, str]) -> tuple[str, str]:

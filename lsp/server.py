@@ -343,7 +343,7 @@ async def _fill(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -
     """Fill the holes; failures are shown to the user and give None (the server keeps serving)."""
     from assistant.client import DaemonUnavailable
     from lsp.daemon_link import describe
-    from lsp.fill import HoleDocument, fill_holes
+    from lsp.fill import Filler, HoleDocument
 
     doc = ls.document(uri)
     targets, others = _holes(ls, uri, range_)
@@ -354,9 +354,8 @@ async def _fill(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -
     async def work() -> list[str]:
         hole_doc = HoleDocument(text, ls.relative_path(uri), doc.language_id or "")
         client = await ls.link.ready()
-        return await fill_holes(
-            ls.link, client, hole_doc, targets, others, ls.settings, f"{ls.session}:holes"
-        )
+        filler = Filler(ls.link, client, hole_doc, ls.settings, f"{ls.session}:holes")
+        return await filler.fill(targets, others)
 
     try:
         nothing: list[str] = []

@@ -71,6 +71,19 @@ def plan(cursor: Cursor, settings: Settings) -> Plan:
     return Plan(mode, canvas, steps, prompt_before, line_before, line_above)
 
 
+def clean(text: str, p: Plan, suffix: str, min_chars: int) -> str | None:
+    """The model's text as a suggestion at the plan's cursor: post-processed, its indentation aligned."""
+    out = postprocess(
+        text,
+        suffix=suffix,
+        mode=p.mode,
+        cursor_line=p.cursor_line,
+        line_above=p.line_above,
+        min_chars=min_chars,
+    )
+    return None if out is None else align_indent(out, p.cursor_line)
+
+
 def skip_reason(cursor: Cursor, settings: Settings) -> str | None:
     """Why an automatic request is not worth a model call (None: ask)."""
     if cursor.invoked:
@@ -169,18 +182,9 @@ async def ask(
     for done in dones:
         if done.finish_reason == "cancelled":
             continue
-        text = postprocess(
-            done.text,
-            suffix=prompt.suffix,
-            mode=p.mode,
-            cursor_line=p.cursor_line,
-            line_above=p.line_above,
-            min_chars=settings.min_chars,
-        )
-        if text is not None:
-            text = align_indent(text, p.cursor_line)
-            if text not in texts:
-                texts.append(text)
+        text = clean(done.text, p, prompt.suffix, settings.min_chars)
+        if text is not None and text not in texts:
+            texts.append(text)
     return Asked(texts, p, prompt, daemon_ms, engine_ms, queue_ms)
 
 

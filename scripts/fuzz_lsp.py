@@ -21,17 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fuzz_daemon import rss_mb  # noqa: E402  (this directory is on the path when run as a script)
+
 from tests.lsp.fuzz import PING, check, malformed_messages  # noqa: E402
 from tests.lsp.rawclient import RawServer  # noqa: E402
 
 SOURCE = "def total(items):\n    result = ???\n    return result\n"
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> int:

