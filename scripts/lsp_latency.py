@@ -31,16 +31,24 @@ from tests.lsp.rawclient import RawServer  # noqa: E402
 PING = {"command": "diffu.status"}
 
 
-def places(text: str, per_mode: int) -> dict[str, list[tuple[int, int, str | None]]]:
-    """(line, character, text to insert first) for each mode, spread over the file."""
+def places(text: str, per_mode: int) -> dict[str, list[tuple[int, int, str, str]]]:
+    """Per mode, (line, character, text replaced at the cursor, text put there) spread over the file.
+
+    A single line is an assignment typed up to ``= `` (the rest of its line taken away while asking); an
+    empty line is a new line after a statement, indented like it (as pressing Enter makes it); a block is
+    the end of a line ending in ``:``.
+    """
     lines = text.split("\n")
-    single = [(i, m.end(), None) for i, line in enumerate(lines) if (m := re.match(r"\s*\w+ = ", line))]
-    block = [
-        (i, len(line), None) for i, line in enumerate(lines) if line.rstrip().endswith(":") and line.strip()
+    single = [
+        (i, m.end(), line[m.end() :], "")
+        for i, line in enumerate(lines)
+        if (m := re.match(r"\s*\w+ = ", line)) and line[m.end() :].strip()
     ]
-    # A new blank line after a plain statement, indented like it: as pressing Enter there does.
+    block = [
+        (i, len(line), "", "") for i, line in enumerate(lines) if line.strip() and line.rstrip().endswith(":")
+    ]
     empty = [
-        (i + 1, len(line) - len(line.lstrip()), "\n")
+        (i, len(line), "", "\n" + " " * (len(line) - len(line.lstrip())))
         for i, line in enumerate(lines[:-1])
         if line.strip() and not line.rstrip().endswith((":", ",", "(", "[", "{")) and lines[i + 1].strip()
     ]
@@ -82,77 +90,75 @@ def main() -> int:
     daemon = start_daemon(root / "daemon", model, env=isolated_env(root / "daemon"))
     print(f"daemon ready (load and warm-up) in {time.perf_counter() - t0:.1f} s")
     server = RawServer(root / "lsp")
+    uri = (REPO / args.file).as_uri()
+    version = 1
+    asked = 0
+
+    def edit(start: tuple[int, int], end: tuple[int, int], new: str) -> None:
+        nonlocal version
+        version += 1
+        where = {
+            "start": {"line": start[0], "character": start[1]},
+            "end": {"line": end[0], "character": end[1]},
+        }
+        change = {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [{"range": where, "text": new}],
+        }
+        server.notify("textDocument/didChange", change)
+
+    def ask(line: int, character: int, old: str, new: str) -> float:
+        """Make the place as typing would, ask as typing does (automatic), put the text back: the wall ms."""
+        nonlocal asked
+        edit((line, character), (line, character + len(old)), new)
+        head, _, tail = new.rpartition("\n")
+        cursor = (line + 1, len(tail)) if head or new.startswith("\n") else (line, character + len(new))
+        params = {
+            "textDocument": {"uri": uri},
+            "position": {"line": cursor[0], "character": cursor[1]},
+            "context": {"triggerKind": 2},
+        }
+        asked += 1
+        start = time.perf_counter()
+        response = server.request(f"r{asked}", "textDocument/inlineCompletion", params)
+        wall = (time.perf_counter() - start) * 1000
+        assert "result" in response, response
+        edit((line, character), cursor, old)
+        return wall
+
     results: dict[str, list[float]] = {}
     try:
         capabilities = {"textDocument": {"inlineCompletion": {}}, "window": {"workDoneProgress": True}}
         options = {"url": daemon.url, "apiKey": daemon.token, "debounceMs": 0}
-        server.request(
-            "init",
-            "initialize",
-            {"processId": None, "capabilities": capabilities, "initializationOptions": options},
-        )
+        init = {"processId": None, "capabilities": capabilities, "initializationOptions": options}
+        server.request("init", "initialize", init)
         server.notify("initialized", {})
-        uri = (REPO / args.file).as_uri()
-        version = 1
-        server.notify(
-            "textDocument/didOpen",
-            {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}},
-        )
-        n = 0
-        for mode, spots in places(text, args.per_mode).items():
-            for line, character, insert in spots:
-                if insert is not None:  # open a blank line: insert it, ask, take it out again
-                    version += 1
-                    at = {"line": line, "character": 0}
-                    change = {"range": {"start": at, "end": at}, "text": " " * character + insert}
-                    server.notify(
-                        "textDocument/didChange",
-                        {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]},
-                    )
-                params = {
-                    "textDocument": {"uri": uri},
-                    "position": {"line": line, "character": character},
-                    "context": {"triggerKind": 2},
-                }
-                n += 1
-                start = time.perf_counter()
-                response = server.request(f"r{n}", "textDocument/inlineCompletion", params)
-                wall = (time.perf_counter() - start) * 1000
-                assert "result" in response, response
-                results.setdefault(mode, []).append(wall)
-                if insert is not None:
-                    version += 1
-                    end = {"line": line + 1, "character": 0}
-                    change = {"range": {"start": {"line": line, "character": 0}, "end": end}, "text": ""}
-                    server.notify(
-                        "textDocument/didChange",
-                        {"textDocument": {"uri": uri, "version": version}, "contentChanges": [change]},
-                    )
+        doc = {"uri": uri, "languageId": "python", "version": 1, "text": text}
+        server.notify("textDocument/didOpen", {"textDocument": doc})
+        spots = places(text, args.per_mode + 1)
+        # The first suggestion after connecting, as when the editor has just started the server.
+        first_wall = ask(*spots["single_line"][0])
+        for mode, found in spots.items():
+            for spot in found[1:]:
+                results.setdefault(mode, []).append(ask(*spot))
         status = server.request("status", "workspace/executeCommand", PING)["result"]
     finally:
         server.close()
         daemon.stop()
     timings = status["timings"]
-    first = next(t for t in timings if t["first"])
+    assert timings[0]["first"] and timings[0]["mode"] == "single_line", timings[0]
     header = ("kind", "n", "median ms", "p90 ms", "engine median", "canvas", "steps")
     print("\n{:<12} {:>3} {:>10} {:>8} {:>14} {:>7} {:>6}".format(*header))
-    firsts = {}
     for mode, walls in results.items():
-        mine = [t for t in timings if t["mode"] == mode]
-        # The first suggestion after connecting is reported on its own, not in its mode's figures.
-        if mine and mine[0]["first"]:
-            firsts[mode] = walls[0]
-            walls = walls[1:]
-            mine = mine[1:]
-        engine = statistics.median(t["engine_ms"] for t in mine) if mine else float("nan")
-        canvas, steps = (mine[0]["canvas"], mine[0]["steps"]) if mine else (0, 0)
+        mine = [t for t in timings[1:] if t["mode"] == mode]
+        engine = statistics.median(t["engine_ms"] for t in mine)
         print(
             f"{mode:<12} {len(walls):>3} {statistics.median(walls):>10.0f} {percentile(walls, 0.9):>8.0f} "
-            f"{engine:>14.0f} {canvas:>7} {steps:>6}"
+            f"{engine:>14.0f} {mine[0]['canvas']:>7} {mine[0]['steps']:>6}"
         )
-    ((mode, wall),) = firsts.items()
-    print(f"first suggestion after connecting ({mode}): {wall:.0f} ms (server: {first['wall_ms']:.0f} ms)")
+    print(f"first suggestion after connecting (single line): {first_wall:.0f} ms")
     print(f"answered {status['counters']['answered']} of {status['counters']['requests']} with a suggestion")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 
