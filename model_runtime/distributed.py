@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, RuntimeProtocol, WarmupProgress
+from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 from model_runtime.rows import CanvasBuilder
 
@@ -109,7 +109,7 @@ def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
 
 class Leader(CanvasBuilder):
     """Process 0's runtime: answers from the runtime it wraps, and publishes every call that runs device
-    programs (``warmup``, ``run``) to the followers before making it; ``shutdown()`` releases them.
+    programs (``compile``, ``run``) to the followers before making it; ``shutdown()`` releases them.
 
     It satisfies ``RuntimeProtocol`` member by member (rows are built by the shared ``CanvasBuilder``
     from the wrapped runtime's tokenizer), so the daemon serves it like any runtime.
@@ -157,24 +157,26 @@ class Leader(CanvasBuilder):
             self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
         return f"{_PREFIX}/step/{self._seq}/"
 
-    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
-        shapes: list[tuple[int, int]] | None = None  # every bucket, for the per-step program (stream)
-        stream = True
-        self._publish(
-            {
-                "op": "warmup",
-                "params": params.to_dict(),
-                "shapes": [list(s) for s in shapes] if shapes else None,
-                "stream": stream,
-            }
-        )
-        return self._runtime.warmup(params, progress)
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
+        return self._runtime.compiled(rows, params)
 
-    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
-        steps = self._publish(
-            {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
-        )
-        events = self._runtime.run(rows, params, stream=stream)  # an InputError here is the followers' too
+    def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
+        # The followers compile the same programs at the same time, so they are ready when the job comes.
+        self._publish({"op": "compile", "rows": _encode_rows(rows), "params": params.to_dict()})
+        return self._runtime.compile(rows, params)
+
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+        every_forward: bool = True,
+    ) -> BatchEvents:
+        call = {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
+        steps = self._publish({**call, "every_forward": every_forward})
+        # An InputError here is the followers' too.
+        events = self._runtime.run(rows, params, stream=stream, every_forward=every_forward)
         return self._lockstep(events, steps)
 
     def _lockstep(self, events: BatchEvents, steps: str) -> BatchEvents:
@@ -228,12 +230,13 @@ def follow(runtime: Runtime, log: logging.Logger) -> int:
         if call["op"] == "stop":
             return seq - 1
         params = SamplingParams.from_dict(call["params"])
-        if call["op"] == "warmup":
-            shapes = [tuple(s) for s in call["shapes"]] if call["shapes"] else None
-            runtime.warmup(params, None, shapes, stream=call["stream"])
-            continue
         try:
-            events = runtime.run(_decode_rows(call["rows"]), params, stream=call["stream"])
+            if call["op"] == "compile":
+                runtime.compile(_decode_rows(call["rows"]), params)
+                continue
+            events = runtime.run(
+                _decode_rows(call["rows"]), params, stream=call["stream"], every_forward=call["every_forward"]
+            )
         except InputError as exc:  # the leader got the same error and answered its client
             log.info("job %d refused on every host: %s", seq, exc)
             continue
