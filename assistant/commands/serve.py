@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import logging.handlers
@@ -286,16 +287,34 @@ def run(args: argparse.Namespace) -> int:
     api_key = _api_key(config)
     lock = discovery.DaemonLock(config.model)
     lock.acquire()
+    abandoned = False
     try:
         sock = _bind(config.host, config.port)
         _announce(config, key, log_file, sock, lock, args.notify_fd)
-        fatal = _serve(config, loader, api_key, sock, leaders)
+        fatal, abandoned = _serve(config, loader, api_key, sock, leaders)
     finally:
         lock.release()
         log.info("daemon exited; lock and discovery file removed")
     if fatal:
         raise UsageError(f"cannot serve {config.model}: {fatal}")
+    if abandoned:
+        _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit 0 at once, without finalizing the interpreter.
+
+    Stopped while its device thread is inside an XLA compile (or the model load), the daemon has no way
+    to interrupt it; finalizing would then kill that thread inside XLA's C++ code, which aborts the
+    process ("terminate called after throwing an instance of ''", exit 134) after waiting for it. Every
+    file is closed and the lock released by now; only the flushing of logs and output is left.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _multihost_loader(
@@ -377,8 +396,9 @@ def _announce(
 
 def _serve(
     config: Config, loader: Loader, api_key: str | None, sock: socket.socket, leaders: list[Leader]
-) -> str | None:
-    """Run uvicorn on ``sock`` until a signal or a fatal load error; returns that error, if any."""
+) -> tuple[str | None, bool]:
+    """Run uvicorn on ``sock`` until a signal or a fatal load error; returns that error, if any, and
+    whether the device thread was left inside a compile it cannot leave (``Scheduler.abandoned``)."""
     import uvicorn
 
     from assistant.http.app import HttpApp
@@ -419,7 +439,8 @@ def _serve(
         sock.close()
         for leader in leaders:
             leader.shutdown()
-    return fatal[0] if fatal else None
+    abandoned = app.scheduler is not None and app.scheduler.abandoned
+    return (fatal[0] if fatal else None), abandoned
 
 
 def _follow(config: Any, loader: Any) -> int:
