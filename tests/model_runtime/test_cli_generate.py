@@ -50,7 +50,7 @@ def test_acceptance_command_prints_reference_history_and_second_run_compiles_not
     first = diffu(*ACCEPTANCE, "--model", str(tiny_dir), env=env)
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
-    assert set(out) == {"prompt_ids", "sequences", "text", "stats", "history"}
+    assert set(out) == {"prompt_ids", "sequences", "text", "finish_reason", "stats", "history"}
     assert len(out["history"]) == 32 and all(len(h) == 1 for h in out["history"])
     prompt = out["prompt_ids"][0]
     assert out["sequences"][0][: len(prompt)] == prompt and len(out["sequences"][0]) == len(prompt) + 32
