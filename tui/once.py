@@ -7,19 +7,17 @@ Live, redrawn at most 30 times a second); then the final answer is printed to st
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-import time
 from collections.abc import Callable
 from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
 
-from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, stderr_progress
+from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, Waiting, stderr_progress
 from assistant.config import Config
 from assistant.errors import UsageError
-from tui.render import Trace, canvas_text, header_text
+from tui.render import Trace, canvas_text, header_text, summary
 from tui.settings import ChatSettings
 
 _NOTES = {
@@ -62,15 +60,17 @@ def run_once(
             Client(config=config, progress=_loading_progress()) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
-            started = time.monotonic()
             events = client.stream_generate(
                 messages=messages, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling()
             )
             for event in events:
                 if isinstance(event, Step):
-                    trace.add(dataclasses.replace(event, seconds=time.monotonic() - started))
+                    trace.add(event)
                     # Live redraws on its own clock (30 Hz); update() only swaps what it draws.
                     live.update(Group(header_text(trace), canvas_text(event)), refresh=False)
+                elif isinstance(event, Waiting):
+                    trace.waiting = event
+                    live.update(header_text(trace), refresh=False)
                 else:
                     done = event
     except (DaemonUnavailable, APIError) as exc:
@@ -81,10 +81,7 @@ def run_once(
     out.flush()
     stats = done.stats
     if console.is_terminal:
-        console.print(
-            f"[dim]{stats.get('new_tokens', 0)} tokens · {stats.get('steps', len(trace))} steps · "
-            f"{float(stats.get('generate_seconds', 0.0)):.1f}s[/]"
-        )
+        console.print(f"[dim]{summary(stats, len(trace))}[/]")
     if done.finish_reason in _NOTES:
         console.print(f"diffu: note: {_NOTES[done.finish_reason]}", style="yellow", highlight=False)
     return 0

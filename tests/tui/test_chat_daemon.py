@@ -119,7 +119,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
             assert stages[1] == "starting" and "fake:load_delay=0.5" in shown[1][2]
-            assert "loading" in stages and "compiling" in stages and stages[-1] == "ok"
+            assert "loading" in stages and stages[-1] == "ok"  # served once loaded: no compile waited for
             await answered(pilot, PROMPT)
     finally:
         stop_background_daemons(diffu_home)
