@@ -32,8 +32,8 @@ def test_generate_through_the_daemon(fake_daemon, tmp_path):
         fake_daemon, tmp_path, "--raw", "--prompt", "def f(", "--suffix", "):\n", "--infill-tokens", "4"
     )
     assert infill.returncode == 0, infill.stderr
-    # The daemon was ready: no progress line was drawn, so none is closed with "diffu: ok".
-    assert "diffu: ok" not in out.stderr + infill.stderr
+    # The daemon was ready: no progress line was drawn, so none is closed with "diffu: ready".
+    assert "diffu: ready" not in out.stderr + infill.stderr
 
 
 def test_daemon_errors_are_one_line(fake_daemon, tmp_path):
