@@ -2,7 +2,8 @@
 
 While the answer denoises, the canvas is drawn in place on stderr (when it is a terminal; a transient Rich
 Live, redrawn at most 30 times a second); then the final answer is printed to stdout, so
-``diffu chat --once "..." > answer.md`` captures only the answer. No Textual import on this path.
+``diffu chat --once "..." > answer.md`` captures only the answer. With stderr not a terminal either, the
+answer is asked for without its steps. No Textual import on this path.
 """
 
 from __future__ import annotations
@@ -60,8 +61,15 @@ def run_once(
             Client(config=config, progress=_loading_progress()) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
-            events = client.stream_generate(
-                messages=messages, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling()
+            tokens, sampling = settings.max_new_tokens, settings.sampling()
+            if not console.is_terminal:
+                # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host
+                # round trip per step (the fast decoder then runs each block as one program).
+                done = client.generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
+            events = (
+                ()
+                if done
+                else client.stream_generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
             )
             for event in events:
                 if isinstance(event, Step):
