@@ -139,12 +139,16 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     def report(stage: str, fraction: float, detail: str) -> None:
         if stage == "ok" and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
+        if stage == "ok":  # it serves; its warm-up may go on between requests
+            text = "ready" if detail in ("", "ready") else f"ready to serve ({detail})"
+        else:
+            text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():
-            end = "\n" if stage == "ok" else ""
-            sys.stderr.write(f"\r\033[K{prefix}: {stage} {fraction:4.0%} {detail}{end}")
+            end = "\n" if stage == "ok" else f" {fraction:4.0%}"
+            sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
             sys.stderr.flush()
         elif stage != last["stage"]:
-            print(f"{prefix}: {stage} {detail}", file=sys.stderr, flush=True)
+            print(f"{prefix}: {text}", file=sys.stderr, flush=True)
         last["stage"] = stage
 
     return report

@@ -361,6 +361,8 @@ class Scheduler:
 
     def _publish_warming(self) -> None:
         """The stage after loading: "warming (k of n)" while programs wait, else "ready" (lock held)."""
+        if self._stopping:
+            return  # a compile that outlived stop() must not turn "stopping" back into "ready"
         warm = self._warm
         if warm.tasks or self._busy is not None:
             detail = f"warming ({warm.done} of {warm.total})"
