@@ -155,6 +155,7 @@ class Leader(CanvasBuilder):
         if self._seq > 2:  # every follower has read job N - 2: it has run job N - 1's collectives with us
             self._client.key_value_delete(f"{_PREFIX}/job/{self._seq - 2}")
             self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
+            self._client.key_value_delete(f"{_PREFIX}/compiled/{self._seq - 2}")
         return f"{_PREFIX}/step/{self._seq}/"
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
@@ -162,8 +163,14 @@ class Leader(CanvasBuilder):
 
     def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
         # The followers compile the same programs at the same time, so they are ready when the job comes.
+        # A compile has no collective to keep the processes in step, so wait for theirs to end: process 0
+        # must never run two jobs ahead of a follower (it deletes the keys of job N - 2).
         self._publish({"op": "compile", "rows": _encode_rows(rows), "params": params.to_dict()})
-        return self._runtime.compile(rows, params)
+        report = self._runtime.compile(rows, params)
+        for rank in range(1, jax.process_count()):
+            # None: the daemon is stopping. (A follower that died takes every process down with it.)
+            _wait(self._client, f"{_PREFIX}/compiled/{self._seq}/{rank}")
+        return report
 
     def run(
         self,
@@ -201,7 +208,7 @@ class Leader(CanvasBuilder):
 
 
 def _wait(client: Any, key: str) -> str | None:
-    """The value of ``key`` once the leader writes it; None if the leader stopped first."""
+    """The value of ``key`` once it is written; None if the leader stopped first."""
     while True:
         try:
             return client.blocking_key_value_get(key, _POLL_MS)
@@ -233,6 +240,7 @@ def follow(runtime: Runtime, log: logging.Logger) -> int:
         try:
             if call["op"] == "compile":
                 runtime.compile(_decode_rows(call["rows"]), params)
+                client.key_value_set(f"{_PREFIX}/compiled/{seq}/{jax.process_index()}", "1")
                 continue
             events = runtime.run(
                 _decode_rows(call["rows"]), params, stream=call["stream"], every_forward=call["every_forward"]
