@@ -131,31 +131,28 @@ def test_the_warm_route_compiles_a_clients_shapes_ahead(tmp_path: Path) -> None:
         daemon.stop()
 
 
-@pytest.mark.parametrize("decoder", ["fast", "reference"])
-def test_a_warmed_shape_is_the_program_its_requests_run(runtime, decoder: str) -> None:
+CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
+
+
+# The reference decoder's infill row is the simple case (the whole canvas is sampled); its plain
+# generation samples a window that the made-up rows must reproduce, and each reference program is long
+# to compile, so that one is checked.
+@pytest.mark.parametrize(("decoder", "mode"), [("fast", "chat"), ("fast", "infill"), ("reference", "chat")])
+def test_a_warmed_shape_is_the_program_its_requests_run(runtime, decoder: str, mode: str) -> None:
     """Made-up rows of a shape compile exactly the programs real requests of that shape use."""
     config = Config()
     sampling = {"decoder": decoder, "temperature": 0.3, "top_p": 0.9}
-    chat = GenSpec(
-        mode="chat",
-        canvas_tokens=24,
-        sampling=dict(sampling),
-        messages=[{"role": "user", "content": "Write a function that adds two numbers."}],
-    )
-    infill = GenSpec(
-        mode="infill",
-        canvas_tokens=8,
-        sampling=dict(sampling),
-        prefix="def add(a, b):\n    ",
-        suffix="\n\nprint(add(1, 2))\n",
-    )
-    for spec in (chat, infill):
-        job, _ = build_job(runtime, spec, config)
-        shape = Shape(job.prompt_tokens, spec.canvas_tokens, infill=spec.mode == "infill", sampling=sampling)
-        task = warm_task(runtime, shape, config)
-        assert task.params == job.params
-        runtime.compile(task.rows, task.params)
-        assert runtime.compiled([job.row], job.params), spec.mode
+    if mode == "chat":
+        spec = GenSpec(mode="chat", canvas_tokens=24, sampling=dict(sampling), messages=CHAT)
+    else:
+        spec = GenSpec(mode="infill", canvas_tokens=8, sampling=dict(sampling),
+                       prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n")  # fmt: skip
+    job, _ = build_job(runtime, spec, config)
+    shape = Shape(job.prompt_tokens, spec.canvas_tokens, infill=mode == "infill", sampling=sampling)
+    task = warm_task(runtime, shape, config)
+    assert task.params == job.params
+    runtime.compile(task.rows, task.params)
+    assert runtime.compiled([job.row], job.params)
 
 
 def test_sigterm_during_a_compile_exits_at_once_and_cleanly(tmp_path: Path, micro_dir: Path) -> None:
