@@ -2,7 +2,8 @@
 
 Order of events: read the config, take the model's lock, bind the socket (so ``--port 0`` can print the
 real port at once), publish the discovery file, then serve. The model loads and compiles in the engine
-thread while ``/health`` already answers 503 with progress. SIGTERM/SIGINT stop accepting connections,
+thread while ``/health`` already answers 503 with progress; it serves once loaded and compiles its
+programs between requests. SIGTERM/SIGINT stop accepting connections,
 give in-flight requests ``shutdown_grace`` seconds, cancel the rest, and remove the lock and discovery file.
 
 Over several hosts (``--coordinator/--num-processes/--process-id`` or ``--multihost-auto``) every host runs
@@ -68,7 +69,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         dest="warmup",
         action="store_const",
         const=False,
-        help="skip compiling the shape buckets at start",
+        help="compile nothing ahead of requests: each program when a request first needs it",
     )
     parser.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--tp", type=int, help="tensor parallel degree: devices per model copy (default 1)")
