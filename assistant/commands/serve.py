@@ -1,10 +1,10 @@
 """``diffu serve``: run the daemon in the foreground (``diffu daemon start`` runs this detached).
 
 Order of events: read the config, take the model's lock, bind the socket (so ``--port 0`` can print the
-real port at once), publish the discovery file, then serve. The model loads and compiles in the engine
-thread while ``/health`` already answers 503 with progress; it serves once loaded and compiles its
-programs between requests. SIGTERM/SIGINT stop accepting connections,
-give in-flight requests ``shutdown_grace`` seconds, cancel the rest, and remove the lock and discovery file.
+real port at once), publish the discovery file, then serve. The model loads in the engine thread while
+``/health`` already answers 503 with progress; it serves once loaded and compiles its programs between
+requests. SIGTERM/SIGINT stop accepting connections, give in-flight requests ``shutdown_grace`` seconds,
+cancel the rest, and remove the lock and discovery file (at once if the engine is inside a compile).
 
 Over several hosts (``--coordinator/--num-processes/--process-id`` or ``--multihost-auto``) every host runs
 the same command: process 0 is the daemon above, the others load their part of the model, repeat each
