@@ -39,6 +39,8 @@ from assistant.client_core import (
     Progress,
     SamplingOptions,
     Step,
+    Waiting,
+    WarmShape,
     client_settings,
     generate_body,
     give_up,
@@ -50,6 +52,7 @@ from assistant.client_core import (
     parse_done,
     parse_event,
     raise_for_status,
+    warm_body,
 )
 from assistant.config import Config
 from assistant.security import read_token
@@ -64,6 +67,8 @@ __all__ = [
     "Progress",
     "SamplingOptions",
     "Step",
+    "Waiting",
+    "WarmShape",
     "client_api_key",
     "resolve_endpoint",
     "start_daemon",
@@ -134,12 +139,16 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     def report(stage: str, fraction: float, detail: str) -> None:
         if stage == "ok" and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
+        if stage == "ok":  # it serves; its warm-up may go on between requests
+            text = "ready" if detail in ("", "ready") else f"ready to serve ({detail})"
+        else:
+            text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():
-            end = "\n" if stage == "ok" else ""
-            sys.stderr.write(f"\r\033[K{prefix}: {stage} {fraction:4.0%} {detail}{end}")
+            end = "\n" if stage == "ok" else f" {fraction:4.0%}"
+            sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
             sys.stderr.flush()
         elif stage != last["stage"]:
-            print(f"{prefix}: {stage} {detail}", file=sys.stderr, flush=True)
+            print(f"{prefix}: {text}", file=sys.stderr, flush=True)
         last["stage"] = stage
 
     return report
@@ -236,7 +245,7 @@ class Client:
                 if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
-    def _events(self, path: str, body: dict[str, Any]) -> Iterator[Step | Done]:
+    def _events(self, path: str, body: dict[str, Any]) -> Iterator[Step | Waiting | Done]:
         for event in self.stream(path, body):
             parsed = parse_event(event)
             if parsed is not None:
@@ -253,6 +262,12 @@ class Client:
     def models(self) -> dict[str, Any]:
         return self.request("GET", "/v1/models")
 
+    def warm(self, shapes: list[WarmShape]) -> dict[str, Any]:
+        """Have the daemon compile the programs of ``shapes`` ahead of its generic warm-up; it answers at
+        once (``queued``, the indices of shapes already ``compiled``, ``eta_seconds``) and compiles in
+        the background, between requests."""
+        return self.request("POST", "/v1/diffu/warm", warm_body(shapes))
+
     def cancel(self, request_id: str) -> bool:
         try:
             return bool(self.request("POST", "/v1/diffu/cancel", {"id": request_id}).get("cancelled"))
@@ -263,10 +278,12 @@ class Client:
 
     def stream_generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
                         max_new_tokens: int | None = None, sampling: SamplingOptions | None = None,
-                        session: str | None = None,
-                        max_seconds: float | None = None) -> Iterator[Step | Done]:
-        """Step events then one Done. Leaving the loop early closes the stream, which cancels the job."""
-        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=True)
+                        session: str | None = None, max_seconds: float | None = None,
+                        return_ids: bool = False) -> Iterator[Step | Waiting | Done]:
+        """Step events (a Waiting first while its programs compile) then one Done (with ``return_ids``,
+        carrying the token ids). Leaving the loop early closes the stream, which cancels the job."""
+        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=True,
+                             return_ids=return_ids)
         return self._events("/v1/diffu/generate", body)
 
     def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
@@ -277,8 +294,10 @@ class Client:
 
     def stream_infill(self, prefix: str, suffix: str = "", *, canvas_tokens: int | None = None,
                       sampling: SamplingOptions | None = None, session: str | None = None,
-                      max_seconds: float | None = None) -> Iterator[Step | Done]:
-        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True)
+                      max_seconds: float | None = None,
+                      return_ids: bool = False) -> Iterator[Step | Waiting | Done]:
+        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True,
+                           return_ids=return_ids)
         return self._events("/v1/diffu/infill", body)
 
     def infill(self, prefix: str, suffix: str = "", *, canvas_tokens: int | None = None,
@@ -384,7 +403,7 @@ class AsyncClient:
                 if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Step | Done]:
+    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Step | Waiting | Done]:
         async for event in self.stream(path, body):
             parsed = parse_event(event)
             if parsed is not None:
@@ -397,6 +416,10 @@ class AsyncClient:
     async def models(self) -> dict[str, Any]:
         return await self.request("GET", "/v1/models")
 
+    async def warm(self, shapes: list[WarmShape]) -> dict[str, Any]:
+        """See :meth:`Client.warm`."""
+        return await self.request("POST", "/v1/diffu/warm", warm_body(shapes))
+
     async def cancel(self, request_id: str) -> bool:
         try:
             return bool((await self.request("POST", "/v1/diffu/cancel", {"id": request_id})).get("cancelled"))
@@ -407,10 +430,12 @@ class AsyncClient:
 
     def stream_generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
                         max_new_tokens: int | None = None, sampling: SamplingOptions | None = None,
-                        session: str | None = None,
-                        max_seconds: float | None = None) -> AsyncIterator[Step | Done]:
-        """Step events then one Done. Leaving the loop early closes the stream, which cancels the job."""
-        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=True)
+                        session: str | None = None, max_seconds: float | None = None,
+                        return_ids: bool = False) -> AsyncIterator[Step | Waiting | Done]:
+        """Step events (a Waiting first while its programs compile) then one Done (with ``return_ids``,
+        carrying the token ids). Leaving the loop early closes the stream, which cancels the job."""
+        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=True,
+                             return_ids=return_ids)
         return self._events("/v1/diffu/generate", body)
 
     async def generate(self, *, messages: list[dict[str, str]] | None = None, prompt: str | None = None,
@@ -421,8 +446,10 @@ class AsyncClient:
 
     def stream_infill(self, prefix: str, suffix: str = "", *, canvas_tokens: int | None = None,
                       sampling: SamplingOptions | None = None, session: str | None = None,
-                      max_seconds: float | None = None) -> AsyncIterator[Step | Done]:
-        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True)
+                      max_seconds: float | None = None,
+                      return_ids: bool = False) -> AsyncIterator[Step | Waiting | Done]:
+        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True,
+                           return_ids=return_ids)
         return self._events("/v1/diffu/infill", body)
 
     async def infill(self, prefix: str, suffix: str = "", *, canvas_tokens: int | None = None,

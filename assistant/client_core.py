@@ -89,6 +89,38 @@ class Step:
     unmasked: list[list[int]] = field(default_factory=list)
     masked: list[list[int]] = field(default_factory=list)
     seconds: float = 0.0
+    block: int = 0  # the fast decoder's block (of ``blocks``; 0: the reference decoder, no blocks)
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The request waits for its programs to compile (``reason`` "compiling"), or for the warm-up's
+    compile in progress to end ("warm-up"); ``eta_seconds`` is the daemon's estimate, when it has one."""
+
+    id: str
+    reason: str
+    detail: str
+    eta_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmShape:
+    """A request shape for ``warm``: ``prompt_tokens`` of context, ``max_new_tokens`` to generate,
+    ``infill`` (context on both sides), ``batch`` rows, and the sampling knobs the requests will send."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    infill: bool = False
+    batch: int = 1
+    sampling: SamplingOptions | None = None
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.sampling.body() if self.sampling is not None else {}
+        body.update(prompt_tokens=self.prompt_tokens, max_new_tokens=self.max_new_tokens, infill=self.infill)
+        if self.batch != 1:
+            body["batch"] = self.batch
+        return body
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,9 @@ class Done:
     stats: dict[str, Any] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
     holes: list[str] | None = None
+    ids: dict[str, Any] | None = None
+    """With ``return_ids``: ``prompt`` (the ids before the generated region), ``sequence`` (the whole
+    canvas: prompt, region, an infill's suffix) and ``pad_id``."""
 
 
 def _step(data: dict[str, Any]) -> Step:
@@ -116,6 +151,8 @@ def _step(data: dict[str, Any]) -> Step:
         unmasked=data.get("unmasked", []),
         masked=data.get("masked", []),
         seconds=data.get("seconds", 0.0),
+        block=data.get("block", 0),
+        blocks=data.get("blocks", 0),
     )
 
 
@@ -127,12 +164,17 @@ def parse_done(data: dict[str, Any]) -> Done:
         stats=data.get("stats", {}),
         usage=data.get("usage", {}),
         holes=data.get("holes"),
+        ids=data.get("ids"),
     )
 
 
-def parse_event(event: sse.ServerSentEvent) -> Step | Done | None:
+def parse_event(event: sse.ServerSentEvent) -> Step | Waiting | Done | None:
     if event.event == "step":
         return _step(event.json())
+    if event.event == "waiting":
+        data = event.json()
+        eta = data.get("eta_seconds")
+        return Waiting(data.get("id", ""), data.get("reason", ""), data.get("detail", ""), eta)
     if event.event == "done":
         return parse_done(event.json())
     if event.event == "error":
@@ -181,8 +223,9 @@ def generate_body(
     max_seconds: float | None,
     *,
     stream: bool,
+    return_ids: bool = False,
 ) -> dict[str, Any]:
-    body = _common_body(sampling, session, max_seconds, stream=stream)
+    body = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
     if max_new_tokens is not None:
         body["max_new_tokens"] = max_new_tokens
     if messages is not None:
@@ -201,23 +244,36 @@ def infill_body(
     max_seconds: float | None,
     *,
     stream: bool,
+    return_ids: bool = False,
 ) -> dict[str, Any]:
-    body = {"prefix": prefix, "suffix": suffix, **_common_body(sampling, session, max_seconds, stream=stream)}
+    common = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
+    body = {"prefix": prefix, "suffix": suffix, **common}
     if canvas_tokens is not None:
         body["canvas_tokens"] = canvas_tokens
     return body
 
 
 def _common_body(
-    sampling: SamplingOptions | None, session: str | None, max_seconds: float | None, *, stream: bool
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+    return_ids: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = sampling.body() if sampling is not None else {}
+    if return_ids:
+        body["return_ids"] = True
     if session is not None:
         body["session"] = session  # a newer request of the same session supersedes this one
     if max_seconds is not None:
         body["max_seconds"] = max_seconds
     body["stream"] = stream
     return body
+
+
+def warm_body(shapes: list[WarmShape]) -> dict[str, Any]:
+    return {"shapes": [shape.body() for shape in shapes]}
 
 
 def openai_body(

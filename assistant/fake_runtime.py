@@ -9,7 +9,8 @@ Tokens are characters: id = code point + ``FIRST_CHAR_ID``, and ids below it are
 Denoising unmasks the canvas over ``steps`` steps in a fixed pseudo-random order (the reference's
 ``origin``-style schedule: ``ceil(masks_left / steps_left)`` positions per step), and each step costs
 ``step_delay`` seconds whatever the batch size, the way a step of a small batch costs about the same as
-one row on an accelerator.
+one row on an accelerator. Its "programs" are compiled as the real runtime's are, one per bucket and
+sampler switches, each costing ``warmup_delay`` seconds the first time (``compile``, or ``run`` on demand).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from model_runtime.interface import (
     BatchEvents,
     BatchStep,
     CanvasRow,
+    CompileReport,
     GenerationStats,
     RuntimeProtocol,
-    WarmupProgress,
 )
 from model_runtime.params import SamplingParams
 from model_runtime.rows import CanvasBuilder
@@ -116,6 +117,7 @@ class FakeRuntime(CanvasBuilder):
             raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
+        self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
         self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
 
@@ -126,16 +128,30 @@ class FakeRuntime(CanvasBuilder):
             ids += [IM_START_ID, *self.tokenizer.encode(f"{msg['role']}\n{msg['content']}"), IM_END_ID]
         return ids + [IM_START_ID, *self.tokenizer.encode("assistant\n")]
 
-    # -- lifecycle -------------------------------------------------------------------------------------
-    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
+    # -- programs --------------------------------------------------------------------------------------
+    def _bucket(self, rows: Sequence[CanvasRow]) -> tuple[int, int]:
+        longest = max(len(r.ids) for r in rows)
+        return min(
+            ((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest), default=(len(rows), longest)
+        )
+
+    def _program(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[Any, ...]:
+        """What makes a different program in the real runtime: the bucket and the sampler's switches."""
+        self._check(rows)
+        switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
+        return (self._bucket(rows), *switches, params.effective_top_k, params.block_length)
+
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
+        return self._program(rows, params) in self.programs
+
+    def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
+        key = self._program(rows, params)
+        if key in self.programs:
+            return CompileReport()
         t0 = time.perf_counter()
-        for i, (batch, length) in enumerate(self.buckets):
-            if progress:
-                progress(i, len(self.buckets), f"bucket batch={batch} length={length}")
-            time.sleep(self.warmup_delay)  # stands for compiling one program
-        if progress:
-            progress(len(self.buckets), len(self.buckets), "done")
-        return time.perf_counter() - t0
+        time.sleep(self.warmup_delay)  # stands for compiling one program
+        self.programs.add(key)
+        return CompileReport(time.perf_counter() - t0, compiled=1)
 
     # -- generation ------------------------------------------------------------------------------------
     def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:
@@ -153,7 +169,19 @@ class FakeRuntime(CanvasBuilder):
         stop = IM_END_ID if row.chat else EOS_ID
         return ids + [stop] * (row.canvas_tokens - len(ids))
 
-    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+        every_forward: bool = True,
+    ) -> BatchEvents:
+        """``every_forward`` changes nothing here: every fake step stands for one forward."""
+        self._check(rows)
+        return self._run(rows, params, stream)
+
+    def _check(self, rows: Sequence[CanvasRow]) -> None:
         if not rows:
             raise InputError("rows: at least one row is needed")
         if len(rows) > max(b for b, _ in self.buckets):
@@ -161,9 +189,9 @@ class FakeRuntime(CanvasBuilder):
         for i, row in enumerate(rows):
             if len(row.ids) > self.max_context:
                 raise InputError(f"row {i}: {len(row.ids)} tokens exceed the context of {self.max_context}")
-        return self._run(rows, params, stream)
 
     def _run(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> BatchEvents:
+        built = self.compile(rows, params)  # on demand, as the real runtime compiles inside run
         self.runs.append(len(rows))
         t0 = time.perf_counter()
         targets = [self.answer(r, params) for r in rows]
@@ -202,18 +230,15 @@ class FakeRuntime(CanvasBuilder):
             texts.append(self.tokenizer.decode(canvas[:cut]))
             new_tokens += cut
         seconds = time.perf_counter() - t0
-        longest = max(len(r.ids) for r in rows)
-        bucket = min(
-            ((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest), default=(len(rows), longest)
-        )
         stats = GenerationStats(
             steps=steps,
             new_tokens=new_tokens,
             batch_size=len(rows),
-            compile_seconds=0.0,
+            compile_seconds=built.seconds,
+            compiled_programs=built.compiled,
             generate_seconds=seconds,
             tokens_per_second=new_tokens / max(seconds, 1e-9),
-            bucket=bucket,
+            bucket=self._bucket(rows),
         )
         sequences = [
             [*r.ids[: r.region[0]], *c, *r.ids[r.region[1] :]] for r, c in zip(rows, canvases, strict=True)

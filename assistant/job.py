@@ -3,8 +3,8 @@
 The HTTP layer builds a job from a request (``job_builder.build_job``), attaches it to its event loop
 and submits it; the scheduler thread runs it with others in a batch and emits its events, which the
 route turns into its response. Events are the per-request half of the one vocabulary (see
-``model_runtime.interface``): :class:`JobStep` per denoising step, then :class:`JobDone` or
-:class:`JobError`.
+``model_runtime.interface``): :class:`JobWaiting` while its programs compile, :class:`JobStep` per
+denoising step (one forward of the model), then :class:`JobDone` or :class:`JobError`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_runtime.interface import CanvasRow
+from model_runtime.interface import CanvasRow, CompileReport, GenerationStats
 from model_runtime.params import SamplingParams
 
 
@@ -30,6 +30,19 @@ class JobStep:
     unmasked: list[int]
     masks_left: int
     seconds: float
+    block: int = 0  # the fast decoder's block and number of blocks (0: the reference decoder)
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class JobWaiting:
+    """The job waits for a compile: ``reason`` "compiling" (its own programs) or "warm-up" (the device
+    thread is compiling another program, which cannot be interrupted). ``eta_seconds``: an estimate,
+    once a compile has been timed."""
+
+    reason: str
+    detail: str
+    eta_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ class JobError:
     details: dict[str, object] = field(default_factory=dict)
 
 
-JobEvent = JobStep | JobDone | JobError
+JobEvent = JobStep | JobWaiting | JobDone | JobError
 
 
 @dataclass(eq=False)
@@ -76,7 +89,8 @@ class Job:
     id: str = ""
     loop: asyncio.AbstractEventLoop | None = None
     created: float = field(default_factory=time.monotonic)
-    started: float | None = None
+    started: float | None = None  # when its batch started generating (after compiling its programs)
+    compiled: CompileReport | None = None  # what compiling its programs cost, if they were not ready
     cancel_reason: str | None = None
     finished: bool = False
     _events: asyncio.Queue[JobEvent] = field(init=False, repr=False)
@@ -110,3 +124,28 @@ class Job:
     @property
     def cancelled(self) -> bool:
         return self.cancel_reason is not None
+
+    def stats(
+        self, *, steps: int, new_tokens: int, batch_size: int, done: GenerationStats | None = None
+    ) -> dict[str, Any]:
+        """The job's stats at its end (``done``: its batch's, when it ran to the end). Generation time
+        runs from its batch's start after any compile, so tokens per second never include waiting for
+        one (``compile_seconds`` says how long that was; ``queue_seconds``, the wait before it)."""
+        end = time.monotonic()
+        gen_s = end - (self.started or end)
+        built = self.compiled or CompileReport()
+        return {
+            "steps": steps,
+            "new_tokens": new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "canvas_tokens": self.canvas_tokens,
+            "batch_size": batch_size,
+            "decoder": self.params.decoder,
+            "bucket": list(done.bucket) if done else None,
+            "queue_seconds": round((self.started or end) - self.created - built.seconds, 4),
+            "generate_seconds": round(gen_s, 4),
+            "compile_seconds": round(built.seconds + (done.compile_seconds if done else 0.0), 4),
+            "compiled_programs": built.compiled + (done.compiled_programs if done else 0),
+            "cache_hits": built.cache_hits + (done.cache_hits if done else 0),
+            "tokens_per_second": round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
+        }

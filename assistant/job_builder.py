@@ -16,6 +16,7 @@ from typing import Any
 from assistant.config import Config
 from assistant.job import Job
 from assistant.protocol import GenSpec, RequestError
+from assistant.warmup import Shape, WarmTask, shape_rows
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import ParamError, SamplingParams
@@ -81,6 +82,28 @@ def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, boo
         id=uuid.uuid4().hex[:20],
     )
     return job, truncated
+
+
+def warm_task(rt: RuntimeProtocol, shape: Shape, config: Config) -> WarmTask:
+    """The programs a request of ``shape`` would run, with the defaults and limits a request gets, as a
+    task for the warm-up. A shape no request could have is a RequestError naming the field."""
+    length = shape.prompt_tokens + shape.max_new_tokens
+    if length > rt.max_context:
+        raise RequestError(
+            f"prompt_tokens + max_new_tokens: {shape.prompt_tokens} + {shape.max_new_tokens} = {length} "
+            f"tokens do not fit the model's context of {rt.max_context} tokens",
+            param="prompt_tokens",
+            code=CONTEXT_LENGTH_EXCEEDED,
+            details={
+                "prompt_tokens": shape.prompt_tokens,
+                "max_new_tokens": shape.max_new_tokens,
+                "context_length": rt.max_context,
+            },
+        )
+    mode = "infill" if shape.infill else "chat"
+    spec = GenSpec(mode=mode, canvas_tokens=shape.max_new_tokens, sampling=dict(shape.sampling))
+    params = _params(rt, spec, config)
+    return WarmTask(shape_rows(rt, shape), params, f"{shape.describe()}, {params.decoder} decoder")
 
 
 def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParams:

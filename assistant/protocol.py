@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from assistant.warmup import Shape
 from model_runtime.params import ParamError, SamplingParams
 
 # Sampling fields a request may set directly: every SamplingParams field but max_new_tokens, which each
@@ -80,6 +81,7 @@ class GenSpec:
     max_seconds: float | None = None
     session: str | None = None
     n_indent: int = 0
+    return_ids: bool = False  # the native routes' done body then carries the token ids too
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -305,11 +307,12 @@ def _refuse(data: dict[str, Any], name: str, ok: Any, message: str) -> None:
 
 
 # -- native routes ------------------------------------------------------------------------------------
-_NATIVE_COMMON = {"stream", "session", "max_seconds", *SAMPLING_FIELDS}
+_NATIVE_COMMON = {"stream", "session", "max_seconds", "return_ids", *SAMPLING_FIELDS}
 
 
 def _native_common(data: dict[str, Any], spec: GenSpec) -> GenSpec:
     spec.stream = get_bool(data, "stream", True)
+    spec.return_ids = get_bool(data, "return_ids", False)
     spec.session = get_str(data, "session", max_len=200)
     spec.max_seconds = get_float(data, "max_seconds", lo=0.001)
     return check_sampling(spec)
@@ -344,6 +347,53 @@ def parse_native_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec
                    prefix=get_str(data, "prefix", required=True) or "",
                    suffix=get_str(data, "suffix", "") or "")
     return _native_common(data, spec)
+
+
+MAX_WARM_SHAPES = 16
+_WARM_FIELDS = {"prompt_tokens", "max_new_tokens", "infill", "batch", *SAMPLING_FIELDS}
+
+
+def parse_warm(data: dict[str, Any]) -> list[Shape]:
+    """``POST /v1/diffu/warm``: ``{"shapes": [{prompt_tokens, max_new_tokens, infill, batch, and any
+    sampling field of /v1/diffu/generate}]}``; a bad field is named with its shape's index."""
+    reject_unknown(data, {"shapes"}, "/v1/diffu/warm")
+    shapes = data.get("shapes")
+    if not isinstance(shapes, list) or not shapes:
+        raise RequestError("shapes: expected a non-empty array of {prompt_tokens, max_new_tokens, ...} "
+                           "objects", param="shapes")
+    if len(shapes) > MAX_WARM_SHAPES:
+        raise RequestError(f"shapes: at most {MAX_WARM_SHAPES} per request, got {len(shapes)}",
+                           param="shapes")
+    out = []
+    for i, item in enumerate(shapes):
+        try:
+            out.append(_warm_shape(item))
+        except RequestError as exc:
+            raise in_shape(exc, i) from None
+    return out
+
+
+def in_shape(exc: RequestError, index: int) -> RequestError:
+    """``exc`` about ``shapes[index]`` of a warm request."""
+    where = f"shapes[{index}]"
+    return RequestError(f"{where}.{exc}", status=exc.status, kind=exc.kind, code=exc.code,
+                        details=exc.details, param=f"{where}.{exc.param}" if exc.param else where)
+
+
+def _warm_shape(item: Any) -> Shape:
+    if not isinstance(item, dict):
+        raise _bad("shape", "an object with prompt_tokens and max_new_tokens", item)
+    reject_unknown(item, _WARM_FIELDS, "a warm shape")
+    for name in ("prompt_tokens", "max_new_tokens"):
+        if item.get(name) is None:
+            raise RequestError(f"{name}: required", param=name)
+    prompt_tokens = get_int(item, "prompt_tokens", lo=0) or 0
+    tokens = get_int(item, "max_new_tokens", lo=1) or 1
+    spec = GenSpec(mode="prompt", canvas_tokens=tokens, sampling=_sampling(item))
+    check_sampling(spec)  # the same checks and defaults a request of this shape gets
+    sampling = {k: v for k, v in spec.sampling.items() if k in item}
+    return Shape(prompt_tokens, tokens, infill=get_bool(item, "infill", False),
+                 batch=get_int(item, "batch", 1, lo=1) or 1, sampling=sampling)
 
 
 # -- OpenAI routes ------------------------------------------------------------------------------------

@@ -1,20 +1,24 @@
 """The daemon's scheduler: one thread owns the device, fed by a bounded queue, answering through events.
 
-The scheduler thread (logged and reported as "the engine") loads the model, compiles the shape buckets,
-then loops: wait on a condition for queued jobs, take the oldest job and every other queued job with the
-same sampling parameters whose rows fit one bucket together, run them as one canvas batch, and hand each
-job its own step and done events. Between denoising steps it drops jobs that were cancelled (client
-gone, explicit cancel, superseded by a newer request of the same session) or ran out of their time
-budget; when no job of the batch is left it closes the runtime's generator, which stops the device work
-before the next step.
+The scheduler thread (logged and reported as "the engine") loads the model and from then on serves: it
+waits on a condition for queued jobs or programs to warm up. Jobs come first: it takes the oldest job
+and every other queued job with the same sampling parameters whose rows fit one bucket together,
+compiles their programs if they are not compiled yet (that one compile only, telling the jobs so), runs
+them as one canvas batch and hands each job its own step and done events. When no job waits it compiles
+the next program of the warm-up (``assistant.warmup``): /health says "warming (k of n)" until the last
+one, then "ready". Between denoising steps it drops jobs that were cancelled (client gone, explicit
+cancel, superseded by a newer request of the same session) or ran out of their time budget; when no job
+of the batch is left it closes the runtime's generator, which stops the device work before the next step.
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
-the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``notify``.
+the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``notify``. Loading and XLA
+compiles cannot be interrupted; ``stop`` does not wait for them (see ``abandoned``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -22,88 +26,56 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from assistant.job import Job, JobDone, JobError, JobStep
+from assistant.batching import take_batch
+from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
+from assistant.status import (
+    FAILED,
+    LOADING,
+    READY,
+    SERVING,
+    STOPPING,
+    WARMING,
+    NotReady,
+    QueueFull,
+    SchedulerStatus,
+    ShuttingDown,
+)
+from assistant.warmup import WarmQueue, WarmTask
 from model_runtime.errors import DiffuError, InputError
-from model_runtime.interface import BatchDone, BatchStep, RuntimeProtocol
+from model_runtime.interface import BatchDone, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
 log = logging.getLogger("diffu.engine")
 
 Loader = Callable[[Callable[[str, float], None]], RuntimeProtocol]
 """``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``."""
+Planner = Callable[[RuntimeProtocol], list[WarmTask]]
+"""``planner(runtime)``: the generic warm-up, most likely programs first (called once it is loaded)."""
 
 # How long a batch may wait for requests the HTTP layer is still preparing (parsing, tokenizing): a
 # burst of clients then shares one canvas batch instead of the first one running alone. A lone request
 # never waits, because nothing is in preparation when it is taken.
 COALESCE_SECONDS = 0.02
 
-# Scheduler stages as /health reports them.
-STARTING, LOADING, COMPILING, READY, FAILED, STOPPING = (
-    "starting", "loading", "compiling", "ready", "failed", "stopping")
-
-
-class SchedulerError(Exception):
-    """A request the scheduler cannot take now; ``status`` is the HTTP status to answer with."""
-
-    status = 503
-    kind = "server_error"
-
-    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class QueueFull(SchedulerError):
-    kind = "server_overloaded"
-
-
-class NotReady(SchedulerError):
-    kind = "model_loading"
-
-
-class ShuttingDown(SchedulerError):
-    kind = "shutting_down"
-
-
-def params_key(params: SamplingParams) -> tuple[Any, ...]:
-    """Jobs batch together only if everything the runtime shares across rows is equal.
-
-    ``max_new_tokens`` is per row (it sized the row's canvas when the row was made); the rest (steps,
-    alg, temperature, seed, ...) is one value per ``run`` call.
-    """
-    d = params.to_dict()
-    d.pop("max_new_tokens")
-    return tuple(sorted(d.items()))
-
-
-@dataclass
-class SchedulerStatus:
-    stage: str = STARTING
-    progress: float = 0.0
-    detail: str = ""
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "progress": round(self.progress, 4), "detail": self.detail,
-                "error": self.error}
-
-
 class Scheduler:
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
     ``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``
-    reports loading. ``warmup_params`` are the parameters buckets are compiled with (None: no warm-up).
+    reports loading. ``planner(runtime)`` gives the programs to warm up once it is loaded (None: none).
     """
 
     def __init__(self, loader: Loader, *, queue_size: int, max_batch: int,
-                 warmup_params: SamplingParams | None) -> None:
+                 planner: Planner | None = None) -> None:
         self._loader = loader
         self.queue_size = queue_size
         self.max_batch = max_batch
-        self._warmup_params = warmup_params
+        self._planner = planner
+        self._warm = WarmQueue()
+        self._busy: WarmTask | None = None  # the warm-up task being compiled
+        self._uninterruptible = False  # the thread is loading or compiling (native work, cannot stop)
+        self._exited = False
         self._runtime: RuntimeProtocol | None = None
         self.status = SchedulerStatus()
         self._listeners: list[Callable[[SchedulerStatus], None]] = []
@@ -130,45 +102,55 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Cancel queued and running jobs, end the thread, wait for it (up to ``timeout`` seconds)."""
+        """Cancel queued and running jobs and the warm-up, end the thread, wait for it (up to ``timeout``
+        seconds). A load or an XLA compile in progress cannot be interrupted and is not waited for: the
+        thread then ends after it, or the process exits first (``abandoned``)."""
         with self._cond:
             self._stopping = True
             dropped = list(self._pending)
             self._pending.clear()
+            self._warm.tasks.clear()
             for job in self._running:
                 job.cancel_reason = job.cancel_reason or "shutdown"
             self._cond.notify_all()
         for job in dropped:
             job.emit(JobError(503, "the daemon is shutting down", ShuttingDown.kind))
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            with self._cond:
+                self._cond.wait_for(lambda: self._exited or self._uninterruptible, timeout)
+        if self.abandoned:
+            log.info("the engine is inside a load or compile that cannot be interrupted; not waiting for it")
         if self.status.stage != FAILED:
             self._set_status(STOPPING, 1.0, "stopped")
 
     @property
+    def abandoned(self) -> bool:
+        """Whether the device thread is still inside native work after ``stop``: then the process must
+        exit without finalizing the interpreter, which would kill that thread inside XLA and abort."""
+        return self._stopping and self._thread.is_alive() and self._uninterruptible
+
+    @property
     def ready(self) -> bool:
-        return self.status.stage == READY
+        """Whether requests are served (the warm-up may still be compiling in between)."""
+        return self.status.stage in SERVING
 
     @property
     def loaded(self) -> bool:
-        """Whether the runtime exists (it may still be compiling: see ``ready``)."""
+        """Whether the runtime exists (it may not serve yet: see ``ready``)."""
         return self._runtime is not None
 
     @property
     def runtime(self) -> RuntimeProtocol:
-        """The loaded runtime (its loader runs in the scheduler thread); serve with it once ``ready``."""
+        """The loaded runtime (its loader runs in the scheduler thread)."""
         if self._runtime is None:
             raise NotReady(f"the model is not ready ({self.status.stage} {self.status.progress:.0%})",
                            retry_after=2)
         return self._runtime
 
-    def _set_status(self, stage: str, progress: float, detail: str = "", error: str | None = None) -> None:
-        self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error)
-        for listener in self._listeners:
-            try:
-                listener(self.status)
-            except Exception:  # a broken listener must not take the scheduler down
-                log.exception("engine status listener failed")
+    def _set_status(self, stage: str, progress: float, detail: str = "", error: str | None = None,
+                    **warm: Any) -> None:
+        self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
+        self._listen()
 
     # -- submitting and cancelling (event-loop side) ---------------------------------------------------
     @contextlib.contextmanager
@@ -191,6 +173,7 @@ class Scheduler:
             if not self.ready:
                 raise NotReady(f"the model is not ready ({self.status.stage} "
                                f"{self.status.progress:.0%})", retry_after=2)
+            busy = self._busy
             if len(self._pending) >= self.queue_size:
                 self.counters["rejected"] += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
@@ -205,7 +188,28 @@ class Scheduler:
                 self._sessions[job.session] = job
             self._pending.append(job)
             self._cond.notify()
+        if busy is not None:
+            # The device thread is compiling a warm-up program; the job runs right after it.
+            job.emit(JobWaiting("warm-up", f"the warm-up is compiling a program ({busy.label})",
+                                self._warm.one()))
         return job
+
+    def warm(self, tasks: Sequence[WarmTask]) -> int:
+        """Queue ``tasks`` ahead of the generic warm-up (in their order); returns how many were queued.
+
+        Raises QueueFull when the warm-up queue holds its limit already.
+        """
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the daemon is shutting down")
+            if tasks and len(self._warm.tasks) >= self._warm.limit:
+                raise QueueFull(f"{self._warm.limit} shapes are waiting to be warmed up; retry later",
+                                retry_after=max(1, math.ceil(self._warm.estimate() or 1)))
+            queued = self._warm.add(tasks, first=True)
+            if queued:
+                self._publish_warming()
+            self._cond.notify()
+        return queued
 
     def cancel(self, job_or_id: Job | str, reason: str = "cancelled") -> bool:
         """Cancel a queued or running job; False if no such unfinished job exists."""
@@ -243,17 +247,22 @@ class Scheduler:
     # -- the scheduler thread --------------------------------------------------------------------------
     def _main(self) -> None:
         try:
+            self._serve()
+        finally:
+            with self._cond:
+                self._exited = True
+                self._cond.notify_all()
+
+    def _serve(self) -> None:
+        try:
             self._set_status(LOADING, 0.0, "loading the model")
-            runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+            with self._native():
+                runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
             largest = max((b for b, _ in runtime.buckets), default=1)
             self.max_batch = max(1, min(self.max_batch, largest))
-            if self._warmup_params is not None:
-                # Serving while compiling (issues #16/#17) changes this: today nothing is served until every
-                # bucket is compiled.
-                self._set_status(COMPILING, 0.0, "compiling shape buckets")
-                runtime.warmup(self._warmup_params, self._on_warmup)
+            plan = self._planner(runtime) if self._planner is not None else []
         except Exception as exc:
             if isinstance(exc, DiffuError):  # a bad checkpoint: the message says it all
                 log.error("model load failed: %s", exc)
@@ -261,27 +270,36 @@ class Scheduler:
                 log.exception("model load failed")
             self._set_status(FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
             return
-        if self._stopping:
-            return
-        self._set_status(READY, 1.0, "ready")
-        log.info("engine ready: model %s on %s (%s), buckets %s", runtime.model_name,
-                 runtime.device, runtime.dtype, runtime.buckets)
+        with self._cond:
+            if self._stopping:
+                return
+            self._warm.add(plan)
+            self._publish_warming()
+        log.info("engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up",
+                 runtime.model_name, runtime.device, runtime.dtype, runtime.buckets, len(plan))
         while True:
+            task = None
             with self._cond:
-                while not self._pending and not self._stopping:
+                while not self._pending and not self._warm.tasks and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
-                deadline = time.monotonic() + COALESCE_SECONDS
-                while self._preparing and len(self._pending) < self.max_batch and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)  # woken by each submit and each finished preparation
-                if not self._pending:  # everything queued was cancelled meanwhile
-                    continue
-                batch = self._take_batch()
-                self._running = batch
+                if not self._pending:
+                    task = self._busy = self._warm.pop()
+                else:
+                    deadline = time.monotonic() + COALESCE_SECONDS
+                    while self._preparing and len(self._pending) < self.max_batch and not self._stopping:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)  # woken by each submit and each finished preparation
+                    if not self._pending:  # everything queued was cancelled meanwhile
+                        continue
+                    batch = take_batch(self._pending, self.max_batch, self.runtime.buckets)
+                    self._running = batch
+            if task is not None:
+                self._warm_up(task)
+                continue
             try:
                 self._run_batch(batch)
             except Exception:  # never let one batch take the device thread down
@@ -297,39 +315,93 @@ class Scheduler:
                     for job in batch:
                         self._forget(job)
 
-    def _on_warmup(self, done: int, total: int, detail: str) -> None:
-        self._set_status(COMPILING, done / total if total else 1.0, detail)
+    @contextlib.contextmanager
+    def _native(self) -> Iterator[None]:
+        """Mark native work that cannot be interrupted (loading, compiling), for ``stop``."""
+        with self._cond:
+            self._uninterruptible = True
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._uninterruptible = False
 
-    def _fits(self, lengths: Sequence[int]) -> bool:
-        """Whether rows of these lengths fit one (batch, length) bucket of the runtime."""
-        if len(lengths) > self.max_batch:
-            return False
-        if len(lengths) == 1:
-            return True
-        longest = max(lengths)
-        return any(b >= len(lengths) and n >= longest for b, n in self.runtime.buckets)
+    def _compile(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
+        """Compile what ``runtime.run(rows, params)`` needs, showing ``what`` in the status."""
+        self._show_compiling(what)
+        try:
+            with self._native():
+                return self.runtime.compile(rows, params)
+        finally:
+            self._show_compiling(None)
 
-    def _take_batch(self) -> list[Job]:
-        """The oldest job plus later ones that share its parameters and fit a bucket with it (FIFO order)."""
-        first = self._pending.popleft()
-        batch, key = [first], params_key(first.params)
-        for job in list(self._pending):
-            if params_key(job.params) == key and self._fits([j.row_length for j in batch] + [job.row_length]):
-                batch.append(job)
-                self._pending.remove(job)
-        return batch
+    def _show_compiling(self, what: str | None) -> None:
+        with self._cond:
+            self.status = dataclasses.replace(self.status, compiling=what)
+            self._listen()
+
+    def _warm_up(self, task: WarmTask) -> None:
+        """Compile one warm-up task (nothing when its programs are compiled already)."""
+        seconds = None
+        try:
+            if not self.runtime.compiled(task.rows, task.params):
+                report = self._compile(task.rows, task.params, f"warm-up: {task.label}")
+                seconds = report.seconds
+                log.info("warmed up %s in %.1fs (%d compiled, %d from the cache)", task.label, report.seconds,
+                         report.compiled, report.cache_hits)
+        except InputError as exc:  # a shape this runtime cannot run: nothing to warm
+            log.warning("warm-up skipped %s: %s", task.label, exc)
+        except Exception:
+            log.exception("warm-up of %s failed", task.label)
+        with self._cond:
+            self._busy = None
+            self._warm.finished(seconds)
+            self._publish_warming()
+
+    def _publish_warming(self) -> None:
+        """The stage after loading: "warming (k of n)" while programs wait, else "ready" (lock held)."""
+        if self._stopping:
+            return  # a compile that outlived stop() must not turn "stopping" back into "ready"
+        warm = self._warm
+        if warm.tasks or self._busy is not None:
+            detail = f"warming ({warm.done} of {warm.total})"
+            self._set_status(WARMING, warm.done / max(warm.total, 1), detail, compiling=self.status.compiling,
+                             **warm.counts(busy=self._busy is not None))
+        elif self.status.stage != READY:
+            self._set_status(READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
+            log.info("engine ready: %d shapes warmed up", warm.total)
+
+    def _listen(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener(self.status)
+            except Exception:  # a broken listener must not take the scheduler down
+                log.exception("engine status listener failed")
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        t0 = time.monotonic()
-        for job in jobs:
-            job.started = t0
         self.counters["batches"] += 1
         self.counters["rows"] += len(jobs)
         if len(jobs) > 1:
             self.counters["batched_rows"] += len(jobs)
         self.counters["largest_batch"] = max(self.counters["largest_batch"], len(jobs))
+        rows, params = [j.row for j in jobs], jobs[0].params
+        compiled = CompileReport()
         try:
-            gen = self.runtime.run([j.row for j in jobs], jobs[0].params)
+            if not self.runtime.compiled(rows, params):
+                # Only this batch's programs, now: the warm-up may come to them much later.
+                what = f"{len(rows)} x {max(j.row_length for j in jobs)} tokens, {params.decoder} decoder"
+                for job in jobs:
+                    job.emit(JobWaiting("compiling", f"compiling the program for {what}", self._warm.one()))
+                compiled = self._compile(rows, params, f"{', '.join(j.id for j in jobs)}: {what}")
+                with self._cond:
+                    self._warm.seconds.append(compiled.seconds)  # for the next estimates
+            t0 = time.monotonic()
+            for job in jobs:
+                job.started = t0
+                job.compiled = compiled
+            # Per-forward events only for a client that reads them; the others get one per block.
+            gen = self.runtime.run(rows, params, every_forward=any(j.want_steps for j in jobs))
         except InputError as exc:
             if len(jobs) > 1:
                 # One bad row must not fail its neighbours: run each alone so only it gets the error.
@@ -349,8 +421,8 @@ class Scheduler:
                     now = time.monotonic()
                     for i, job in list(active.items()):
                         step = JobStep(event.step, event.steps, list(event.canvas[i]),
-                                       list(event.unmasked[i]),
-                                       _masks_left(event, i, mask_id), event.seconds)
+                                       list(event.unmasked[i]), _masks_left(event, i, mask_id),
+                                       event.seconds, event.block, event.blocks)
                         last[i] = step
                         if job.cancelled:
                             self._finish_cancelled(job, step.ids, event.step + 1)
@@ -381,19 +453,6 @@ class Scheduler:
     def _stop_ids(self, chat: bool) -> set[int]:
         return set(self.runtime.tokenizer.stop_ids(chat=chat))
 
-    def _stats(self, job: Job, *, steps: int, new_tokens: int, batch_size: int, bucket: Any = None,
-               compile_seconds: float = 0.0) -> dict[str, Any]:
-        end = time.monotonic()
-        gen_s = end - (job.started or end)
-        return {
-            "steps": steps, "new_tokens": new_tokens, "prompt_tokens": job.prompt_tokens,
-            "canvas_tokens": job.canvas_tokens, "batch_size": batch_size, "decoder": job.params.decoder,
-            "bucket": list(bucket) if bucket else None,
-            "queue_seconds": round((job.started or end) - job.created, 4),
-            "generate_seconds": round(gen_s, 4), "compile_seconds": round(compile_seconds, 4),
-            "tokens_per_second": round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
-        }
-
     def _finish_done(self, job: Job, event: BatchDone, i: int, batch_size: int) -> None:
         ids = list(event.generated[i])
         stops = self._stop_ids(job.chat)
@@ -401,8 +460,8 @@ class Scheduler:
         new_tokens = len(ids) if cut is None else cut
         self.counters["completed"] += 1
         self.counters["generated_tokens"] += new_tokens
-        stats = self._stats(job, steps=event.stats.steps, new_tokens=new_tokens, batch_size=batch_size,
-                            bucket=event.stats.bucket, compile_seconds=event.stats.compile_seconds)
+        stats = job.stats(steps=event.stats.steps, new_tokens=new_tokens, batch_size=batch_size,
+                          done=event.stats)
         job.emit(JobDone(event.texts[i], ids, "length" if cut is None else "stop", new_tokens,
                          event.stats.steps, stats))
 
@@ -413,7 +472,7 @@ class Scheduler:
         cut = next((k for k, t in enumerate(step.ids) if t in stops), len(step.ids))
         self.counters["timed_out"] += 1
         self.counters["generated_tokens"] += cut
-        stats = self._stats(job, steps=step.step + 1, new_tokens=cut, batch_size=batch_size)
+        stats = job.stats(steps=step.step + 1, new_tokens=cut, batch_size=batch_size)
         log.info("job %s hit its time budget (%.1fs) after %d/%d steps", job.id, job.max_seconds,
                  step.step + 1, step.steps)
         job.emit(JobDone(tok.decode(step.ids[:cut]), step.ids, "time", cut, step.step + 1, stats))
@@ -421,7 +480,7 @@ class Scheduler:
     def _finish_cancelled(self, job: Job, ids: list[int], steps_run: int) -> None:
         self.counters["cancelled"] += 1
         log.info("job %s cancelled (%s) after %d steps", job.id, job.cancel_reason, steps_run)
-        stats = self._stats(job, steps=steps_run, new_tokens=0, batch_size=0)
+        stats = job.stats(steps=steps_run, new_tokens=0, batch_size=0)
         stats["cancel_reason"] = job.cancel_reason
         job.emit(JobDone("", ids, "cancelled", 0, steps_run, stats))
 

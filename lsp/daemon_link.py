@@ -108,10 +108,9 @@ class Progress:
 
 
 def _percent(stage: str, fraction: float) -> int:
-    # Loading and compiling are the two halves of getting ready.
-    base = {"loading": 0.0, "compiling": 50.0}.get(stage, 0.0)
-    span = 50.0 if stage in ("loading", "compiling") else 0.0
-    return int(min(max(base + span * fraction, 0.0), 100.0))
+    # The daemon serves once its weights are loaded (its programs compile in the background, between
+    # requests): loading is all there is to getting ready.
+    return int(min(max(100.0 * fraction, 0.0), 100.0)) if stage == "loading" else 0
 
 
 class DaemonLink:

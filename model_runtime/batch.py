@@ -42,9 +42,17 @@ class PlacedBatch:
         return cls(rows, shape, x, attn, offsets)
 
     def step_event(
-        self, prev: np.ndarray, cur: np.ndarray, step: int, steps: int, seconds: float, mask_id: int
+        self,
+        prev: np.ndarray,
+        cur: np.ndarray,
+        step: int,
+        steps: int,
+        seconds: float,
+        mask_id: int,
+        block: tuple[int, int] = (0, 0),
     ) -> BatchStep:
-        """The step that took canvas ``prev`` to ``cur`` (host arrays of the whole bucket)."""
+        """The step that took canvas ``prev`` to ``cur`` (host arrays of the whole bucket); ``block`` is
+        (block, blocks) for the fast decoder."""
         canvas, unmasked, left = [], [], []
         for j, r in enumerate(self.rows):
             lo, hi = self.offsets[j] + r.region[0], self.offsets[j] + r.region[1]
@@ -60,6 +68,8 @@ class PlacedBatch:
             seconds=seconds,
             masks_left=left,
             content=[cur[j, self.offsets[j] :].tolist() for j in range(len(self.rows))],
+            block=block[0],
+            blocks=block[1],
         )
 
     def done_event(

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, RuntimeProtocol, WarmupProgress
+from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 from model_runtime.rows import CanvasBuilder
 
@@ -109,7 +109,7 @@ def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
 
 class Leader(CanvasBuilder):
     """Process 0's runtime: answers from the runtime it wraps, and publishes every call that runs device
-    programs (``warmup``, ``run``) to the followers before making it; ``shutdown()`` releases them.
+    programs (``compile``, ``run``) to the followers before making it; ``shutdown()`` releases them.
 
     It satisfies ``RuntimeProtocol`` member by member (rows are built by the shared ``CanvasBuilder``
     from the wrapped runtime's tokenizer), so the daemon serves it like any runtime.
@@ -155,26 +155,35 @@ class Leader(CanvasBuilder):
         if self._seq > 2:  # every follower has read job N - 2: it has run job N - 1's collectives with us
             self._client.key_value_delete(f"{_PREFIX}/job/{self._seq - 2}")
             self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
+            self._client.key_value_delete(f"{_PREFIX}/compiled/{self._seq - 2}")
         return f"{_PREFIX}/step/{self._seq}/"
 
-    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
-        shapes: list[tuple[int, int]] | None = None  # every bucket, for the per-step program (stream)
-        stream = True
-        self._publish(
-            {
-                "op": "warmup",
-                "params": params.to_dict(),
-                "shapes": [list(s) for s in shapes] if shapes else None,
-                "stream": stream,
-            }
-        )
-        return self._runtime.warmup(params, progress)
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
+        return self._runtime.compiled(rows, params)
 
-    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
-        steps = self._publish(
-            {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
-        )
-        events = self._runtime.run(rows, params, stream=stream)  # an InputError here is the followers' too
+    def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
+        # The followers compile the same programs at the same time, so they are ready when the job comes.
+        # A compile has no collective to keep the processes in step, so wait for theirs to end: process 0
+        # must never run two jobs ahead of a follower (it deletes the keys of job N - 2).
+        self._publish({"op": "compile", "rows": _encode_rows(rows), "params": params.to_dict()})
+        report = self._runtime.compile(rows, params)
+        for rank in range(1, jax.process_count()):
+            # None: the daemon is stopping. (A follower that died takes every process down with it.)
+            _wait(self._client, f"{_PREFIX}/compiled/{self._seq}/{rank}")
+        return report
+
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+        every_forward: bool = True,
+    ) -> BatchEvents:
+        call = {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
+        steps = self._publish({**call, "every_forward": every_forward})
+        # An InputError here is the followers' too.
+        events = self._runtime.run(rows, params, stream=stream, every_forward=every_forward)
         return self._lockstep(events, steps)
 
     def _lockstep(self, events: BatchEvents, steps: str) -> BatchEvents:
@@ -199,7 +208,7 @@ class Leader(CanvasBuilder):
 
 
 def _wait(client: Any, key: str) -> str | None:
-    """The value of ``key`` once the leader writes it; None if the leader stopped first."""
+    """The value of ``key`` once it is written; None if the leader stopped first."""
     while True:
         try:
             return client.blocking_key_value_get(key, _POLL_MS)
@@ -228,12 +237,14 @@ def follow(runtime: Runtime, log: logging.Logger) -> int:
         if call["op"] == "stop":
             return seq - 1
         params = SamplingParams.from_dict(call["params"])
-        if call["op"] == "warmup":
-            shapes = [tuple(s) for s in call["shapes"]] if call["shapes"] else None
-            runtime.warmup(params, None, shapes, stream=call["stream"])
-            continue
         try:
-            events = runtime.run(_decode_rows(call["rows"]), params, stream=call["stream"])
+            if call["op"] == "compile":
+                runtime.compile(_decode_rows(call["rows"]), params)
+                client.key_value_set(f"{_PREFIX}/compiled/{seq}/{jax.process_index()}", "1")
+                continue
+            events = runtime.run(
+                _decode_rows(call["rows"]), params, stream=call["stream"], every_forward=call["every_forward"]
+            )
         except InputError as exc:  # the leader got the same error and answered its client
             log.info("job %d refused on every host: %s", seq, exc)
             continue

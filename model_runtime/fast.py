@@ -10,9 +10,14 @@ The generation region is decoded in blocks of ``block_length`` positions, left t
    whose confidence reaches ``threshold`` is committed, and always at least the most confident one.
 
 Both programs have fixed shapes (the bucket and the block length); the in-block loop is a
-``lax.while_loop``, so a block costs one dispatch. The cache is approximate (the prompt and the rest of
-the canvas are not re-encoded while a block changes), which is why outputs can differ from the reference
-decoder (docs/performance.md has the measured quality and speed of both).
+``lax.while_loop``, so a block costs one dispatch. The loop can also stop after ``limit`` forwards and be
+resumed where it stopped (it returns the cache and its forward count), which is how a streaming client
+sees every forward: the same program, called with ``limit`` 1 until the block is done, draws the same
+keys in the same order, so both ways give the same tokens.
+
+The cache is approximate (the prompt and the rest of the canvas are not re-encoded while a block changes),
+which is why outputs can differ from the reference decoder (docs/performance.md has the measured quality
+and speed of both).
 """
 
 from __future__ import annotations
@@ -102,19 +107,29 @@ def block_loop(
     top_p: jax.Array,
     threshold: jax.Array,
     factor: jax.Array,
+    done: jax.Array,
+    limit: jax.Array,
     *,
     graphdef: nnx.GraphDef,
     spec: FastSpec,
     mask_id: int,
-) -> tuple[jax.Array, jax.Array]:
-    """Decode the ``block_length`` positions from ``window`` until none is masked; returns (x, forwards)."""
+) -> tuple[jax.Array, list[KV], jax.Array]:
+    """Decode the ``block_length`` positions from ``window`` until none is masked, at most ``limit``
+    forwards in this call, ``done`` forwards having run on this block before it (0 for a fresh block).
+
+    Returns (x, caches, forwards run on this block so far). Forward ``i`` of a block draws from
+    ``fold_in(key, i)`` whichever call runs it, so one call with ``limit >= block_length`` and
+    ``block_length`` calls with ``limit`` 1 commit the same tokens.
+    """
     model = nnx.merge(graphdef, state)
     size = spec.block_length
     block = jax.lax.dynamic_slice_in_dim(x, window, size, axis=1)  # [B, N]
+    # A block needs at most ``size`` forwards (each commits at least one position of every row).
+    stop = jnp.minimum(done + limit, size)
 
     def cond(carry: tuple) -> jax.Array:
         block, _, it = carry
-        return jnp.any(block == mask_id) & (it < size)
+        return jnp.any(block == mask_id) & (it < stop)
 
     def body(carry: tuple) -> tuple:
         block, caches, it = carry
@@ -129,5 +144,5 @@ def block_loop(
         chosen = commit_mask(conf, threshold, factor, spec.use_factor) & is_mask
         return jnp.where(chosen, x0, block), caches, it + 1
 
-    block, _, forwards = jax.lax.while_loop(cond, body, (block, caches, jnp.int32(0)))
-    return jax.lax.dynamic_update_slice_in_dim(x, block, window, axis=1), forwards
+    block, caches, forwards = jax.lax.while_loop(cond, body, (block, caches, done))
+    return jax.lax.dynamic_update_slice_in_dim(x, block, window, axis=1), caches, forwards

@@ -18,7 +18,7 @@ Clients import this module without paying for JAX, so it must stay plain Python.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,7 +46,7 @@ class CanvasRow:
 
 @dataclass(frozen=True)
 class BatchStep:
-    """One denoising step of a batch.
+    """One denoising step of a batch: one forward of the model, whatever the decoder.
 
     ``canvas`` holds, per row, the generated region's token ids after this step (masks included);
     ``unmasked`` the positions (relative to the generated region) committed in this step; ``seconds`` this
@@ -61,6 +61,11 @@ class BatchStep:
     masks_left: list[int] = field(default_factory=list)
     # Each row's whole content after this step (prompt and region, without padding), for full histories.
     content: list[list[int]] = field(default_factory=list)
+    # The fast decoder works block by block: the block this step is in and how many there are (0: the
+    # reference decoder, which has no blocks). Its ``steps`` is then a bound (one forward per position),
+    # not a count: a block ends as soon as none of its positions is masked.
+    block: int = 0
+    blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,19 @@ class BatchDone:
     stats: GenerationStats
 
 
+@dataclass(frozen=True)
+class CompileReport:
+    """What getting a generation's programs ready cost: seconds, programs XLA compiled, and programs
+    loaded from the persistent compilation cache (all zero when every program was in memory)."""
+
+    seconds: float = 0.0
+    compiled: int = 0
+    cache_hits: int = 0
+
+
 BatchEvent = BatchStep | BatchDone
 BatchEvents = Generator[BatchEvent, None, None]
 """What ``run`` returns: closing it early stops the device work before the next step."""
-WarmupProgress = Callable[[int, int, str], None]
-"""``progress(done, total, detail)`` while programs compile."""
 
 
 @runtime_checkable
@@ -195,15 +208,36 @@ class RuntimeProtocol(Protocol):
 
     def hole_fills(self, row: CanvasRow, region_ids: Sequence[int]) -> list[str]: ...
 
-    def warmup(self, params: SamplingParams, progress: WarmupProgress | None = None) -> float:
-        """Compile what requests with ``params``'s sampler switches run; returns the seconds spent."""
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
+        """Whether ``run(rows, params)`` would start without compiling (its programs are in memory).
+
+        Bad input raises ``InputError``, as ``run`` would.
+        """
         ...
 
-    def run(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> BatchEvents:
+    def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
+        """Compile (or load from the persistent cache) the programs ``run(rows, params)`` uses, without
+        running them; a no-op costing nothing when they are in memory. Only the rows' shape matters.
+
+        Bad input raises ``InputError``, as ``run`` would.
+        """
+        ...
+
+    def run(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        *,
+        stream: bool = True,
+        every_forward: bool = True,
+    ) -> BatchEvents:
         """Denoise ``rows`` as one batch: a BatchStep per step (without ``stream``, none), then one
-        BatchDone.
+        BatchDone. A step is one forward of the model; with ``every_forward`` off the fast decoder runs
+        each block's forwards as one program and reports once per block (the reference decoder has one
+        forward per step either way).
 
         Bad input raises ``InputError`` here, before the iterator is returned; closing the iterator early
-        stops the device work before the next step.
+        stops the device work before the next step. Programs not yet compiled are compiled first, inside
+        the iterator (``compile`` does it ahead of time).
         """
         ...

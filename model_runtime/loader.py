@@ -55,6 +55,12 @@ def _dtype(name: str | None) -> jnp.dtype:
     return table[name]
 
 
+def daemon_batch_buckets() -> tuple[int, ...]:
+    """The batch buckets a daemon compiles unless told: (1, 4) on CPU, where a 2-core machine runs few
+    requests at once and every bucket is another compile, (1, 4, 16) on accelerators."""
+    return (1, 4) if jax.default_backend() == "cpu" else (1, 4, 16)
+
+
 def recommended_decoder(model_dir: Path) -> str:
     """The decoder a model directory recommends: ``diffu_decoder`` in its ``generation_config.json``.
 
@@ -82,7 +88,7 @@ def load(
     dtype: str | None = None,
     max_context: int | None = None,
     length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-    batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    batch_buckets: Sequence[int] | None = DEFAULT_BATCH_BUCKETS,
     progress: Progress | None = None,
     cache_dir: str | os.PathLike | None = None,
     tp: int = 1,
@@ -90,7 +96,8 @@ def load(
     quantize: str | quant.QuantSpec | None = None,
 ) -> Runtime:
     """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device, or with ``tp``
-    (tensor parallel) / ``dp`` (data parallel) onto a device mesh.
+    (tensor parallel) / ``dp`` (data parallel) onto a device mesh. ``batch_buckets`` None: what a daemon
+    uses on this platform (:func:`daemon_batch_buckets`).
 
     Tensors are read from memory-mapped safetensors one at a time, converted to ``dtype`` (float32 on
     CPU, bfloat16 on accelerators by default) and placed; on a mesh each device receives only its shard
@@ -99,6 +106,8 @@ def load(
     read (see ``quant.py``). No code from the model directory runs.
     """
     qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
+    if batch_buckets is None:
+        batch_buckets = daemon_batch_buckets()
     compile_cache.enable(cache_dir)
     mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
     if (

@@ -68,13 +68,20 @@ class ProgramCache:
             "refresh": jax.jit(
                 fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
             ),
+            # The cache goes in and comes out of the block program: a streamed block resumes with it.
             "block": jax.jit(
-                fast.block_loop, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
+                fast.block_loop,
+                static_argnames=("graphdef", "spec", "mask_id"),
+                donate_argnames=("x", "caches"),
             ),
         }
 
     def __len__(self) -> int:
         return len(self._programs)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether the program of ``key`` (``reference_key``, ``fast_keys``) is compiled and in memory."""
+        return key in self._programs
 
     def items(self) -> ItemsView[tuple[Any, ...], Program]:
         """(key, program) pairs; a key starts with the program's kind."""
@@ -116,7 +123,7 @@ class ProgramCache:
     ) -> Built:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries)."""
-        key = (kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
+        key = self.reference_key(kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
         program = self._programs.get(key)
         if program is not None:
             return Built(program, 0.0, 0, 0)
@@ -136,6 +143,24 @@ class ProgramCache:
         )
         return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
 
+    @staticmethod
+    def reference_key(
+        kind: str,
+        shape: tuple[int, int],
+        spec: SamplerSpec,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+        n_ratios: int = 0,
+        window: int = 0,
+    ) -> tuple[Any, ...]:
+        """The cache key of :meth:`reference`'s program for these arguments."""
+        return (kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
+
+    @staticmethod
+    def fast_keys(shape: tuple[int, int], fspec: fast.FastSpec) -> list[tuple[Any, ...]]:
+        """The cache keys of :meth:`fast`'s two programs."""
+        return [(kind, shape, fspec) for kind in ("refresh", "block")]
+
     # -- the fast decoder ------------------------------------------------------------------------
     def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
         """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
@@ -146,8 +171,7 @@ class ProgramCache:
         statics = dict(mask_id=cfg.mask_token_id)
         out: list[Program] = []
         seconds, compiled, hits = 0.0, 0, 0
-        for kind in ("refresh", "block"):
-            key = (kind, shape, fspec)
+        for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
             if key in self._programs:
                 out.append(self._programs[key])
                 continue
@@ -163,7 +187,7 @@ class ProgramCache:
                     )
                     for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
                 ]
-                args = (x, attn, caches, i32, rng, f32, f32, f32, f32)
+                args = (x, attn, caches, i32, rng, f32, f32, f32, f32, i32, i32)
             built = self._compile(key, kind, args, fspec, statics)
             out.append(built.program)
             seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits

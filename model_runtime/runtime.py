@@ -24,7 +24,7 @@ from model_runtime import distributed, fast, quant, sharding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, CanvasRow, RuntimeProtocol, WarmupProgress
+from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket
 from model_runtime.params import SamplingParams
 from model_runtime.programs import ProgramCache
@@ -121,11 +121,12 @@ class Runtime(CanvasBuilder):
         *,
         chat: bool,
         stream: bool = True,
-        **hooks: Hook | None,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Left-padded batch generation: one BatchStep per step, then a BatchDone."""
         rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
-        return self.run(rows, params, stream=stream, **hooks)
+        return self.run(rows, params, stream=stream, logits_hook=logits_hook, tokens_hook=tokens_hook)
 
     def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
         return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
@@ -147,39 +148,31 @@ class Runtime(CanvasBuilder):
         assert n is not None  # the largest length bucket is max_context
         return b, n
 
-    def warmup(
-        self,
-        params: SamplingParams,
-        progress: WarmupProgress | None = None,
-        shapes: Sequence[tuple[int, int]] | None = None,
-        *,
-        stream: bool = True,
-    ) -> float:
-        """Compile every bucket (or ``shapes``) for ``params``'s sampler switches; returns the seconds.
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> bool:
+        """Whether ``run(rows, params, stream=stream)`` would start without compiling."""
+        return all(key in self._programs for key in self._program_keys(rows, params, stream))
 
-        ``stream`` picks the per-step program (what the daemon's streaming routes use) or the fused one.
-        Serving while compiling (issues #16/#17) starts here: the daemon's scheduler calls this before it
-        takes the first job.
+    def compile(
+        self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True
+    ) -> CompileReport:
+        """Compile (or load from the persistent cache) what ``run(rows, params, stream=stream)`` uses.
+
+        Only the rows' shape counts (their bucket, where their region lies), not their tokens: the daemon
+        warms programs up with made-up rows of the shapes its clients send.
         """
-        spec = SamplerSpec.from_params(params)
-        shapes = list(shapes or self.buckets)
-        total = 0.0
-        for i, shape in enumerate(shapes):
-            if progress:
-                progress(i, len(shapes), f"compiling batch {shape[0]} x {shape[1]} tokens")
-            # The programs plain generation of params.max_new_tokens tokens uses (see _window).
-            window = self.window_for(params.max_new_tokens, shape[1])
-            if stream:
-                total += self._programs.reference("step", (shape[0], shape[1]), spec, window=window).seconds
-            else:
-                n_ratios = ratio_bucket(params.steps)
-                built = self._programs.reference(
-                    "all", (shape[0], shape[1]), spec, n_ratios=n_ratios, window=window
-                )
-                total += built.seconds
-        if progress:
-            progress(len(shapes), len(shapes), "compiled")
-        return total
+        shape = self._checked_shape(rows, params)
+        if params.decoder == "fast":
+            _, _, _, fspec = self._fast_layout(rows, params, shape)
+            _, seconds, compiled, hits = self._programs.fast(shape, fspec)
+            return CompileReport(seconds, compiled, hits)
+        built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
+        return CompileReport(built.seconds, built.compiled, built.hits)
+
+    def _program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> list[tuple]:
+        shape = self._checked_shape(rows, params)
+        if params.decoder == "fast":
+            return self._programs.fast_keys(shape, self._fast_layout(rows, params, shape)[3])
+        return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
 
     # -- running --------------------------------------------------------------------------------
     def step_canvas(
@@ -210,14 +203,27 @@ class Runtime(CanvasBuilder):
         params: SamplingParams,
         *,
         stream: bool = True,
+        every_forward: bool = True,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here.
 
-        With ``stream`` (default) every step yields a BatchStep; without it the whole loop runs as one
-        compiled program and only the BatchDone comes back (same result, no per-step host sync).
+        With ``stream`` (default) every step (one forward) yields a BatchStep; without it the whole loop
+        runs as one compiled program and only the BatchDone comes back (same result, no per-step host
+        sync). The fast decoder with ``every_forward`` off runs each block as one program and yields one
+        BatchStep per block (what the daemon does for a client that does not stream: it can still drop a
+        cancelled job between blocks).
         """
+        shape = self._checked_shape(rows, params)
+        if params.decoder == "fast":
+            if logits_hook is not None or tokens_hook is not None:
+                raise InputError("hooks are supported by the reference decoder only")
+            return self._run_fast(list(rows), params, shape, stream, every_forward)
+        return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+
+    def _checked_shape(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[int, int]:
+        """The (batch, length) bucket of ``rows``; InputError for rows ``run`` cannot take."""
         if not rows:
             raise InputError("no rows to generate")
         longest = max(len(r.ids) for r in rows)
@@ -232,10 +238,22 @@ class Runtime(CanvasBuilder):
                     "the fast decoder needs every row's region in the same columns (same "
                     "length and the same number of tokens after it); run them separately"
                 )
-            if logits_hook is not None or tokens_hook is not None:
-                raise InputError("hooks are supported by the reference decoder only")
-            return self._run_fast(list(rows), params, shape, stream)
-        return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+        return shape
+
+    def _reference_args(
+        self,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+        logits_hook: Hook | None = None,
+        tokens_hook: Hook | None = None,
+    ) -> tuple:
+        """The arguments of ``ProgramCache.reference`` for a reference-decoder run of ``rows``."""
+        n_ratios = 0 if stream else ratio_bucket(params.steps)
+        window = 0 if logits_hook or tokens_hook else self._window(list(rows), shape[1])
+        kind = "step" if stream else "all"
+        return kind, shape, SamplerSpec.from_params(params), logits_hook, tokens_hook, n_ratios, window
 
     def _window(self, rows: list[CanvasRow], n: int) -> int:
         """For plain generation (masks only in an appended region), the length bucket holding the region.
@@ -262,12 +280,9 @@ class Runtime(CanvasBuilder):
         logits_hook: Hook | None,
         tokens_hook: Hook | None,
     ) -> BatchEvents:
-        spec = SamplerSpec.from_params(params)
-        n_ratios = 0 if stream else ratio_bucket(params.steps)
-        window = 0 if logits_hook or tokens_hook else self._window(rows, shape[1])
-        program, compile_s, compiled, hits = self._programs.reference(
-            "step" if stream else "all", shape, spec, logits_hook, tokens_hook, n_ratios, window
-        )
+        args = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
+        program, compile_s, compiled, hits = self._programs.reference(*args)
+        n_ratios = args[5]
         batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         if tokens_hook is not None:
@@ -309,18 +324,15 @@ class Runtime(CanvasBuilder):
             hits=hits,
         )
 
-    def _run_fast(
-        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int], stream: bool
-    ) -> BatchEvents:
-        """The fast decoder (model_runtime.fast): one BatchStep per block, early stop at end-of-text.
-
-        One event per forward (issues #16/#17) goes here: a block runs its forwards on device
-        (``block_loop``) and reports once.
-        """
+    def _fast_layout(
+        self, rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
+    ) -> tuple[int, int, int, fast.FastSpec]:
+        """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
+        the programs' static switches. Every row's region sits in the same columns (``_checked_shape``)."""
         n = shape[1]
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        lo = batch.offsets[0] + rows[0].region[0]  # every row's region sits in the same columns (see run)
-        hi = batch.offsets[0] + rows[0].region[1]
+        r = rows[0]
+        lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
+        hi = n - len(r.ids) + r.region[1]
         size = max(1, min(params.block_length, hi - lo, n - 1))
         fspec = fast.FastSpec(
             sampler=dataclasses.replace(
@@ -329,6 +341,25 @@ class Runtime(CanvasBuilder):
             block_length=size,
             use_factor=params.factor is not None,
         )
+        return lo, hi, size, fspec
+
+    def _run_fast(
+        self,
+        rows: list[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+        every_forward: bool,
+    ) -> BatchEvents:
+        """The fast decoder (model_runtime.fast), early stop at end-of-text. Streaming, one BatchStep per
+        forward (``every_forward``: the refresh, then each forward of the block loop, resumed one forward
+        at a time) or per block.
+
+        Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
+        of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
+        """
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        lo, hi, size, fspec = self._fast_layout(rows, params, shape)
         (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         knobs = Knobs.of(params)
@@ -337,10 +368,12 @@ class Runtime(CanvasBuilder):
         starts = list(range(lo, hi, size))
         stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
         mask_id = self.config.mask_token_id
+        bound = hi - lo  # every forward commits at least one position of every row
         forwards = 0
         prev = batch.x
         t_start = time.perf_counter()
         for b, start in enumerate(starts):
+            where = (b, len(starts))
             t0 = time.perf_counter()
             key = jax.random.fold_in(base_key, b)
             x, caches = refresh(
@@ -352,28 +385,44 @@ class Runtime(CanvasBuilder):
                 knobs.temperature,
                 knobs.top_p,
             )
+            forwards += 1
             window = min(start, hi - size)  # the last block may be short: slide the window back, not past hi
-            x, iters = block(
-                self.state,
-                x,
-                attn,
-                caches,
-                jnp.int32(window),
-                jax.random.fold_in(key, 1),
-                knobs.temperature,
-                knobs.top_p,
-                threshold,
-                factor,
-            )
-            cur = np.array(distributed.host(x))  # one host sync per block: the event, the end-of-text check
-            forwards += 1 + int(distributed.host(iters))
+            # The block loop's arguments after the cache; then how many forwards it has run, and how many
+            # more it may run in this call.
+            loop_key = jax.random.fold_in(key, 1)
+            loop = (jnp.int32(window), loop_key, knobs.temperature, knobs.top_p, threshold, factor)
+            if stream and every_forward:
+                cur = distributed.host(x)  # one host sync per forward: the event
+                seconds = time.perf_counter() - t0
+                yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
+                prev = cur
+                # The block loop resumed one forward at a time (the same program, the same keys): the
+                # loop's own condition, "a mask left in the block", checked on the host copy we have.
+                for i in range(size):
+                    if not np.any(cur[:, window : window + size] == mask_id):
+                        break
+                    t0 = time.perf_counter()
+                    x, caches, _ = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
+                    forwards += 1
+                    cur = distributed.host(x)
+                    yield batch.step_event(
+                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
+                    )
+                    prev = cur
+                cur = np.array(cur)
+            else:
+                x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
+                cur = np.array(distributed.host(x))  # one host sync per block: the event, end-of-text check
+                forwards += int(distributed.host(iters))
+                if stream:
+                    yield batch.step_event(
+                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
+                    )
             done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
             if done and b < len(starts) - 1:
                 # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
                 rest = cur[:, start + size : hi]
                 rest[rest == mask_id] = self.config.pad_token_id
-            if stream:
-                yield batch.step_event(prev, cur, b, len(starts), time.perf_counter() - t0, mask_id)
             prev = cur
             if done:
                 break

@@ -9,10 +9,8 @@ settings and prompt history persist in SQLite (:mod:`tui.store`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 from textual.widgets.markdown import MarkdownFence
 
-from assistant.client import APIError, DaemonUnavailable, Done, Step
+from assistant.client import APIError, DaemonUnavailable, Done, Step, Waiting
 from tui import keys
 from tui.backend import Backend
 from tui.render import Trace
@@ -43,11 +41,7 @@ CANCEL_WAIT = 3.0  # seconds to wait for the daemon to confirm a cancel before d
 
 
 class ChatApp(App[None]):
-    """The chat. ``backend`` reaches the model; ``store`` persists conversations and settings.
-
-    ``clock`` times the steps as they arrive (tests give a fake one): each recorded step's ``seconds`` is
-    the wall time since the request was sent, what the user waited, whatever the backend reports.
-    """
+    """The chat. ``backend`` reaches the model; ``store`` persists conversations and settings."""
 
     TITLE = "diffu chat"
     BINDINGS = keys.bindings(*keys.CHAT_IDS)
@@ -67,11 +61,9 @@ class ChatApp(App[None]):
         config_file: Path | None = None,
         conversation_id: str | None = None,
         cursor_blink: bool = True,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.backend = backend
-        self.clock = clock
         self.store = store
         self.baseline = baseline or ChatSettings()
         self.keymap = dict(keymap or {})
@@ -203,12 +195,13 @@ class ChatApp(App[None]):
             if not await self._ensure_connected():
                 raise DaemonUnavailable("not connected to the diffu daemon (see the error above)")
             done: Done | None = None
-            started = self.clock()
             async for event in self.backend.generate(messages, settings, session=self.conversation_id):
                 if self.live_answer is not answer:
                     return  # cancelled from the UI meanwhile
                 if isinstance(event, Step):
-                    answer.push(dataclasses.replace(event, seconds=self.clock() - started))
+                    answer.push(event)
+                elif isinstance(event, Waiting):
+                    answer.wait(event)
                 else:
                     done = event
                     break

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from assistant.client import AsyncClient, Done, Step, resolve_endpoint
+from assistant.client import AsyncClient, Done, Step, Waiting, resolve_endpoint
 from assistant.config import Config
 from tui.settings import ChatSettings
 
@@ -27,8 +27,9 @@ class Backend(Protocol):
 
     def generate(
         self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
-    ) -> AsyncIterator[Step | Done]:
-        """One answer to ``messages`` with ``settings``' knobs: denoising steps, then one Done."""
+    ) -> AsyncIterator[Step | Waiting | Done]:
+        """One answer to ``messages`` with ``settings``' knobs: a Waiting while its programs compile,
+        denoising steps, then one Done."""
         ...
 
     async def cancel(self, request_id: str) -> bool:
@@ -67,7 +68,7 @@ class DaemonBackend:
 
     async def generate(
         self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
-    ) -> AsyncIterator[Step | Done]:
+    ) -> AsyncIterator[Step | Waiting | Done]:
         events = self._client.stream_generate(
             messages=messages,
             max_new_tokens=settings.max_new_tokens,

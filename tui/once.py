@@ -2,24 +2,23 @@
 
 While the answer denoises, the canvas is drawn in place on stderr (when it is a terminal; a transient Rich
 Live, redrawn at most 30 times a second); then the final answer is printed to stdout, so
-``diffu chat --once "..." > answer.md`` captures only the answer. No Textual import on this path.
+``diffu chat --once "..." > answer.md`` captures only the answer. With stderr not a terminal either, the
+answer is asked for without its steps. No Textual import on this path.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-import time
 from collections.abc import Callable
 from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
 
-from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, stderr_progress
+from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, Waiting, stderr_progress
 from assistant.config import Config
 from assistant.errors import UsageError
-from tui.render import Trace, canvas_text, header_text
+from tui.render import Trace, canvas_text, header_text, summary
 from tui.settings import ChatSettings
 
 _NOTES = {
@@ -62,15 +61,24 @@ def run_once(
             Client(config=config, progress=_loading_progress()) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
-            started = time.monotonic()
-            events = client.stream_generate(
-                messages=messages, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling()
+            tokens, sampling = settings.max_new_tokens, settings.sampling()
+            if not console.is_terminal:
+                # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host
+                # round trip per step (the fast decoder then runs each block as one program).
+                done = client.generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
+            events = (
+                ()
+                if done
+                else client.stream_generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
             )
             for event in events:
                 if isinstance(event, Step):
-                    trace.add(dataclasses.replace(event, seconds=time.monotonic() - started))
+                    trace.add(event)
                     # Live redraws on its own clock (30 Hz); update() only swaps what it draws.
                     live.update(Group(header_text(trace), canvas_text(event)), refresh=False)
+                elif isinstance(event, Waiting):
+                    trace.waiting = event
+                    live.update(header_text(trace), refresh=False)
                 else:
                     done = event
     except (DaemonUnavailable, APIError) as exc:
@@ -81,10 +89,7 @@ def run_once(
     out.flush()
     stats = done.stats
     if console.is_terminal:
-        console.print(
-            f"[dim]{stats.get('new_tokens', 0)} tokens · {stats.get('steps', len(trace))} steps · "
-            f"{float(stats.get('generate_seconds', 0.0)):.1f}s[/]"
-        )
+        console.print(f"[dim]{summary(stats, len(trace))}[/]")
     if done.finish_reason in _NOTES:
         console.print(f"diffu: note: {_NOTES[done.finish_reason]}", style="yellow", highlight=False)
     return 0

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.style import Style
 from rich.text import Text
 
-from assistant.client import Step
+from assistant.client import Step, Waiting
 
 MASK_GLYPH = "░"
 SPECIAL_GLYPH = "·"
@@ -68,14 +69,17 @@ def canvas_text(step: Step, styles: CanvasStyles | None = None) -> Text:
 class Trace:
     """The denoising history of one answer: every step event, in order, and the region size.
 
-    The recorders set each frame's ``seconds`` to the wall time since the request was sent: the daemon
-    passes the runtime's own figure through, and that is the step's time for the JAX runtime but the
-    time since the start for the fake one, so a rate needs a clock of our own.
+    A step is one forward of the model, with either decoder. Each frame's ``seconds`` is that step's own
+    time on the daemon (not the wait for a compile or for other requests), so the rate a header shows
+    is generation speed: tokens revealed over the steps' summed time.
     """
 
     total: int
     """Tokens in the generated region (the request's ``max_new_tokens``)."""
     frames: list[Step] = field(default_factory=list)
+    waiting: Waiting | None = field(default=None, compare=False)
+    """Why the first step has not come yet (its programs compile), when the daemon said so; not part of
+    the history (nor saved with it)."""
 
     def add(self, step: Step) -> None:
         self.frames.append(step)
@@ -89,6 +93,11 @@ class Trace:
             return 0
         return max(0, self.total - self.frames[index].masks)
 
+    def elapsed(self, index: int = -1) -> float:
+        """Generation seconds up to and including frame ``index``."""
+        upto = index % len(self.frames) + 1 if self.frames else 0
+        return sum(frame.seconds for frame in self.frames[:upto])
+
     def unmasked_per_step(self, upto: int | None = None) -> list[int]:
         """Tokens committed at each step (frames ``0..upto``), from the drop in the mask count."""
         frames = self.frames if upto is None else self.frames[: upto + 1]
@@ -99,20 +108,50 @@ class Trace:
         return counts
 
 
+def step_label(step: int, steps: int, block: int = 0, blocks: int = 0) -> str:
+    """``step 12/64`` (the reference decoder: a fixed number of steps), or ``step 12 · block 2/8`` (the
+    fast decoder: it ends a block as soon as no position in it is masked, so only blocks are counted)."""
+    if blocks:
+        return f"step {step + 1} · block {block + 1}/{blocks}"
+    return f"step {step + 1}/{steps}"
+
+
+def waiting_text(waiting: Waiting) -> str:
+    """``compiling the program for 1 x 320 tokens, fast decoder (about 6 s)…``"""
+    eta = f" (about {waiting.eta_seconds:.0f} s)" if waiting.eta_seconds is not None else ""
+    return f"{waiting.detail}{eta}…"
+
+
 def header_text(trace: Trace, index: int = -1, *, label: str = "") -> Text:
     """``step 12/64 · 87/128 tokens revealed · 412 tok/s`` for frame ``index`` of ``trace``."""
     text = Text()
     if label:
         text.append(label + "  ", style="bold")
     if not trace.frames:
-        text.append("waiting for the first step…", style="dim")
+        waiting = waiting_text(trace.waiting) if trace.waiting else "waiting for the first step…"
+        text.append(waiting, style="dim")
         return text
     frame = trace.frames[index]
     revealed = trace.revealed(index)
-    rate = revealed / frame.seconds if frame.seconds > 0 else 0.0
-    text.append(f"step {frame.step + 1}/{frame.steps}", style="bold")
+    elapsed = trace.elapsed(index)
+    rate = revealed / elapsed if elapsed > 0 else 0.0
+    text.append(step_label(frame.step, frame.steps, frame.block, frame.blocks), style="bold")
     text.append(" · ")
     text.append(f"{revealed}/{trace.total} tokens revealed")
     text.append(" · ")
     text.append(f"{rate:.0f} tok/s")
     return text
+
+
+def summary(stats: dict[str, Any], steps: int = 0) -> str:
+    """``182 tokens · 57 steps · 1.9s · 96 tok/s``: a finished answer's stats (``steps``: the trace's
+    length, when the stats lack it). The time and rate are generation only; a compile the answer waited
+    for is named apart."""
+    parts = [f"{stats.get('new_tokens', 0)} tokens", f"{stats.get('steps', steps)} steps"]
+    if "generate_seconds" in stats:
+        parts.append(f"{float(stats['generate_seconds']):.1f}s")
+    if "tokens_per_second" in stats:
+        parts.append(f"{float(stats['tokens_per_second']):.0f} tok/s")
+    if float(stats.get("compile_seconds", 0.0)) >= 0.05:
+        parts.append(f"after {float(stats['compile_seconds']):.1f}s compiling")
+    return " · ".join(parts)

@@ -16,8 +16,8 @@ from textual.timer import Timer
 from textual.widgets import Button, Label, Markdown, ProgressBar, Sparkline, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
-from assistant.client import Done, Step
-from tui.render import CanvasStyles, Trace, canvas_text, header_text
+from assistant.client import Done, Step, Waiting
+from tui.render import CanvasStyles, Trace, canvas_text, header_text, step_label, summary
 
 MAX_REDRAWS_PER_SECOND = 30
 EMPTY_ANSWER = "*(the model gave an empty answer)*"
@@ -173,7 +173,8 @@ class DenoiseView(Vertical):
 
     def show(self, index: int) -> None:
         """Draw frame ``index`` of the trace (negative counts from the end)."""
-        if not self.trace.frames:
+        if not self.trace.frames:  # the header alone: waiting for the first step, and why
+            self.query_one(".denoise--header", Static).update(header_text(self.trace, label=self.label))
             return
         self.index = index % len(self.trace.frames)
         self.query_one(".denoise--header", Static).update(
@@ -316,6 +317,12 @@ class AnswerView(Vertical):
         self.request_id = step.id or self.request_id
         self.denoise.push(step)
 
+    def wait(self, waiting: Waiting) -> None:
+        """The daemon compiles this answer's programs first: say so (and how long) until the first step."""
+        self.request_id = waiting.id or self.request_id
+        self.trace.waiting = waiting
+        self.denoise.flush_now()
+
     def record(self, done: Done) -> None:
         """Take the final text, finish reason and stats (before drawing them, so they can be saved)."""
         self.content = done.text
@@ -363,16 +370,11 @@ class AnswerView(Vertical):
         if self.finish_reason == "cancelled":
             last = self.trace.frames[-1] if self.trace.frames else None
             if last is not None:
-                markup = f"[b]cancelled at step {last.step + 1}/{last.steps}[/b]"
+                markup = f"[b]cancelled at {step_label(last.step, last.steps, last.block, last.blocks)}[/b]"
             else:
                 markup = f"[b]cancelled after {stats.get('steps', 0)} steps[/b]"
         else:
-            parts = [f"{stats.get('new_tokens', 0)} tokens", f"{stats.get('steps', 0)} steps"]
-            if "generate_seconds" in stats:
-                parts.append(f"{float(stats['generate_seconds']):.1f}s")
-            if "tokens_per_second" in stats:
-                parts.append(f"{float(stats['tokens_per_second']):.0f} tok/s")
-            markup = " · ".join(parts)
+            markup = summary(stats, len(self.trace))
             note = _FINISH_NOTES.get(self.finish_reason or "")
             if note:
                 markup += f" · [i]{note}[/i]"

@@ -1,7 +1,8 @@
 """``diffu daemon start|stop|status|logs``: the background daemon's lifecycle.
 
 ``start`` spawns ``diffu serve`` detached (one daemon per model: starting one that runs reports it) and
-waits until it is ready, showing load and warm-up progress. ``stop`` sends SIGTERM and waits for the exit.
+waits until it serves (its weights loaded), showing the load's progress; the warm-up of its programs
+goes on in the background, between requests. ``stop`` sends SIGTERM and waits for the exit.
 ``status`` exits 3 when no daemon runs, as LSB init scripts do.
 """
 
@@ -24,7 +25,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("daemon", help="start, stop or inspect the background daemon",
                                    description="Manage the background diffu daemon.")
     sub = parser.add_subparsers(dest="daemon_command", metavar="ACTION", required=True)
-    start = sub.add_parser("start", help="start a background daemon and wait until it is ready")
+    start = sub.add_parser("start", help="start a background daemon and wait until it serves")
     add_server_flags(start)
     start.add_argument("--no-wait", dest="wait", action="store_false",
                        help="return once it listens, without waiting for the model to load")
@@ -65,7 +66,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             with client.Client(config=config.replace(url=info.url), autostart=False,
                                progress=client.stderr_progress("diffu daemon")) as c:
                 c.wait_ready(endpoint)
-            print("diffu daemon: ready", flush=True)
+                engine = c.status().get("engine", {})
+            print(f"diffu daemon: ready to serve{_warming(engine, ', ')}", flush=True)
     except client.DaemonUnavailable as exc:
         raise UsageError(str(exc)) from None
     return 0
@@ -116,7 +118,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             continue
         engine, queue = server.get("engine", {}), server.get("queue", {})
         stage, detail = engine.get("stage"), engine.get("detail") or ""
-        state = stage if detail in ("", stage) else f"{stage} ({detail})"
+        if stage == "warming":
+            state = f"ready to serve{_warming(engine, ', ')}"
+        else:
+            state = stage if detail in ("", stage) else f"{stage} ({detail})"
+        if engine.get("compiling"):
+            state += f"\n  compiling: {engine['compiling']}"
         print(f"  state:   {state}\n"
               f"  device:  {server.get('device')} ({server.get('dtype')}), "
               f"context {server.get('max_context')}\n"
@@ -124,6 +131,16 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
               f"up {server.get('uptime_seconds', 0):.0f}s")
     return 0 if rows else NOT_RUNNING
+
+
+def _warming(engine: dict[str, Any], sep: str) -> str:
+    """``, warming up 2 of 9 request shapes in the background (about 40 s left)`` while warming."""
+    if engine.get("stage") != "warming":
+        return ""
+    eta = engine.get("eta_seconds")
+    left = f" (about {eta:.0f} s left)" if eta is not None else ""
+    done, total = engine.get("warmed", 0), engine.get("shapes", 0)
+    return f"{sep}warming up {done} of {total} request shapes in the background{left}"
 
 
 def _query_status(info: Any) -> dict[str, Any]:

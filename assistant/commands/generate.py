@@ -1,9 +1,12 @@
-"""``diffu generate``: run the model in-process on one prompt or a left-padded batch of prompts.
+"""``diffu generate``: run the model in-process on one prompt or a left-padded batch of prompts, or ask
+the daemon (``--daemon``).
 
-Without ``--json`` the denoising is shown live (rich): masked positions dim, tokens committed in the
-current step highlighted; then the answer. With ``--json`` one object is printed: ``prompt_ids``,
-``sequences`` (full canvases as the reference returns them), ``text``, ``stats`` and, with
-``--history``, one entry per step holding every prompt's full canvas.
+Without ``--json`` the denoising is shown live on stderr (rich): masked positions dim, tokens committed
+in the current step highlighted; then the answer on stdout. A step is one forward of the model, with
+either decoder. With ``--json`` one object is printed, the same with and without ``--daemon``:
+``prompt_ids``, ``sequences`` (full canvases as the reference returns them), ``text``,
+``finish_reason``, ``stats`` and, with ``--history`` (in-process only), one entry per step holding every
+prompt's full canvas (docs/usage.md describes each field).
 """
 
 from __future__ import annotations
@@ -226,15 +229,14 @@ def run(args: argparse.Namespace) -> int:
             for _ in events:  # the other hosts run the same steps; process 0 prints
                 pass
         elif args.json:
-            out = _collect_json(rt, rows, events, args.history)
-            print(json.dumps(out))
+            print(json.dumps(_collect_json(rt, rows, events, args.history)))
         else:
             done = _live(rt, events)
             for i, text in enumerate(done.texts):
                 if len(done.texts) > 1:
                     print(f"--- [{i}]")
                 print(text)
-            _report_stats(done.stats)
+            _report_stats(done.stats.to_dict())
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     return 0
@@ -246,9 +248,19 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     from rich.live import Live
     from rich.text import Text
 
-    from assistant.client import APIError, Client, DaemonUnavailable, Done, SamplingOptions, stderr_progress
+    from assistant.client import (
+        APIError,
+        Client,
+        DaemonUnavailable,
+        Done,
+        SamplingOptions,
+        Step,
+        Waiting,
+        stderr_progress,
+    )
     from assistant.config import ConfigError, load_config
     from assistant.errors import UsageError
+    from tui.render import step_label, waiting_text
 
     try:
         config = load_config({"model": args.model} if args.model else None)[0]
@@ -257,24 +269,23 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     # Without --decoder the daemon picks the decoder its model recommends.
     skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
     sampling = SamplingOptions(**{k: v for k, v in params.to_dict().items() if k not in skip})
-    results = []
+    results: list[Done] = []
     console = Console(stderr=True)  # the live frame; stdout holds the answers only
     try:
         with Client(config=config, progress=stderr_progress()) as client:
             for prompt in args.prompt:
                 if args.suffix is not None:
                     events = client.stream_infill(
-                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, sampling=sampling
-                    )
-                elif args.raw:
-                    events = client.stream_generate(
-                        prompt=prompt, max_new_tokens=params.max_new_tokens, sampling=sampling
-                    )
+                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, sampling=sampling,
+                        return_ids=args.json,
+                    )  # fmt: skip
                 else:
                     events = client.stream_generate(
-                        messages=[{"role": "user", "content": prompt}],
+                        prompt=prompt if args.raw else None,
+                        messages=None if args.raw else [{"role": "user", "content": prompt}],
                         max_new_tokens=params.max_new_tokens,
                         sampling=sampling,
+                        return_ids=args.json,
                     )
                 with Live(
                     console=console, refresh_per_second=30, transient=True, auto_refresh=not args.json
@@ -282,8 +293,13 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
                     for event in events:
                         if isinstance(event, Done):
                             results.append(event)
-                        elif not args.json:
-                            text = Text(f"step {event.step + 1}/{event.steps}\n", style="bold")
+                        elif args.json:
+                            continue
+                        elif isinstance(event, Waiting):
+                            live.update(Text(waiting_text(event), style="dim"))
+                        elif isinstance(event, Step):
+                            text = Text(step_label(event.step, event.steps, event.block, event.blocks) + "\n")
+                            text.stylize("bold")
                             canvas = Text(event.canvas)
                             for lo, hi in event.masked:
                                 canvas.stylize("dim", lo, hi)
@@ -293,23 +309,65 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
                             live.update(text)
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
+    stats = _daemon_stats([r.stats for r in results])
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "text": [r.text for r in results],
-                    "finish_reason": [r.finish_reason for r in results],
-                    "stats": [r.stats for r in results],
-                    "usage": [r.usage for r in results],
-                }
-            )
-        )
+        ids = [r.ids or {} for r in results]
+        sequences = [i.get("sequence", []) for i in ids]
+        pad = ids[0].get("pad_id", 0) if ids else 0
+        out = _json_shape([i.get("prompt", []) for i in ids], sequences, [r.text for r in results],
+                          [r.finish_reason for r in results], stats, pad)
+        print(json.dumps(out))
     else:
         for i, r in enumerate(results):
             if len(results) > 1:
                 print(f"--- [{i}]")
             print(r.text)
+    _report_stats(stats)
     return 0
+
+
+def _daemon_stats(per_request: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stats of the daemon's requests (one per prompt, run in turn) in the in-process shape
+    (``GenerationStats``): ``new_tokens`` counts the canvas positions denoised, as in-process."""
+    new = sum(int(s.get("canvas_tokens", 0)) for s in per_request)
+    seconds = sum(float(s.get("generate_seconds", 0.0)) for s in per_request)
+    buckets = [s["bucket"] for s in per_request if s.get("bucket")]
+    return {
+        "steps": max((int(s.get("steps", 0)) for s in per_request), default=0),
+        "new_tokens": new,
+        "batch_size": max((int(s.get("batch_size", 0)) for s in per_request), default=0),
+        "compile_seconds": round(sum(float(s.get("compile_seconds", 0.0)) for s in per_request), 4),
+        "generate_seconds": round(seconds, 4),
+        "tokens_per_second": round(new / seconds, 2) if seconds > 0 else 0.0,
+        "compiled_programs": sum(int(s.get("compiled_programs", 0)) for s in per_request),
+        "cache_hits": sum(int(s.get("cache_hits", 0)) for s in per_request),
+        "bucket": max(buckets, default=[0, 0]),
+        "decoder": per_request[0].get("decoder", "") if per_request else "",
+    }
+
+
+def _json_shape(
+    prompt_ids: list[list[int]],
+    sequences: list[list[int]],
+    texts: list[str],
+    finish_reasons: list[str],
+    stats: dict[str, Any],
+    pad_id: int,
+    history: list[list[list[int]]] | None = None,
+) -> dict[str, Any]:
+    """The one ``--json`` object, in-process or from the daemon; ``sequences`` are left-padded here to
+    the longest, as the reference returns a batch."""
+    longest = max((len(s) for s in sequences), default=0)
+    out: dict[str, Any] = {
+        "prompt_ids": prompt_ids,
+        "sequences": [[pad_id] * (longest - len(s)) + list(s) for s in sequences],
+        "text": texts,
+        "finish_reason": finish_reasons,
+        "stats": stats,
+    }
+    if history is not None:
+        out["history"] = history
+    return out
 
 
 def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
@@ -377,23 +435,30 @@ def _collect_json(rt, rows, events, with_history: bool) -> dict[str, Any]:
         elif with_history:
             history.append([[pad] * (longest - len(c)) + c for c in event.content])
     assert done is not None, "the runtime ends every generation with a BatchDone"
-    _report_stats(done.stats, stream=sys.stderr)
-    out: dict[str, Any] = {
-        "prompt_ids": [list(r.ids[: r.region[0]]) for r in rows],
-        "sequences": done.sequences,
-        "text": done.texts,
-        "stats": done.stats.to_dict(),
-    }
-    if with_history:
-        out["history"] = history
-    return out
+    _report_stats(done.stats.to_dict(), stream=sys.stderr)
+    reasons = []
+    for r, region in zip(rows, done.generated, strict=True):
+        stops = set(rt.tokenizer.stop_ids(chat=r.chat))
+        reasons.append("stop" if any(t in stops for t in region) else "length")
+    return _json_shape(
+        [list(r.ids[: r.region[0]]) for r in rows],
+        done.sequences,
+        done.texts,
+        reasons,
+        done.stats.to_dict(),
+        pad,
+        history if with_history else None,
+    )
 
 
-def _report_stats(stats, stream=None) -> None:
+def _report_stats(stats: dict[str, Any], stream=None) -> None:
+    """One line on stderr: tokens, steps (forwards), generation time and rate (no compile in them), and
+    what compiling cost."""
     print(
-        f"{stats.new_tokens} tokens in {stats.steps} steps, {stats.generate_seconds:.2f}s "
-        f"({stats.tokens_per_second:.1f} tokens/s); compiled {stats.compiled_programs} new program(s), "
-        f"{stats.cache_hits} loaded from the compilation cache, {stats.compile_seconds:.2f}s",
+        f"{stats['new_tokens']} tokens in {stats['steps']} steps, {stats['generate_seconds']:.2f}s "
+        f"({stats['tokens_per_second']:.1f} tokens/s); compiled {stats['compiled_programs']} new "
+        f"program(s), {stats['cache_hits']} loaded from the compilation cache, "
+        f"{stats['compile_seconds']:.2f}s",
         file=stream or sys.stderr,
     )
 
@@ -405,15 +470,18 @@ def _live(rt, events):
     from rich.text import Text
 
     # The live frame goes to stderr: piped stdout holds the answer only.
+    from tui.render import step_label
+
     console = Console(stderr=True)
     tok = rt.tokenizer
     done = None
     with Live(console=console, refresh_per_second=30, transient=False) as live:
         for event in events:
-            if hasattr(event, "texts"):
+            if isinstance(event, BatchDone):
                 done = event
                 break
-            panels = [Text(f"step {event.step + 1}/{event.steps}", style="bold")]
+            label = step_label(event.step, event.steps, event.block, event.blocks)
+            panels = [Text(label, style="bold")]
             for canvas, fresh in zip(event.canvas, event.unmasked, strict=True):
                 text = Text()
                 fresh_set = set(fresh)

@@ -1,9 +1,10 @@
 """``diffu serve``: run the daemon in the foreground (``diffu daemon start`` runs this detached).
 
 Order of events: read the config, take the model's lock, bind the socket (so ``--port 0`` can print the
-real port at once), publish the discovery file, then serve. The model loads and compiles in the engine
-thread while ``/health`` already answers 503 with progress. SIGTERM/SIGINT stop accepting connections,
-give in-flight requests ``shutdown_grace`` seconds, cancel the rest, and remove the lock and discovery file.
+real port at once), publish the discovery file, then serve. The model loads in the engine thread while
+``/health`` already answers 503 with progress; it serves once loaded and compiles its programs between
+requests. SIGTERM/SIGINT stop accepting connections, give in-flight requests ``shutdown_grace`` seconds,
+cancel the rest, and remove the lock and discovery file (at once if the engine is inside a compile).
 
 Over several hosts (``--coordinator/--num-processes/--process-id`` or ``--multihost-auto``) every host runs
 the same command: process 0 is the daemon above, the others load their part of the model, repeat each
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import logging.handlers
@@ -67,7 +69,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         dest="warmup",
         action="store_const",
         const=False,
-        help="skip compiling the shape buckets at start",
+        help="compile nothing ahead of requests: each program when a request first needs it",
     )
     parser.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--tp", type=int, help="tensor parallel degree: devices per model copy (default 1)")
@@ -286,16 +288,34 @@ def run(args: argparse.Namespace) -> int:
     api_key = _api_key(config)
     lock = discovery.DaemonLock(config.model)
     lock.acquire()
+    abandoned = False
     try:
         sock = _bind(config.host, config.port)
         _announce(config, key, log_file, sock, lock, args.notify_fd)
-        fatal = _serve(config, loader, api_key, sock, leaders)
+        fatal, abandoned = _serve(config, loader, api_key, sock, leaders)
     finally:
         lock.release()
         log.info("daemon exited; lock and discovery file removed")
     if fatal:
         raise UsageError(f"cannot serve {config.model}: {fatal}")
+    if abandoned:
+        _exit_now()
     return 0
+
+
+def _exit_now() -> None:
+    """Exit 0 at once, without finalizing the interpreter.
+
+    Stopped while its device thread is inside an XLA compile (or the model load), the daemon has no way
+    to interrupt it; finalizing would then kill that thread inside XLA's C++ code, which aborts the
+    process ("terminate called after throwing an instance of ''", exit 134) after waiting for it. Every
+    file is closed and the lock released by now; only the flushing of logs and output is left.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _multihost_loader(
@@ -377,8 +397,9 @@ def _announce(
 
 def _serve(
     config: Config, loader: Loader, api_key: str | None, sock: socket.socket, leaders: list[Leader]
-) -> str | None:
-    """Run uvicorn on ``sock`` until a signal or a fatal load error; returns that error, if any."""
+) -> tuple[str | None, bool]:
+    """Run uvicorn on ``sock`` until a signal or a fatal load error; returns that error, if any, and
+    whether the device thread was left inside a compile it cannot leave (``Scheduler.abandoned``)."""
     import uvicorn
 
     from assistant.http.app import HttpApp
@@ -419,7 +440,8 @@ def _serve(
         sock.close()
         for leader in leaders:
             leader.shutdown()
-    return fatal[0] if fatal else None
+    abandoned = app.scheduler is not None and app.scheduler.abandoned
+    return (fatal[0] if fatal else None), abandoned
 
 
 def _follow(config: Any, loader: Any) -> int:

@@ -26,17 +26,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from assistant import __version__, protocol, sse
+from assistant import __version__, protocol, sse, warmup
 from assistant.config import Config
 from assistant.http.streaming import EventStream, HealthFeed, wait_disconnect
 from assistant.job import Job, JobDone, JobError
-from assistant.job_builder import build_job
+from assistant.job_builder import build_job, warm_task
 from assistant.protocol import GenSpec, RequestError, error_body
-from assistant.scheduler import READY, Loader, NotReady, Scheduler, SchedulerError, SchedulerStatus
+from assistant.scheduler import Loader, Scheduler
 from assistant.security import GuardMiddleware, is_loopback
+from assistant.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
+from assistant.warmup import Shape, WarmTask
 from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.interface import RuntimeProtocol
-from model_runtime.params import SamplingParams
 
 log = logging.getLogger("diffu.server")
 
@@ -59,6 +60,7 @@ class HttpApp:
         self.scheduler: Scheduler | None = None
         self.health_feed: HealthFeed | None = None
         self.started = time.time()
+        self._stage = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -70,7 +72,7 @@ class HttpApp:
             self.loader,
             queue_size=self.config.queue_size,
             max_batch=self.config.max_batch,
-            warmup_params=SamplingParams() if self.warmup else None,
+            planner=self._plan if self.warmup else None,
         )
         self.scheduler.add_listener(self.health_feed.notify)
         self.scheduler.add_listener(self._on_status)
@@ -80,13 +82,46 @@ class HttpApp:
         finally:
             await run_in_threadpool(self.scheduler.stop, self.config.shutdown_grace + 5)
 
+    def _plan(self, rt: RuntimeProtocol) -> list[WarmTask]:  # scheduler thread, once loaded
+        """The generic warm-up (``assistant.warmup.default_plan``) as tasks; shapes that do not fit this
+        model (a context shorter than the chat's canvas) are left out."""
+        accelerator = not rt.device.startswith("cpu")
+        tasks = []
+        for shape in warmup.default_plan(rt, self.config, accelerator=accelerator):
+            try:
+                tasks.append(warm_task(rt, shape, self.config))
+            except RequestError as exc:
+                log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+        return tasks
+
+    def warm(self, shapes: list[Shape]) -> dict[str, Any]:
+        """Queue the programs of ``shapes`` ahead of the generic warm-up (``POST /v1/diffu/warm``)."""
+        rt = self.runtime
+        tasks = []
+        for i, shape in enumerate(shapes):
+            try:
+                tasks.append(warm_task(rt, shape, self.config))
+            except RequestError as exc:  # a shape this model cannot run (beyond its context)
+                raise protocol.in_shape(exc, i) from None
+        compiled = [rt.compiled(t.rows, t.params) for t in tasks]
+        queued = self.sched.warm([t for t, done in zip(tasks, compiled, strict=True) if not done])
+        st = self.sched.status
+        return {
+            "queued": queued,
+            "compiled": [i for i, done in enumerate(compiled) if done],
+            "shapes": [{"label": t.label, "compiled": done} for t, done in zip(tasks, compiled, strict=True)],
+            "stage": st.stage,
+            "eta_seconds": st.eta_seconds,
+        }
+
     def _on_status(self, status: SchedulerStatus) -> None:  # scheduler thread
         if status.stage == "failed":
             log.error("cannot serve: %s", status.error)
             if self.on_fatal:
                 self.on_fatal(status.error or "model load failed")
-        elif status.stage == READY:
-            log.info("ready to serve")
+        elif status.stage == WARMING and self._stage != WARMING:
+            log.info("serving (the warm-up goes on between requests)")
+        self._stage = status.stage
 
     @property
     def sched(self) -> Scheduler:
@@ -96,7 +131,7 @@ class HttpApp:
 
     @property
     def runtime(self) -> RuntimeProtocol:
-        """The runtime, or a 503 (NotReady) while the model loads or compiles."""
+        """The runtime, or a 503 (NotReady) while the model loads."""
         sched = self.sched
         if not sched.ready:
             st = sched.status
@@ -190,8 +225,10 @@ class HttpApp:
     # -- the daemon's routes: health, status, cancel ---------------------------------------------------
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         st = self.sched.status
-        if st.stage == READY:
-            return 200, {"status": "ok", "stage": st.stage, "progress": 1.0, "model": self.model_name()}
+        if st.stage in SERVING:
+            # Requests are answered from here on: "warming" only says programs are still compiling between
+            # them ("warmed" of "programs", "eta_seconds" once one compile was timed).
+            return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
         message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
         return 503, {
             "status": st.stage,
@@ -201,7 +238,8 @@ class HttpApp:
         }
 
     async def health(self, request: Request) -> Response:
-        """503 with stage and progress while loading or compiling, 200 when ready. No token needed."""
+        """503 with stage and progress while loading, 200 once serving (stage "warming" while the warm-up
+        still compiles, then "ready"). No token needed."""
         if request.query_params.get("stream") in ("1", "true"):
             return EventStream(self._health_events())
         status, body = self._health_body()

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from assistant import protocol, sse
 from assistant.http.app import HttpApp, job_error_event
-from assistant.job import Job, JobDone, JobError, JobStep
+from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.protocol import GenSpec, RequestError
 
 
@@ -100,6 +100,8 @@ def routes(app: HttpApp) -> list[Route]:
         async for event in job.events():
             if isinstance(event, JobStep):
                 yield sse.comment(f"step {event.step + 1}/{event.steps}")
+            elif isinstance(event, JobWaiting):
+                yield sse.comment(event.detail)  # keeps the connection visibly alive while it compiles
             elif isinstance(event, JobError):
                 yield sse.encode(job_error_event(event))
             else:

@@ -1,8 +1,10 @@
-"""diffu's own routes, ``/v1/diffu/generate`` and ``/v1/diffu/infill``: every knob, and SSE step events.
+"""diffu's own routes: ``/v1/diffu/generate`` and ``/v1/diffu/infill`` (every knob, SSE step events), and
+``/v1/diffu/warm`` (compile the programs of given shapes ahead of use).
 
-A streamed request gets ``event: step`` per denoising step (the region's text with ``░`` for a masked
-token, the character spans unmasked in this step and still masked) and one ``event: done``; a holes
-request (``max_new_tokens: 0``) also gets each hole's fill.
+A streamed request gets ``event: waiting`` while its programs compile, ``event: step`` per denoising step
+(one forward of the model: the region's text with ``░`` for a masked token, the character spans
+unmasked in this step and still masked; with the fast decoder also its block) and one ``event: done``;
+a holes request (``max_new_tokens: 0``) also gets each hole's fill.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from assistant import protocol, sse
 from assistant.http.app import HttpApp, job_error_event, usage
-from assistant.job import Job, JobDone, JobStep
+from assistant.job import Job, JobDone, JobStep, JobWaiting
 from assistant.protocol import GenSpec
 from model_runtime.interface import TokenizerProtocol
 
@@ -74,13 +76,17 @@ def routes(app: HttpApp) -> list[Route]:
         spec = protocol.parse_native_infill(data, default_tokens=app.config.infill_tokens)
         return await respond(request, spec)
 
+    async def warm(request: Request) -> Response:
+        shapes = protocol.parse_warm(protocol.parse_json(await request.body()))
+        return JSONResponse(app.warm(shapes), status_code=202)
+
     async def respond(request: Request, spec: GenSpec) -> Response:
         job, _ = await app.start_job(spec)
         return await app.respond(
-            request, job, spec.stream, lambda: events(job), lambda done: done_body(job, done)
+            request, job, spec.stream, lambda: events(job, spec), lambda done: done_body(job, spec, done)
         )
 
-    def done_body(job: Job, done: JobDone) -> dict[str, Any]:
+    def done_body(job: Job, spec: GenSpec, done: JobDone) -> dict[str, Any]:
         body = {
             "id": job.id,
             "text": done.text,
@@ -90,9 +96,19 @@ def routes(app: HttpApp) -> list[Route]:
         }
         if job.kind == "holes":
             body["holes"] = app.runtime.hole_fills(job.row, done.ids)
+        if spec.return_ids:
+            # The row as the runtime denoised it: the prompt before the region (templated for a chat), and
+            # the whole canvas after the last step (prompt, region, and an infill's suffix).
+            lo, hi = job.row.region
+            ids = job.row.ids
+            body["ids"] = {
+                "prompt": list(ids[:lo]),
+                "sequence": [*ids[:lo], *(done.ids or ids[lo:hi]), *ids[hi:]],
+                "pad_id": app.runtime.tokenizer.pad_id,
+            }
         return body
 
-    async def events(job: Job) -> AsyncIterator[bytes]:
+    async def events(job: Job, spec: GenSpec) -> AsyncIterator[bytes]:
         if not pieces:
             pieces.append(Pieces(app.runtime.tokenizer))
         render = pieces[0].render
@@ -107,13 +123,24 @@ def routes(app: HttpApp) -> list[Route]:
                     **render(event.ids, event.unmasked),
                     "seconds": round(event.seconds, 4),
                 }
+                if event.blocks:  # the fast decoder: "steps" is then a bound, the block says where it is
+                    body.update(block=event.block, blocks=event.blocks)
                 yield sse.encode(body, event="step")
+            elif isinstance(event, JobWaiting):
+                body = {
+                    "id": job.id,
+                    "reason": event.reason,
+                    "detail": event.detail,
+                    "eta_seconds": event.eta_seconds,
+                }
+                yield sse.encode(body, event="waiting")
             elif isinstance(event, JobDone):
-                yield sse.encode(done_body(job, event), event="done")
+                yield sse.encode(done_body(job, spec, event), event="done")
             else:
                 yield sse.encode(job_error_event(event), event="error")
 
     return [
         Route("/v1/diffu/generate", generate, methods=["POST"]),
         Route("/v1/diffu/infill", infill, methods=["POST"]),
+        Route("/v1/diffu/warm", warm, methods=["POST"]),
     ]

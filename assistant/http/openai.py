@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from assistant import protocol, sse
 from assistant.http.app import HttpApp, job_error_event, usage
-from assistant.job import Job, JobDone, JobError, JobStep
+from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.protocol import GenSpec, RequestError
 from model_runtime.interface import RuntimeProtocol
 
@@ -123,6 +123,8 @@ def routes(app: HttpApp) -> list[Route]:
         async for event in job.events():
             if isinstance(event, JobStep):
                 yield sse.comment(f"step {event.step + 1}/{event.steps}")
+            elif isinstance(event, JobWaiting):
+                yield sse.comment(event.detail)  # keeps the connection visibly alive while it compiles
             elif isinstance(event, JobError):
                 yield sse.encode(job_error_event(event))
                 yield sse.encode("[DONE]")

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from assistant.scheduler import SchedulerStatus
+from assistant.status import SchedulerStatus
 
 
 class HealthFeed:

@@ -62,18 +62,25 @@ class DaemonProcess:
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=60.0, **kwargs)  # type: ignore[arg-type]
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        """Follow /health?stream=1 until ready, recording each status seen."""
+    def wait_ready(self, timeout: float = 180.0, *, warm: bool = True) -> None:
+        """Follow /health?stream=1 until it serves, recording each status seen; with ``warm``, then until
+        its warm-up is over too (stage ready), so tests that time requests time no compile."""
         with httpx.stream("GET", self.url + "/health", params={"stream": "1"}, timeout=timeout) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     data = json.loads(line[6:])
                     self.health_seen.append((200 if data["status"] == "ok" else 503, data["status"]))
-                    if data["status"] == "ok":
-                        return
                     if data["status"] == "failed":
                         raise RuntimeError(f"daemon failed to load: {data}")
-        raise RuntimeError("health stream ended before ready")
+                    if data["status"] == "ok":
+                        break
+            else:
+                raise RuntimeError("health stream ended before ready")
+        if warm and not wait_until(lambda: self.health()["stage"] == "ready", timeout, interval=0.2):
+            raise RuntimeError(f"the warm-up did not end within {timeout:.0f}s: {self.health()}")
+
+    def health(self) -> dict[str, object]:
+        return httpx.get(self.url + "/health", timeout=10).json()
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -328,7 +328,7 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
     assert diffu("daemon", "status").returncode == 3
     start = diffu("daemon", "start", "--port", "0")
     assert start.returncode == 0, start.stderr
-    assert "started pid" in start.stdout and "ready" in start.stdout and "compiling" in start.stderr
+    assert "started pid" in start.stdout and "ready to serve" in start.stdout and "loading" in start.stderr
     info = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     try:
         again = diffu("daemon", "start", "--port", "0")

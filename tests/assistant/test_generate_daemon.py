@@ -32,8 +32,8 @@ def test_generate_through_the_daemon(fake_daemon, tmp_path):
         fake_daemon, tmp_path, "--raw", "--prompt", "def f(", "--suffix", "):\n", "--infill-tokens", "4"
     )
     assert infill.returncode == 0, infill.stderr
-    # The daemon was ready: no progress line was drawn, so none is closed with "diffu: ok".
-    assert "diffu: ok" not in out.stderr + infill.stderr
+    # The daemon was ready: no progress line was drawn, so none is closed with "diffu: ready".
+    assert "diffu: ready" not in out.stderr + infill.stderr
 
 
 def test_daemon_errors_are_one_line(fake_daemon, tmp_path):
@@ -49,3 +49,31 @@ def test_daemon_errors_are_one_line(fake_daemon, tmp_path):
         timeout=60,
     )
     assert down.returncode == 2 and "diffu: error:" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_json_has_one_shape_in_process_and_through_the_daemon(fake_daemon, tiny_dir, tmp_path):
+    args = ["--raw", "--prompt", "def f(", "--prompt", "import os, sys", "--max-new-tokens", "8", "--json"]
+    through = run(fake_daemon, tmp_path, *args)
+    assert through.returncode == 0, through.stderr
+    local = subprocess.run(
+        [sys.executable, "-m", "assistant", "generate", "--model", str(tiny_dir), *args],
+        env=isolated_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert local.returncode == 0, local.stderr
+    daemon_out, local_out = json.loads(through.stdout), json.loads(local.stdout)
+    # The same fields, the same stats, each a list per prompt where it is one.
+    assert set(daemon_out) == set(local_out) == {"prompt_ids", "sequences", "text", "finish_reason", "stats"}
+    assert set(daemon_out["stats"]) == set(local_out["stats"])
+    for out in (daemon_out, local_out):
+        assert all(len(out[key]) == 2 for key in ("prompt_ids", "sequences", "text", "finish_reason"))
+        # Full canvases, left-padded to the longest: each ends with its prompt and 8 generated tokens.
+        short, long_ = out["prompt_ids"]
+        assert len(out["sequences"][0]) == len(out["sequences"][1]) == len(long_) + 8
+        assert out["sequences"][1][: len(long_)] == long_
+        assert out["sequences"][0][len(long_) - len(short) : len(long_)] == short
+        assert out["stats"]["new_tokens"] == 16 and out["stats"]["steps"] >= 1
+    # Both print the same stats line on stderr.
+    assert "tokens in" in through.stderr and "tokens in" in local.stderr

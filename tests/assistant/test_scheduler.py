@@ -3,26 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import pytest
 
+from assistant.config import Config
 from assistant.fake_runtime import FakeRuntime
-from assistant.job import Job, JobDone, JobError, JobStep
-from assistant.scheduler import NotReady, QueueFull, Scheduler, ShuttingDown
+from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
+from assistant.job_builder import warm_task
+from assistant.scheduler import Scheduler
+from assistant.status import NotReady, QueueFull, ShuttingDown
+from assistant.warmup import Shape, WarmTask
 from model_runtime.errors import ModelError
 from model_runtime.params import SamplingParams
 
 
-def make_job(rt: FakeRuntime, prompt: str, tokens: int = 8, *, max_seconds: float = 60.0,
-             session: str | None = None, **params: Any) -> Job:
+def make_job(
+    rt: FakeRuntime,
+    prompt: str,
+    tokens: int = 8,
+    *,
+    max_seconds: float = 60.0,
+    session: str | None = None,
+    **params: Any,
+) -> Job:
     ids = rt.tokenizer.encode(prompt)
     row = rt.make_row(ids, tokens, chat=False)
     params.setdefault("steps", tokens)
-    return Job(row=row, params=SamplingParams(max_new_tokens=tokens, **params), chat=False,
-               prompt_tokens=len(ids), canvas_tokens=tokens, row_length=len(row.ids), max_seconds=max_seconds,
-               session=session)
+    return Job(
+        row=row,
+        params=SamplingParams(max_new_tokens=tokens, **params),
+        chat=False,
+        prompt_tokens=len(ids),
+        canvas_tokens=tokens,
+        row_length=len(row.ids),
+        max_seconds=max_seconds,
+        session=session,
+    )
 
 
 async def final(job: Job) -> JobDone | JobError:
@@ -34,17 +53,28 @@ async def final(job: Job) -> JobDone | JobError:
 
 async def first_step(job: Job) -> JobStep:
     async for event in job.events():
+        if isinstance(event, JobWaiting):  # its program compiles first
+            continue
         assert isinstance(event, JobStep), event
         return event
     raise AssertionError("no step")
 
 
 async def started_engine(rt: FakeRuntime, **kwargs: Any) -> Scheduler:
-    engine = Scheduler(lambda progress: rt, queue_size=kwargs.pop("queue_size", 16),
-                    max_batch=kwargs.pop("max_batch", 16), warmup_params=None)
+    engine = Scheduler(
+        lambda progress: rt,
+        queue_size=kwargs.pop("queue_size", 16),
+        max_batch=kwargs.pop("max_batch", 16),
+        planner=kwargs.pop("planner", None),
+    )
     ready = asyncio.Event()
     loop = asyncio.get_running_loop()
-    engine.add_listener(lambda st: st.stage in ("ready", "failed") and loop.call_soon_threadsafe(ready.set))
+    def listen(status: Any) -> None:
+        if status.stage in ("warming", "ready", "failed"):
+            with contextlib.suppress(RuntimeError):  # a compile that outlives the test's event loop
+                loop.call_soon_threadsafe(ready.set)
+
+    engine.add_listener(listen)
     engine.start()
     await ready.wait()
     return engine
@@ -66,8 +96,12 @@ def test_queued_jobs_with_equal_params_run_as_one_batch_with_unchanged_results()
         assert rt.runs == [1, 5, 1]  # the blocker, the five together, then the one with other steps
         alone = FakeRuntime()
         for prompt, result in zip(prompts, results, strict=True):
-            single = list(alone.run([alone.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
-                                    SamplingParams(max_new_tokens=8, steps=8)))[-1]
+            single = list(
+                alone.run(
+                    [alone.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
+                    SamplingParams(max_new_tokens=8, steps=8),
+                )
+            )[-1]
             assert isinstance(result, JobDone) and result.text == single.texts[0]
         assert engine.counters["batched_rows"] == 5 and engine.counters["largest_batch"] == 5
 
@@ -184,7 +218,7 @@ def test_load_failure_is_reported_and_requests_are_refused() -> None:
             progress("reading", 0.5)
             raise ModelError("config.json: hidden_size: missing")
 
-        engine = Scheduler(loader, queue_size=4, max_batch=4, warmup_params=None)
+        engine = Scheduler(loader, queue_size=4, max_batch=4)
         failed = asyncio.Event()
         loop = asyncio.get_running_loop()
         engine.add_listener(lambda st: st.stage == "failed" and loop.call_soon_threadsafe(failed.set))
@@ -215,27 +249,98 @@ def test_stop_answers_queued_jobs_and_refuses_new_ones() -> None:
     asyncio.run(main())
 
 
-def test_warmup_progress_goes_from_loading_through_compiling_to_ready() -> None:
+def warm_tasks(rt: FakeRuntime, *shapes: Shape) -> list[WarmTask]:
+    return [warm_task(rt, shape, Config()) for shape in shapes]
+
+
+def test_warmup_progress_goes_from_loading_through_warming_to_ready() -> None:
     async def main() -> None:
-        rt = FakeRuntime(batch_buckets=(1, 2), length_buckets=(64,), max_context=64)
-        engine = Scheduler(lambda progress: rt, queue_size=4, max_batch=4, warmup_params=SamplingParams())
-        seen: list[tuple[str, float]] = []
+        rt = FakeRuntime(batch_buckets=(1, 2), length_buckets=(32, 64), max_context=64, warmup_delay=0.01)
+        plan = warm_tasks(rt, Shape(8, 16), Shape(40, 16), Shape(40, 16, batch=2), Shape(8, 16))
+        engine = Scheduler(lambda progress: rt, queue_size=4, max_batch=4, planner=lambda runtime: plan)
+        seen: list[tuple[str, float, str, float | None]] = []
         ready = asyncio.Event()
         loop = asyncio.get_running_loop()
 
         def listen(st: Any) -> None:
-            seen.append((st.stage, st.progress))
+            seen.append((st.stage, st.progress, st.detail, st.eta_seconds))
             if st.stage == "ready":
                 loop.call_soon_threadsafe(ready.set)
 
         engine.add_listener(listen)
         engine.start()
         await ready.wait()
+        assert engine.status.warmed == 4 and engine.max_batch == 2  # clamped to the largest batch bucket
         engine.stop()
-        stages = [s for s, _ in seen]
-        assert stages[0] == "loading" and "compiling" in stages and stages[-2:] == ["ready", "stopping"]
-        compiling = [p for s, p in seen if s == "compiling"]
-        assert compiling == sorted(compiling) and compiling[-1] == 1.0
-        assert engine.max_batch == 2  # clamped to the runtime's largest batch bucket
+        stages = [s for s, *_ in seen]
+        assert stages[0] == "loading" and stages[-2:] == ["ready", "stopping"]
+        warming = [(p, d, eta) for s, p, d, eta in seen if s == "warming"]
+        assert [d for _, d, _ in warming if d.startswith("warming (")][-1] == "warming (3 of 4)"
+        assert [p for p, _, _ in warming] == sorted(p for p, _, _ in warming)
+        # No estimate before one compile was timed, one after it.
+        assert warming[0][2] is None and warming[-1][2] is not None
+        assert len(rt.programs) == 3  # the fourth shape's program was the first's: found compiled
+
+    asyncio.run(main())
+
+
+def test_a_request_is_served_while_the_warm_up_goes_on_and_waits_for_its_own_program_only() -> None:
+    async def main() -> None:
+        rt = FakeRuntime(step_delay=0.001, warmup_delay=0.4, length_buckets=(16, 32, 64, 128, 256, 512))
+        plan = warm_tasks(rt, *(Shape(n - 8, 8) for n in (16, 32, 64, 128, 256, 512)))  # 2.4 s of compiles
+        engine = await started_engine(rt, planner=lambda runtime: plan)
+        assert engine.status.stage == "warming"
+        t0 = time.monotonic()
+        # Another shape than any of the plan: it compiles its own program, after the one in progress.
+        job = engine.submit(make_job(rt, "def f(x):", 8, temperature=0.5))
+        events = [e async for e in job.events()]
+        waited = time.monotonic() - t0
+        assert engine.status.stage == "warming" and engine.status.warmed < len(plan)  # before its end
+        reasons = [e.reason for e in events if isinstance(e, JobWaiting)]
+        assert reasons in (["warm-up", "compiling"], ["compiling"])  # said why it waits, each time
+        done = events[-1]
+        assert isinstance(done, JobDone) and done.finish_reason in ("stop", "length")
+        assert waited < 1.5  # at most the compile in progress and its own, not the 2.4 s plan
+        # Its time and rate count generation only: the compile is reported apart.
+        assert done.stats["compile_seconds"] >= 0.4 and done.stats["compiled_programs"] == 1
+        assert done.stats["generate_seconds"] < 0.2
+        engine.stop()
+
+    asyncio.run(main())
+
+
+def test_warm_requests_go_ahead_of_the_generic_warm_up() -> None:
+    async def main() -> None:
+        rt = FakeRuntime(warmup_delay=0.05, length_buckets=(16, 32, 64, 128))
+        plan = warm_tasks(rt, *(Shape(n - 8, 8) for n in (16, 32, 64, 128)))
+        engine = await started_engine(rt, planner=lambda runtime: plan)
+        order: list[str] = []
+        engine.add_listener(
+            lambda st: st.compiling and st.compiling not in order and order.append(st.compiling)
+        )
+        mine = warm_tasks(rt, Shape(3, 4, infill=True, sampling={"temperature": 0.2}))
+        assert engine.warm(mine) == 1
+        while engine.status.stage != "ready":
+            await asyncio.sleep(0.02)
+        assert engine.status.warmed == engine.status.shapes == 5
+        engine.stop()
+        # Next after the task compiling when the request came (if the first had started yet).
+        mine_at = next(i for i, what in enumerate(order) if mine[0].label in what)
+        assert mine_at <= 1 and len(order) == 5
+
+    asyncio.run(main())
+
+
+def test_stop_does_not_wait_for_a_compile_it_cannot_interrupt() -> None:
+    async def main() -> None:
+        rt = FakeRuntime(warmup_delay=1.5)
+        plan = warm_tasks(rt, Shape(8, 8))
+        engine = Scheduler(lambda progress: rt, queue_size=4, max_batch=4, planner=lambda runtime: plan)
+        engine.start()
+        while not engine.status.compiling:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        await asyncio.to_thread(engine.stop, 30)
+        assert time.monotonic() - t0 < 0.5 and engine.abandoned  # serve exits without finalizing then
 
     asyncio.run(main())

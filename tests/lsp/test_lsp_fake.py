@@ -333,10 +333,10 @@ async def test_progress_while_the_daemon_loads(lsp, tmp_path) -> None:
         assert kinds[0] == "begin" and kinds.count("end") == 1 and "report" in kinds, kinds
         messages = [r.message or "" for r in reports()]
         # Which stages are seen depends on how long the server took to start (seconds on a busy machine).
-        assert any(m.startswith(("loading the model", "warming up")) for m in messages), messages
+        assert any(m.startswith("loading the model") for m in messages), messages
         assert messages[-1] == "model ready"
         percentages = [r.percentage for r in reports() if r.kind != "end"]
-        assert percentages == sorted(percentages) and percentages[-1] > 50
+        assert percentages == sorted(percentages)  # the load's progress (it serves once loaded)
     finally:
         daemon.stop()
 

@@ -50,7 +50,7 @@ def test_acceptance_command_prints_reference_history_and_second_run_compiles_not
     first = diffu(*ACCEPTANCE, "--model", str(tiny_dir), env=env)
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
-    assert set(out) == {"prompt_ids", "sequences", "text", "stats", "history"}
+    assert set(out) == {"prompt_ids", "sequences", "text", "finish_reason", "stats", "history"}
     assert len(out["history"]) == 32 and all(len(h) == 1 for h in out["history"])
     prompt = out["prompt_ids"][0]
     assert out["sequences"][0][: len(prompt)] == prompt and len(out["sequences"][0]) == len(prompt) + 32
@@ -329,3 +329,20 @@ def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
     assert main(["generate", "--model", str(model), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert "generation_config.json: diffu_decoder must be one of reference, fast, got 'turbo'" in err
+
+
+def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys):
+    run = ["generate", "--model", str(tiny_dir), "--raw", "--prompt", "def f():", "--max-new-tokens", "32",
+           "--decoder", "fast", "--block-length", "16"]  # fmt: skip
+    assert main([*run, "--json", "--history"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # One history entry per step, a step being one forward: as many as the stats count.
+    steps = out["stats"]["steps"]
+    assert len(out["history"]) == steps > 2
+    mask = json.loads((tiny_dir / "config.json").read_text())["mask_token_id"]
+    masks = [canvas[0].count(mask) for canvas in out["history"]]
+    assert masks == sorted(masks, reverse=True) and any(16 < m < 32 for m in masks)  # inside block 1
+    # The live view (stderr) labels the same forwards, block by block, and the summary agrees.
+    assert main(run) == 0
+    err = capsys.readouterr().err
+    assert f"step {steps} · block " in err and f"in {steps} steps" in err

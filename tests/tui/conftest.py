@@ -50,8 +50,6 @@ def make_app(store: ChatStore) -> Callable[..., ChatApp]:
     def make(backend: Any = None, **kwargs: Any) -> ChatApp:
         backend = backend if backend is not None else ScriptedBackend()
         kwargs.setdefault("baseline", TEST_SETTINGS)
-        if isinstance(backend, ScriptedBackend):
-            kwargs.setdefault("clock", backend.clock)  # stable tokens/s in assertions and snapshots
         app = ChatApp(backend, store, cursor_blink=False, **kwargs)
         app.animation_level = "none"
         return app

@@ -3,8 +3,8 @@
 The scripted backend is the daemon's own pipeline minus HTTP: the fake runtime (``assistant.fake_runtime``)
 builds the chat row and unmasks it step by step, and the daemon's ``Pieces`` renders each step into the
 canvas text and spans the real SSE stream carries. Only the answers are scripted (so tests can put
-Markdown and code blocks in them) and the clock is fake (``step_seconds`` per step), so tokens/s in
-snapshots is stable.
+Markdown and code blocks in them) and every step reports ``step_seconds``, so tokens/s in snapshots is
+stable.
 """
 
 from __future__ import annotations
@@ -91,11 +91,7 @@ class ScriptedBackend:
         self.resume = asyncio.Event()
         self.connect_gate = asyncio.Event()
         self.steps_sent = 0
-        self.now = 0.0  # the fake clock: step_seconds per step sent
         self._ids = itertools.count(1)
-
-    def clock(self) -> float:
-        return self.now
 
     async def connect(self, progress: Callable[[str, float, str], None]) -> str:
         self.connects += 1
@@ -125,13 +121,12 @@ class ScriptedBackend:
                     yield Done(request_id, "", "cancelled", stats={"steps": event.step})
                     return
                 self.steps_sent += 1
-                self.now += self.step_seconds
                 yield Step(
                     id=request_id,
                     step=event.step,
                     steps=event.steps,
                     masks=event.masks_left[0],
-                    seconds=(event.step + 1) * self.step_seconds,
+                    seconds=self.step_seconds,  # the step's own time, as the daemon reports it
                     **self.pieces.render(event.canvas[0], event.unmasked[0]),
                 )
                 if self.pause_at is not None and event.step == self.pause_at:

@@ -27,6 +27,7 @@ from tests.tui.helpers import answered, ask, screen_text, until
 from tui.app import ChatApp
 from tui.backend import DaemonBackend
 from tui.once import run_once
+from tui.render import header_text
 from tui.settings import ChatSettings
 from tui.store import ChatStore
 from tui.widgets import ConnectPanel, ErrorNotice
@@ -119,7 +120,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
             assert stages[1] == "starting" and "fake:load_delay=0.5" in shown[1][2]
-            assert "loading" in stages and "compiling" in stages and stages[-1] == "ok"
+            assert "loading" in stages and stages[-1] == "ok"  # served once loaded: no compile waited for
             await answered(pilot, PROMPT)
     finally:
         stop_background_daemons(diffu_home)
@@ -140,7 +141,7 @@ def test_once_draws_the_canvas_in_place_then_prints_the_answer(fake_daemon: Daem
     assert out.getvalue() == expected.text + "\n"
     drawn = terminal.getvalue()
     assert "/6 · " in drawn and "░" in drawn and "tokens revealed" in drawn  # the live canvas
-    assert "diffu: ok" not in drawn  # the daemon was ready: no progress line
+    assert "diffu: ready" not in drawn  # the daemon was ready: no progress line
     assert "\x1b[2K" in drawn or "\x1b[1A" in drawn  # redrawn in place, not scrolled
 
 
@@ -320,3 +321,52 @@ def test_config_file_chat_and_keymap_tables_drive_the_command(
     config.write_text('[keymap]\nreplai = "f9"\n')
     bad = once()
     assert bad.returncode == 2 and "[keymap] replai: unknown binding id" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def fast_daemon(tmp_path_factory: pytest.TempPathFactory, micro_dir: Path):  # type: ignore[no-untyped-def]
+    """A daemon whose model recommends the fast decoder (as the bundled demo model does)."""
+    from tests.assistant.helpers import TINY_ENV, isolated_env
+    from tests.model_copies import with_generation_config
+
+    root = tmp_path_factory.mktemp("fast-daemon")
+    model = with_generation_config(micro_dir, root / "DiffuCoder-micro-fast", diffu_decoder="fast")
+    daemon = start_daemon(root, str(model), env=isolated_env(root, **TINY_ENV))
+    yield daemon
+    daemon.stop()
+
+
+@pytest.mark.asyncio
+async def test_streaming_with_the_fast_decoder_shows_tokens_landing_inside_a_block(
+    fast_daemon: DaemonProcess, make_app: Callable[..., ChatApp], store: ChatStore
+) -> None:
+    """Every forward is a frame: a 16-token block fills over several, not at once; header, summary,
+    stats and the saved history count the same steps."""
+    settings = ChatSettings(max_new_tokens=32, temperature=0.0, block_length=16)
+    app = make_app(DaemonBackend(daemon_config(fast_daemon)), baseline=settings)
+    headers: list[str] = []
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connected, timeout=30)
+        answer = await ask(pilot, "Add two numbers.")
+
+        def finished() -> bool:  # and what the live header read meanwhile
+            line = next((ln for ln in screen_text(app).splitlines() if "· block " in ln), None)
+            if line and (not headers or headers[-1] != line):
+                headers.append(line)
+            return not answer.live
+
+        await until(pilot, finished, timeout=120)
+        assert answer.finish_reason in ("stop", "length")
+        frames = answer.trace.frames
+        assert all(f.blocks == 2 for f in frames) and "step " in headers[0] and "· block " in headers[0]
+        # Inside the first block: frames where it is partly filled (the second block still all masks).
+        inside = [f for f in frames if f.block == 0 and 16 < f.masks < 32]
+        assert len(inside) >= 3, [(f.block, f.masks) for f in frames]
+        assert all(len(f.unmasked) >= 1 for f in frames)  # every forward committed something
+        # One count of steps everywhere: the frames, the last header, the stats, the summary line.
+        steps = answer.stats["steps"]
+        assert [f.step for f in frames] == list(range(steps))
+        assert header_text(answer.trace).plain.startswith(f"step {steps} · block ")
+        assert f"{steps} steps" in screen_text(app)
+    saved = store.messages(app.conversation_id or "")
+    assert len(store.trace(saved[1].id).frames) == steps

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.style import Style
 from rich.text import Text
 
-from assistant.client import Step
+from assistant.client import Step, Waiting
 from tests.assistant.helpers import REPO
 from tui import keys
 from tui.render import MASK_GLYPH, SPECIAL_GLYPH, CanvasStyles, Trace, canvas_text, header_text
@@ -43,11 +43,26 @@ def test_canvas_marks_masked_fresh_and_plain_tokens_and_folds_special_tokens() -
 def test_trace_counts_tokens_per_step_and_the_header_says_step_revealed_and_rate() -> None:
     trace = Trace(total=10)
     for i, masks in enumerate((7, 7, 2, 0)):
-        trace.add(Step(id="r", step=i, steps=4, canvas="", masks=masks, seconds=(i + 1) * 0.5))
+        trace.add(Step(id="r", step=i, steps=4, canvas="", masks=masks, seconds=0.5))  # each step's own time
     assert trace.unmasked_per_step() == [3, 0, 5, 2]
     assert trace.unmasked_per_step(upto=1) == [3, 0]
-    assert header_text(trace, 2).plain == "step 3/4 · 8/10 tokens revealed · 5 tok/s"
+    assert header_text(trace, 2).plain == "step 3/4 · 8/10 tokens revealed · 5 tok/s"  # 8 tokens in 1.5 s
     assert header_text(Trace(total=4)).plain == "waiting for the first step…"
+    # Waiting for a compile: the rate never counts it; the header says what it waits for, and how long.
+    why = Waiting("r", "compiling", "compiling the program for 1 x 300 tokens", 6.4)
+    waiting = Trace(total=4, waiting=why)
+    assert header_text(waiting).plain == "compiling the program for 1 x 300 tokens (about 6 s)…"
+    # The fast decoder ends a block when it is full, so it counts blocks, not a fixed number of steps.
+    fast = Trace(total=64)
+    fast.add(Step(id="r", step=0, steps=64, canvas="", masks=63, seconds=0.1, block=0, blocks=2))
+    assert header_text(fast).plain == "step 1 · block 1/2 · 1/64 tokens revealed · 10 tok/s"
+
+
+def test_the_daemon_warms_the_program_the_chat_asks_for_first() -> None:
+    from assistant.warmup import CHAT_REQUEST
+
+    # The daemon cannot import the chat (dependencies point the other way): the two must agree.
+    assert ChatSettings().request_params() == CHAT_REQUEST
 
 
 def test_settings_are_checked_like_the_runtime_checks_them() -> None:

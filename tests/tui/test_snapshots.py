@@ -1,7 +1,7 @@
 """SVG snapshots of the chat's main views (pytest-textual-snapshot; update with ``--snapshot-update``).
 
 They depend on the pinned Textual, Rich and Pygments versions (see pyproject's test extra); cursor blink
-and animations are off and the scripted daemon's clock is fake, so every run draws the same frame.
+and animations are off and the scripted daemon's steps take a fixed time, so every run draws the same frame.
 """
 
 from __future__ import annotations

@@ -1,0 +1,172 @@
+"""First contact (#16): a daemon serves as soon as its weights are loaded, warms its programs up between
+requests, compiles ahead for clients that name their shapes (``POST /v1/diffu/warm``), and stops at once
+even inside a compile.
+
+The fake runtime (no JAX) stands for slow compiles with ``warmup_delay`` seconds per program; the real
+one proves that a warmed shape is the program a request of that shape runs, and the clean exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from assistant import sse
+from assistant.client import AsyncClient, Client, SamplingOptions, WarmShape
+from assistant.config import Config
+from assistant.job_builder import build_job, warm_task
+from assistant.protocol import GenSpec
+from assistant.warmup import Shape
+from tests.assistant.helpers import DaemonProcess, isolated_env, start_daemon, wait_until
+
+
+def stream(daemon: DaemonProcess, path: str, body: dict) -> list[sse.ServerSentEvent]:
+    with daemon.client() as c, c.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, response.read()
+        return list(sse.iter_events(response.iter_lines()))
+
+
+def test_a_request_is_answered_while_the_warm_up_goes_on(tmp_path: Path) -> None:
+    # Three shapes to warm (the chat's, then two editor buckets), a second of compiling each.
+    daemon = start_daemon(tmp_path, "fake:warmup_delay=1.0,step_delay=0.002", wait=False)
+    try:
+        daemon.wait_ready(warm=False)  # it serves: its weights are loaded
+        health = daemon.health()
+        assert health["status"] == "ok" and health["stage"] == "warming" and health["shapes"] == 3
+        assert health["detail"] == "warming (0 of 3)" and health["eta_seconds"] is None  # nothing timed yet
+        # A shape of no warm-up: it waits for the compile in progress and its own, and says so.
+        t0 = time.monotonic()
+        events = stream(
+            daemon,
+            "/v1/diffu/generate",
+            {"prompt": "def f(x):", "max_new_tokens": 8, "steps": 4, "temperature": 0.7},
+        )
+        waited = time.monotonic() - t0
+        during = daemon.health()
+        waiting = [e.json() for e in events if e.event == "waiting"]
+        done = next(e.json() for e in events if e.event == "done")
+        assert [w["reason"] for w in waiting][-1] == "compiling" and "compiling the program" in waiting[-1][
+            "detail"
+        ]
+        assert [e.event for e in events if e.event != "waiting"][-1] == "done"
+        # Answered before the warm-up ended (3 s of compiles and its own 1 s; it waited for 2 at most).
+        assert during["stage"] == "warming" and during["warmed"] < 3 and waited < 3.5
+        assert done["stats"]["compile_seconds"] >= 1.0 and done["stats"]["compiled_programs"] == 1
+        assert done["stats"]["generate_seconds"] < 0.5  # generation time counts no compile
+        # Once one compile was timed, the health says how long the rest should take; then ready.
+        assert wait_until(
+            lambda: daemon.health()["eta_seconds"] is not None or daemon.health()["stage"] == "ready"
+        )
+        assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+        status = httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()["engine"]
+        assert status["warmed"] == status["shapes"] == 3 and status["compiling"] is None
+    finally:
+        daemon.stop()
+
+
+def test_the_warm_route_compiles_a_clients_shapes_ahead(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, "fake:warmup_delay=0.3,step_delay=0.002", wait=False)
+    try:
+        daemon.wait_ready(warm=False)
+        shape = {"prompt_tokens": 60, "max_new_tokens": 24, "infill": True, "temperature": 0.2, "steps": 12}
+        with daemon.client() as c:
+            first = c.post("/v1/diffu/warm", json={"shapes": [shape]})
+            assert first.status_code == 202  # answered at once, compiled in the background
+            assert first.json()["queued"] == 1 and first.json()["compiled"] == []
+            assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+            again = c.post("/v1/diffu/warm", json={"shapes": [shape, {**shape, "top_k": 5}]}).json()
+            assert again["queued"] == 1 and again["compiled"] == [0]  # another top_k is another program
+            assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+            # A request of the warmed shape runs at once: no compile waited for, none done.
+            events = stream(
+                daemon,
+                "/v1/diffu/infill",
+                {
+                    "prefix": "x" * 40,
+                    "suffix": "y" * 20,
+                    "canvas_tokens": 24,
+                    "temperature": 0.2,
+                    "steps": 12,
+                },
+            )
+            assert not [e for e in events if e.event == "waiting"]
+            assert next(e.json() for e in events if e.event == "done")["stats"]["compiled_programs"] == 0
+            # Bad shapes are refused, naming the shape and the field.
+            for body, param in (
+                ({"shapes": [{"prompt_tokens": 1}]}, "shapes[0].max_new_tokens"),
+                ({"shapes": [shape, {**shape, "colour": 1}]}, "shapes[1].colour"),
+                ({"shapes": [{**shape, "top_p": 2}]}, "shapes[0].top_p"),
+                ({"shapes": [{**shape, "prompt_tokens": 500}]}, "shapes[0].prompt_tokens"),
+                ({"shapes": []}, "shapes"),
+            ):
+                refused = c.post("/v1/diffu/warm", json=body)
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+            overflow = c.post("/v1/diffu/warm", json={"shapes": [{**shape, "prompt_tokens": 500}]}).json()
+            assert overflow["error"]["code"] == "context_length_exceeded"
+            assert overflow["error"]["details"]["context_length"] == 512
+        # The clients: typed shapes, the same answer.
+        config = Config(url=daemon.url, api_key=daemon.token, autostart=False)
+        typed = WarmShape(
+            prompt_tokens=60,
+            max_new_tokens=24,
+            infill=True,
+            sampling=SamplingOptions(temperature=0.2, steps=12),
+        )
+        with Client(config=config) as client:
+            assert client.warm([typed])["compiled"] == [0]
+
+        async def from_async() -> dict:
+            async with AsyncClient(config=config) as client:
+                other = WarmShape(prompt_tokens=3, max_new_tokens=5, sampling=SamplingOptions(top_p=0.5))
+                return await client.warm([typed, other])
+
+        result = asyncio.run(from_async())
+        assert result["compiled"] == [0] and result["queued"] == 1
+    finally:
+        daemon.stop()
+
+
+CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
+
+
+# The reference decoder's infill row is the simple case (the whole canvas is sampled); its plain
+# generation samples a window that the made-up rows must reproduce, and each reference program is long
+# to compile, so that one is checked.
+@pytest.mark.parametrize(("decoder", "mode"), [("fast", "chat"), ("fast", "infill"), ("reference", "chat")])
+def test_a_warmed_shape_is_the_program_its_requests_run(runtime, decoder: str, mode: str) -> None:
+    """Made-up rows of a shape compile exactly the programs real requests of that shape use."""
+    config = Config()
+    sampling = {"decoder": decoder, "temperature": 0.3, "top_p": 0.9}
+    if mode == "chat":
+        spec = GenSpec(mode="chat", canvas_tokens=24, sampling=dict(sampling), messages=CHAT)
+    else:
+        spec = GenSpec(mode="infill", canvas_tokens=8, sampling=dict(sampling),
+                       prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n")  # fmt: skip
+    job, _ = build_job(runtime, spec, config)
+    shape = Shape(job.prompt_tokens, spec.canvas_tokens, infill=mode == "infill", sampling=sampling)
+    task = warm_task(runtime, shape, config)
+    assert task.params == job.params
+    runtime.compile(task.rows, task.params)
+    assert runtime.compiled([job.row], job.params)
+
+
+def test_sigterm_during_a_compile_exits_at_once_and_cleanly(tmp_path: Path, micro_dir: Path) -> None:
+    # An empty compilation cache: the daemon compiles its first warm-up program when the signal comes.
+    env = isolated_env(tmp_path, DIFFU_JAX_CACHE_DIR=str(tmp_path / "empty-cache"))
+    daemon = start_daemon(tmp_path, str(micro_dir), env=env, wait=False)
+    daemon.wait_ready(warm=False)
+    status = lambda: httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()  # noqa: E731
+    assert wait_until(lambda: status()["engine"]["compiling"], 60, interval=0.02)
+    t0 = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    code = daemon.proc.wait(30)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert code == 0 and time.monotonic() - t0 < 5, stderr
+    assert "terminate called" not in stderr and "FATAL" not in stderr and "Traceback" not in stderr
+    assert "daemon exited; lock and discovery file removed" in daemon.log_text()
+    assert not list((tmp_path / "run").glob("*.json"))
