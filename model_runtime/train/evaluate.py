@@ -49,6 +49,8 @@ class EvalSet:
     cases: tuple[InfillCase, ...]
     top_token: int
     top_line: str
+    # SFT rows: positions before prompt_len are the prompt, never masked nor scored ([N] int32).
+    prompt_len: np.ndarray | None = None
 
 
 def heldout_windows(tokens: np.ndarray, seq_len: int, max_windows: int) -> np.ndarray:
@@ -132,6 +134,7 @@ def _window_stats(
     graphdef: nnx.GraphDef,
     params: nnx.State,
     tokens: jax.Array,
+    prompt_len: jax.Array,
     valid: jax.Array,
     key: jax.Array,
     top_token: jax.Array,
@@ -143,18 +146,24 @@ def _window_stats(
     """Sums over the valid rows of one batch: [objective, masked, correct, CE, baseline correct].
 
     ``rate < 0`` draws t per row as in training (for the objective); otherwise tokens are masked at
-    that rate. The rate is traced, not static, so one compiled program serves every rate.
+    that rate. The rate is traced, not static, so one compiled program serves every rate. Positions
+    before a row's ``prompt_len`` are never masked (0 for code windows: every position may be).
     """
-    drawn, fixed = add_noise(key, tokens, mask_id, eps), mask_at_rate(key, tokens, mask_id, rate)
+    maskable = jnp.arange(tokens.shape[1])[None, :] >= prompt_len[:, None]  # [B, L]
+    drawn = add_noise(key, tokens, mask_id, eps, maskable=maskable)
+    fixed = mask_at_rate(key, tokens, mask_id, rate)
+    fixed_masked = fixed.masked & maskable
     use_drawn = rate < 0
-    noisy = jnp.where(use_drawn, drawn.noisy, fixed.noisy)
-    masked = jnp.where(use_drawn, drawn.masked, fixed.masked)
+    noisy = jnp.where(use_drawn, drawn.noisy, jnp.where(fixed_masked, mask_id, tokens))
+    masked = jnp.where(use_drawn, drawn.masked, fixed_masked)
     t = jnp.where(use_drawn, drawn.t, fixed.t)
     logits = nnx.merge(graphdef, params)(noisy)
     ce = token_losses(logits, tokens)  # [B, L], shifted as in training
     m = masked & valid[:, None]
-    # Per-row 1/t-weighted objective, normalised by the row's scorable tokens (objective.py).
-    row_obj = jnp.sum(jnp.where(m, ce, 0.0), axis=-1) / t / (tokens.shape[1] - 1)
+    # Per-row 1/t-weighted objective, normalised by the row's scorable tokens (objective.py): the whole
+    # window but position 0 for code, the response for SFT (LLaDA's per-answer-length normalisation).
+    scorable = jnp.maximum(jnp.sum(maskable[:, 1:], axis=-1), 1)  # [B]
+    row_obj = jnp.sum(jnp.where(m, ce, 0.0), axis=-1) / t / scorable
     correct = jnp.argmax(shift_logits(logits), axis=-1) == tokens
     return jnp.stack(
         [
@@ -183,19 +192,21 @@ def masked_token_metrics(
     if n == 0:
         return {}
     key = jax.random.PRNGKey(seed)
+    plen = ev.prompt_len if ev.prompt_len is not None else np.zeros((n,), np.int32)
     out: dict[str, Any] = {}
     for r_i, rate in enumerate((None, *rates)):
         totals = np.zeros(5)
         for b, start in enumerate(range(0, n, batch_size)):
-            rows = ev.windows[start : start + batch_size]
-            valid = np.arange(batch_size) < len(rows)
+            take = np.arange(start, start + batch_size)
+            valid = take < n
             # Pad the last batch with copies of row 0 so one compiled shape serves all; ``valid`` drops them.
-            rows = np.concatenate([rows, np.repeat(ev.windows[:1], batch_size - len(rows), axis=0)])
+            take = np.where(valid, take, 0)
             k = jax.random.fold_in(jax.random.fold_in(key, r_i), b)
             stats = _window_stats(
                 graphdef,
                 params,
-                jnp.asarray(rows),
+                jnp.asarray(ev.windows[take]),
+                jnp.asarray(plen[take]),
                 jnp.asarray(valid),
                 k,
                 jnp.int32(ev.top_token),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,7 @@ from model_runtime import compile_cache
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.model import DreamModel
-from model_runtime.train.corpus import TokenShards
-from model_runtime.train.objective import DEFAULT_EPS, add_noise, diffusion_loss
+from model_runtime.train.objective import DEFAULT_EPS, Objective, masked_diffusion_objective
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,21 @@ class TrainConfig:
             raise InputError(f"ema_decay: must be in [0, 1), got {self.ema_decay}")
         if not 0 < self.eps < 1:
             raise InputError(f"eps: must be in (0, 1), got {self.eps}")
+
+
+def default_warmup(steps: int) -> int:
+    """Warm-up steps when none are asked for: 10% of the run, at most 100 (the old fixed default), so a
+    short run (``--steps 50``) gets a warm-up it can hold instead of an error."""
+    return min(100, steps // 10)
+
+
+class Batches(Protocol):
+    """Training data: the batch of a step is a pure function of ``(seed, step)`` (exact resume).
+
+    A batch is an array or a dict of arrays with the batch on the first axis (split across devices).
+    """
+
+    def batch(self, seed: int, step: int, batch_size: int) -> Any: ...
 
 
 @dataclass
@@ -137,11 +151,12 @@ class Trainer:
         run_dir: Path,
         model_cfg: DreamConfig,
         cfg: TrainConfig,
-        shards: TokenShards,
+        shards: Batches,
         *,
         graphdef: nnx.GraphDef,
         params: nnx.State,
         options: LoopOptions | None = None,
+        objective: Objective | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,6 +165,8 @@ class Trainer:
         self.shards = shards
         self.options = options or LoopOptions()
         self.graphdef = graphdef
+        # What a step minimises on a batch; pre-training's masked diffusion unless told otherwise (SFT).
+        self.objective = objective or masked_diffusion_objective(model_cfg.mask_token_id, cfg.eps)
         devices = jax.devices()
         if cfg.batch_size % len(devices):
             raise InputError(
@@ -176,14 +193,12 @@ class Trainer:
         self._manager = None
 
     # -- the step ---------------------------------------------------------------------------------
-    def _step_fn(self, state: dict, tokens: jax.Array, step: jax.Array) -> tuple[dict, dict]:
+    def _step_fn(self, state: dict, batch: Any, step: jax.Array) -> tuple[dict, dict]:
         cfg, graphdef = self.cfg, self.graphdef
-        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)
-        noised = add_noise(key, tokens, self.model_cfg.mask_token_id, cfg.eps)
+        key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)  # the step's masking noise
 
         def loss_fn(params: nnx.State) -> tuple[jax.Array, dict]:
-            logits = nnx.merge(graphdef, params)(noised.noisy)  # [B, L, V], no padding in training
-            return diffusion_loss(logits, tokens, noised)
+            return self.objective(nnx.merge(graphdef, params), batch, key)
 
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])

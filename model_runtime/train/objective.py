@@ -26,7 +26,9 @@ The 1/t factor makes low-``t`` samples noisy, which is why ``eps`` keeps ``t`` a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +37,10 @@ import optax
 from model_runtime.model import shift_logits
 
 DEFAULT_EPS = 1e-3
+
+# What a training step minimises: (model, batch, key) -> (loss, aux metrics). ``model`` maps token ids
+# [B, L] to logits [B, L, V]; ``key`` is the step's noise (a pure function of the step: exact resume).
+Objective = Callable[[Callable[[jax.Array], jax.Array], Any, jax.Array], tuple[jax.Array, dict]]
 
 
 @dataclass(frozen=True)
@@ -46,13 +52,25 @@ class NoisedBatch:
     t: jax.Array  # [B] float32
 
 
-def add_noise(key: jax.Array, tokens: jax.Array, mask_id: int, eps: float = DEFAULT_EPS) -> NoisedBatch:
-    """Sample ``t ~ U(eps, 1)`` per row and mask each token (except position 0) with probability ``t``."""
+def add_noise(
+    key: jax.Array,
+    tokens: jax.Array,
+    mask_id: int,
+    eps: float = DEFAULT_EPS,
+    maskable: jax.Array | None = None,
+) -> NoisedBatch:
+    """Sample ``t ~ U(eps, 1)`` per row and mask each token (except position 0) with probability ``t``.
+
+    ``maskable`` ([B, L] bool) limits the noise to some positions: SFT noises the response only, and
+    the prompt stays visible (the published recipe's ``src_mask``).
+    """
     b, n = tokens.shape
     k_t, k_m = jax.random.split(key)
     t = eps + (1.0 - eps) * jax.random.uniform(k_t, (b,), dtype=jnp.float32)  # [B]
     masked = jax.random.uniform(k_m, (b, n), dtype=jnp.float32) < t[:, None]  # [B, L]
     masked = masked.at[:, 0].set(False)  # position 0 is never a target under the shift
+    if maskable is not None:
+        masked = masked & maskable
     noisy = jnp.where(masked, mask_id, tokens)
     return NoisedBatch(noisy.astype(jnp.int32), masked, t)
 
@@ -82,11 +100,51 @@ def diffusion_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch) -> 
     m = batch.masked.astype(jnp.float32)
     n_scored = tokens.shape[0] * (tokens.shape[1] - 1)
     loss = jnp.sum(jnp.sum(ce * m, axis=-1) / batch.t) / n_scored
+    return loss, _masked_metrics(logits, tokens, ce, m, n_scored)
+
+
+def _masked_metrics(logits: jax.Array, tokens: jax.Array, ce: jax.Array, m: jax.Array, n_scored: Any) -> dict:
+    """Unweighted CE and argmax accuracy over the masked positions, and the share of scorable ones masked."""
     n_masked = jnp.maximum(jnp.sum(m), 1.0)
     pred = jnp.argmax(shift_logits(logits), axis=-1)
-    aux = {
+    return {
         "masked_ce": jnp.sum(ce * m) / n_masked,
         "masked_acc": jnp.sum((pred == tokens) * m) / n_masked,
-        "masked_frac": jnp.sum(m) / n_scored,
+        "masked_frac": jnp.sum(m) / jnp.maximum(n_scored, 1),
     }
-    return loss, aux
+
+
+def masked_diffusion_objective(mask_id: int, eps: float = DEFAULT_EPS) -> Objective:
+    """Pre-training: every position but the first may be noised; the 1/t loss of ``diffusion_loss``."""
+
+    def objective(model: Callable[[jax.Array], jax.Array], tokens: jax.Array, key: jax.Array) -> tuple:
+        noised = add_noise(key, tokens, mask_id, eps)
+        return diffusion_loss(model(noised.noisy), tokens, noised)  # [B, L, V], no padding in training
+
+    return objective
+
+
+def response_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch, response: jax.Array) -> tuple:
+    """SFT's loss, as DiffuCoder's instruction tuning computes it (LLaMA-Factory with a diffusion loss,
+    apple/ml-diffucoder issue #9): ``sum_{masked i} CE_i / t`` over the batch, divided by the number of
+    masked tokens. Only response positions are ever masked, so only they are scored; the end-of-turn and
+    the padding after it are response tokens, which is how the model learns where its answer ends.
+    ``response`` ([B, L] bool) is where the answer and its padding are.
+    """
+    ce = token_losses(logits, tokens)  # [B, L]
+    m = batch.masked.astype(jnp.float32)
+    n_masked = jnp.maximum(jnp.sum(m), 1.0)
+    loss = jnp.sum(jnp.sum(ce * m, axis=-1) / batch.t) / n_masked
+    return loss, _masked_metrics(logits, tokens, ce, m, jnp.sum(response))
+
+
+def sft_objective(mask_id: int, eps: float = DEFAULT_EPS) -> Objective:
+    """SFT on batches ``{"tokens": [B, L], "prompt_len": [B]}``: the prompt is never masked."""
+
+    def objective(model: Callable[[jax.Array], jax.Array], batch: dict, key: jax.Array) -> tuple:
+        tokens = batch["tokens"]
+        response = jnp.arange(tokens.shape[1])[None, :] >= batch["prompt_len"][:, None]  # [B, L]
+        noised = add_noise(key, tokens, mask_id, eps, maskable=response)
+        return response_loss(model(noised.noisy), tokens, noised, response)
+
+    return objective
