@@ -83,20 +83,31 @@ def prepare_tokenizer(
         raise InputError(f"no {'/'.join(copts.suffixes)} files under {source}")
     sources = list(corpus_lib.read_sources(source, files))
     train, heldout = corpus_lib.split_sources(sources, copts.heldout_permille)
+    if init_from is not None:
+        copy_tokenizer(init_from, run_dir)
+    elif not (tok_dir / "added_tokens.json").is_file():
+        tmp = run_dir / "tokenizer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        # Only the training split trains the tokenizer: held-out files stay unseen in every sense.
+        tok = train_bpe((text for _, text in train), shape.vocab_size, instruct=True)
+        save_published_layout(tok, tmp)
+        tmp.rename(tok_dir)
+    return tok_dir, train, heldout
+
+
+def copy_tokenizer(model_dir: Path, run_dir: Path) -> Path:
+    """RUN/tokenizer: the tokenizer files of the model a run fine-tunes (copied once, then kept)."""
+    tok_dir = run_dir / "tokenizer"
     if not (tok_dir / "added_tokens.json").is_file():
         tmp = run_dir / "tokenizer.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if init_from is not None:
-            for name in corpus_lib.TOKENIZER_FILES:
-                if (init_from / name).is_file():
-                    shutil.copyfile(init_from / name, tmp / name)
-        else:
-            # Only the training split trains the tokenizer: held-out files stay unseen in every sense.
-            tok = train_bpe((text for _, text in train), shape.vocab_size, instruct=True)
-            save_published_layout(tok, tmp)
+        for name in corpus_lib.TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                shutil.copyfile(model_dir / name, tmp / name)
         tmp.rename(tok_dir)
-    return tok_dir, train, heldout
+    return tok_dir
 
 
 def _load_tok(tok_dir: Path, cfg: DreamConfig) -> DreamTokenizer:
@@ -126,6 +137,138 @@ def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
     )
 
 
+def load_base(init_from: str | os.PathLike, log: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """The checkpoint to fine-tune, loaded in float32, and its ``config.json`` as a dict."""
+    from model_runtime.checkpoint import resolve_model_dir
+    from model_runtime.loader import load
+
+    init_dir = resolve_model_dir(init_from)
+    log(f"loading {init_dir} to fine-tune")
+    base = load(init_dir, dtype="float32")
+    return base, json.loads((init_dir / "config.json").read_text(encoding="utf-8"))
+
+
+def check_run_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write RUN/run.json, or refuse when it holds a run with other settings (a resume must compute the
+    same thing as the run it resumes)."""
+    record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
+    run_json = run_dir / "run.json"
+    if run_json.is_file():
+        old = json.loads(run_json.read_text(encoding="utf-8"))
+        diff = _diff(old, record)
+        if diff:
+            raise InputError(
+                f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
+                "use a new --out directory or repeat the original flags"
+            )
+    else:
+        run_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _prepare_corpus(
+    run_dir: Path,
+    source: Path,
+    copts: CorpusOptions,
+    shape: ModelShape,
+    base_dir: Path | None,
+    cfg_dict: dict[str, Any] | None,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], DreamTokenizer]:
+    """RUN/tokenizer and RUN/corpus, built unless already there; returns the model's config dict (the
+    base's, or a from-scratch one sized to the tokenizer) and the tokenizer."""
+    corpus_dir, tok_dir = run_dir / "corpus", run_dir / "tokenizer"
+    have_corpus = (corpus_dir / "meta.json").is_file() and tok_dir.is_dir()
+    if not have_corpus:
+        log(f"reading source files under {source}")
+        _, train_src, heldout_src = prepare_tokenizer(run_dir, source, copts, shape=shape, init_from=base_dir)
+    cfg_dict = cfg_dict or scratch_config(tok_dir, shape)
+    tok = _load_tok(tok_dir, DreamConfig.from_dict(cfg_dict))
+    tok_id = corpus_lib.tokenizer_fingerprint(tok_dir)
+    if not have_corpus:
+        log(f"tokenizing {len(train_src)} training and {len(heldout_src)} held-out files")
+        shutil.rmtree(corpus_dir, ignore_errors=True)
+        corpus_lib.build_corpus(
+            corpus_dir,
+            tok,
+            train_src,
+            heldout_src,
+            source=str(source),
+            heldout_permille=copts.heldout_permille,
+            tokenizer_id=tok_id,
+        )
+    meta = corpus_lib.load_meta(corpus_dir)
+    if meta["tokenizer"] != tok_id:
+        raise InputError(f"{corpus_dir} was tokenized with another tokenizer; delete it to rebuild")
+    log(
+        f"corpus: {meta['train_files']} files, {meta['train_tokens']:,} training tokens; "
+        f"{len(meta['heldout_files'])} held-out files, {meta['heldout_tokens']:,} tokens"
+    )
+    return cfg_dict, tok
+
+
+class CodeEval:
+    """The held-out code evaluation of a corpus (loss, masked accuracy, line infill; evaluate.py)."""
+
+    def __init__(
+        self, corpus_dir: Path, tok: DreamTokenizer, model_cfg: DreamConfig, cfg: TrainConfig
+    ) -> None:
+        self.meta = corpus_lib.load_meta(corpus_dir)
+        self.tok, self.cfg = tok, cfg
+        self.shards = corpus_lib.open_shards(corpus_dir, cfg.seq_len)
+        self.top_token = int(np.argmax(self.shards.counts(model_cfg.vocab_size)))
+        self.tokens = corpus_lib.heldout_tokens(corpus_dir)
+        self.texts = corpus_lib.heldout_texts(corpus_dir)
+
+    def eval_set(self, windows: int, cases: int) -> Any:
+        return build_eval_set(
+            self.tok,
+            self.tokens,
+            self.texts,
+            seq_len=self.cfg.seq_len,
+            top_token=self.top_token,
+            top_line=self.meta["most_frequent_line"],
+            max_windows=windows,
+            n_cases=cases,
+        )
+
+
+def model_facts(model_cfg: DreamConfig) -> dict[str, Any]:
+    return {
+        "parameters": model_cfg.param_count(),
+        "hidden_size": model_cfg.hidden_size,
+        "intermediate_size": model_cfg.intermediate_size,
+        "num_hidden_layers": model_cfg.num_hidden_layers,
+        "num_attention_heads": model_cfg.num_attention_heads,
+        "num_key_value_heads": model_cfg.num_key_value_heads,
+        "vocab_size": model_cfg.vocab_size,
+    }
+
+
+def hardware_facts() -> dict[str, Any]:
+    n_dev = len(jax.devices())
+    return {
+        "devices": f"{n_dev} x {jax.devices()[0].device_kind}",
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+    }
+
+
+def run_trainer(
+    trainer: Trainer, cfg: TrainConfig, model_cfg: DreamConfig, log: Callable[[str], None]
+) -> None:
+    """Resume from the newest checkpoint, if any, and train to ``cfg.steps``."""
+    if trainer.restore_latest():
+        log(f"resumed from the checkpoint at step {trainer.step}")
+    devices = jax.devices()
+    log(
+        f"model: {model_cfg.param_count() / 1e6:.2f}M parameters; training {cfg.steps} steps of "
+        f"{cfg.batch_size}x{cfg.seq_len} tokens on {len(devices)} {devices[0].platform} device(s)"
+    )
+    trainer.run()
+
+
 def train_model(
     run_dir: str | os.PathLike,
     source: str | os.PathLike,
@@ -148,109 +291,33 @@ def train_model(
     log = ropts.log
     run_dir, source = Path(run_dir), Path(source)
     run_dir.mkdir(parents=True, exist_ok=True)
-    base = None
-    if init_from is not None:
-        from model_runtime.checkpoint import resolve_model_dir
-        from model_runtime.loader import load
-
-        init_dir = resolve_model_dir(init_from)
-        log(f"loading {init_dir} to fine-tune")
-        base = load(init_dir, dtype="float32")
-        cfg_dict = json.loads((init_dir / "config.json").read_text(encoding="utf-8"))
-    corpus_dir = run_dir / "corpus"
-    have_corpus = (corpus_dir / "meta.json").is_file() and (run_dir / "tokenizer").is_dir()
-    if have_corpus:
-        train_src = heldout_src = None
-    else:
-        log(f"reading source files under {source}")
-        tok_dir, train_src, heldout_src = prepare_tokenizer(
-            run_dir, source, copts, shape=shape, init_from=base.model_dir if base else None
-        )
-    tok_dir = run_dir / "tokenizer"
-    if base is None:
-        cfg_dict = scratch_config(tok_dir, shape)
-    model_cfg = DreamConfig.from_dict(cfg_dict)
-    tok = _load_tok(tok_dir, model_cfg)
-    tok_id = corpus_lib.tokenizer_fingerprint(tok_dir)
-    if not have_corpus:
-        log(f"tokenizing {len(train_src)} training and {len(heldout_src)} held-out files")
-        shutil.rmtree(corpus_dir, ignore_errors=True)
-        corpus_lib.build_corpus(
-            corpus_dir,
-            tok,
-            train_src,
-            heldout_src,
-            source=str(source),
-            heldout_permille=copts.heldout_permille,
-            tokenizer_id=tok_id,
-        )
-    meta = corpus_lib.load_meta(corpus_dir)
-    if meta["tokenizer"] != tok_id:
-        raise InputError(f"{corpus_dir} was tokenized with another tokenizer; delete it to rebuild")
-    shards = corpus_lib.open_shards(corpus_dir, cfg.seq_len)
-    log(
-        f"corpus: {meta['train_files']} files, {meta['train_tokens']:,} training tokens; "
-        f"{len(meta['heldout_files'])} held-out files, {meta['heldout_tokens']:,} tokens"
+    base, cfg_dict = load_base(init_from, log) if init_from is not None else (None, None)
+    cfg_dict, tok = _prepare_corpus(
+        run_dir, source, copts, shape, base.model_dir if base else None, cfg_dict, log
     )
+    model_cfg = DreamConfig.from_dict(cfg_dict)
+    corpus_dir = run_dir / "corpus"
+    meta = corpus_lib.load_meta(corpus_dir)
     if prepare_only:
         return {"corpus": {k: v for k, v in meta.items() if k not in ("heldout_files", "shards")}}
 
-    # A resumed run must compute the same thing: refuse silently changed settings.
-    record = run_config_dict(
-        cfg_dict, cfg, init_from=str(init_from) if init_from else None, corpus=asdict(copts)
+    check_run_record(
+        run_dir,
+        run_config_dict(cfg_dict, cfg, init_from=str(init_from) if init_from else None, corpus=asdict(copts)),
     )
-    record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        old = json.loads(run_json.read_text(encoding="utf-8"))
-        diff = _diff(old, record)
-        if diff:
-            raise InputError(
-                f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
-                "use a new --out directory or repeat the original flags"
-            )
-    else:
-        run_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-    if base is not None:
-        graphdef, params = base.graphdef, base.state
-    else:
-        graphdef, params = init_params(model_cfg, cfg.seed)
-    counts = shards.counts(model_cfg.vocab_size)
-    top_token = int(np.argmax(counts))
-    held_tokens = corpus_lib.heldout_tokens(corpus_dir)
-    held_texts = corpus_lib.heldout_texts(corpus_dir)
-
-    def eval_set(windows: int, cases: int) -> Any:
-        return build_eval_set(
-            tok,
-            held_tokens,
-            held_texts,
-            seq_len=cfg.seq_len,
-            top_token=top_token,
-            top_line=meta["most_frequent_line"],
-            max_windows=windows,
-            n_cases=cases,
-        )
-
+    graphdef, params = (base.graphdef, base.state) if base is not None else init_params(model_cfg, cfg.seed)
+    code = CodeEval(corpus_dir, tok, model_cfg, cfg)
     loop = ropts.loop
-    if loop.eval_every and loop.evaluate is None and held_tokens.size:
-        small = eval_set(ropts.periodic_eval_windows, ropts.periodic_eval_infill_cases)
+    if loop.eval_every and loop.evaluate is None and code.tokens.size:
+        small = code.eval_set(ropts.periodic_eval_windows, ropts.periodic_eval_infill_cases)
         loop.evaluate = lambda step, p: evaluate(graphdef, p, small, tok, eps=cfg.eps)
-    trainer = Trainer(run_dir, model_cfg, cfg, shards, graphdef=graphdef, params=params, options=loop)
+    trainer = Trainer(run_dir, model_cfg, cfg, code.shards, graphdef=graphdef, params=params, options=loop)
     try:
-        if trainer.restore_latest():
-            log(f"resumed from the checkpoint at step {trainer.step}")
-        n_dev = len(jax.devices())
-        log(
-            f"model: {model_cfg.param_count() / 1e6:.2f}M parameters; training {cfg.steps} steps of "
-            f"{cfg.batch_size}x{cfg.seq_len} tokens on {n_dev} {jax.devices()[0].platform} device(s)"
-        )
-        trainer.run()
+        run_trainer(trainer, cfg, model_cfg, log)
         final = evaluate(
             graphdef,
             trainer.ema_params(),
-            eval_set(ropts.eval_windows, ropts.eval_infill_cases),
+            code.eval_set(ropts.eval_windows, ropts.eval_infill_cases),
             tok,
             eps=cfg.eps,
             return_samples=8,
@@ -259,15 +326,7 @@ def train_model(
         facts = {
             "heldout": final,
             "weights": f"EMA of the training weights (decay {cfg.ema_decay:g})",
-            "model": {
-                "parameters": model_cfg.param_count(),
-                "hidden_size": model_cfg.hidden_size,
-                "intermediate_size": model_cfg.intermediate_size,
-                "num_hidden_layers": model_cfg.num_hidden_layers,
-                "num_attention_heads": model_cfg.num_attention_heads,
-                "num_key_value_heads": model_cfg.num_key_value_heads,
-                "vocab_size": model_cfg.vocab_size,
-            },
+            "model": model_facts(model_cfg),
             "train": asdict(cfg)
             | {
                 "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
@@ -277,19 +336,13 @@ def train_model(
             "corpus": {k: meta[k] for k in ("source", "train_files", "train_tokens", "train_bytes")}
             | {"heldout_files": len(meta["heldout_files"]), "heldout_tokens": meta["heldout_tokens"]}
             | asdict(copts),
-            "hardware": {
-                "devices": f"{n_dev} x {jax.devices()[0].device_kind}",
-                "cpu_count": os.cpu_count(),
-                "machine": platform.machine(),
-                "python": platform.python_version(),
-                "jax": jax.__version__,
-            },
+            "hardware": hardware_facts(),
         }
         out = export_model(
             run_dir / "model",
             cfg_dict,
             trainer.ema_params(),
-            tok_dir,
+            run_dir / "tokenizer",
             dtype=ropts.export_dtype,
             extra_files={"metrics.json": facts},
         )
