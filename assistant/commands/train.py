@@ -5,6 +5,10 @@ tokens (from scratch only), memory-mapped token shards with a held-out split by 
 objective with AdamW + warmup/cosine, orbax checkpoints, periodic held-out evaluation, and an export to
 the published layout in ``OUT/model`` (``diffu serve --model OUT/model``). Running the same command again
 resumes from the last checkpoint; Ctrl-C or SIGTERM checkpoints before stopping.
+
+``--sft DATA.jsonl --init-from MODEL`` instruction-tunes MODEL on conversations instead
+(``model_runtime/train/sft.py``); SOURCE is then optional and, when given, its held-out code is evaluated
+as in pre-training.
 """
 
 from __future__ import annotations
@@ -21,10 +25,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train (or, with --init-from, fine-tune) a Dream/DiffuCoder masked-diffusion model on "
         "the source files under SOURCE. Re-running the same command resumes the run in --out.",
     )
-    p.add_argument("source", type=Path, help="directory of source files (searched recursively)")
+    p.add_argument(
+        "source",
+        type=Path,
+        nargs="?",
+        help="directory of source files (searched recursively); optional with --sft",
+    )
     p.add_argument("--out", type=Path, required=True, help="run directory; the model lands in OUT/model")
     p.add_argument(
         "--init-from", default=None, metavar="MODEL", help="fine-tune this checkpoint (directory or hub id)"
+    )
+    g = p.add_argument_group("instruction tuning")
+    g.add_argument(
+        "--sft",
+        type=Path,
+        default=None,
+        metavar="DATA",
+        help='instruction-tune --init-from on DATA: JSONL, one {"messages": [...]} conversation a line',
+    )
+    g.add_argument(
+        "--on-bad-line",
+        choices=("stop", "skip"),
+        default="stop",
+        help="a DATA line that cannot be used: stop with its line number, or skip it and say so (stop)",
     )
     g = p.add_argument_group("corpus")
     g.add_argument(
@@ -40,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--max-file-bytes", type=int, default=300_000, help="skip larger files (default 300000)")
     g.add_argument(
-        "--heldout-permille", type=int, default=20, help="files per thousand held out for evaluation (20)"
+        "--heldout-permille",
+        type=int,
+        default=20,
+        help="files (with --sft: conversations) per thousand held out for evaluation (20)",
     )
     g = p.add_argument_group("model (from scratch; ignored with --init-from)")
     g.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (8192)")
@@ -55,7 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step, over all devices (16)")
     g.add_argument("--seq-len", type=int, default=256)
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
-    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps (100)")
+    g.add_argument(
+        "--warmup", type=int, default=None, help="linear warmup steps (10%% of --steps, at most 100)"
+    )
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor / peak (0.1)")
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--ema-decay", type=float, default=0.995)
@@ -82,7 +110,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from assistant.errors import UsageError
 
-    if not args.source.is_dir():
+    if args.sft is not None:
+        if args.init_from is None:
+            raise UsageError("--sft needs --init-from MODEL: the model to instruction-tune")
+        if args.prepare_only:
+            raise UsageError("--prepare-only builds a code corpus; it does not apply to --sft")
+        if not args.sft.is_file():
+            raise UsageError(f"--sft {args.sft}: no such file")
+    elif args.source is None:
+        raise UsageError("SOURCE is required: a directory of source files (or instruction-tune with --sft)")
+    if args.source is not None and not args.source.is_dir():
         raise UsageError(f"SOURCE {args.source} is not a directory")
     if args.checkpoint_every < 1:
         raise UsageError("--checkpoint-every: must be >= 1")
@@ -96,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     from model_runtime.errors import DiffuError
     from model_runtime.train.corpus import DEFAULT_EXCLUDES
-    from model_runtime.train.loop import LoopOptions, TrainConfig
+    from model_runtime.train.loop import LoopOptions, TrainConfig, default_warmup
     from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions, train_model
 
     console = Console(stderr=True, soft_wrap=True)
@@ -106,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             seq_len=args.seq_len,
             learning_rate=args.lr,
-            warmup_steps=args.warmup,
+            warmup_steps=args.warmup if args.warmup is not None else default_warmup(args.steps),
             min_lr_ratio=args.min_lr_ratio,
             weight_decay=args.weight_decay,
             ema_decay=args.ema_decay,
@@ -130,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         ropts = RunOptions(
             eval_infill_cases=args.eval_infill_cases,
             export_dtype=args.export_dtype,
-            log=lambda msg: console.print(msg, highlight=False),
+            log=lambda msg: console.print(msg, highlight=False, soft_wrap=True),  # one line a message
             loop=LoopOptions(
                 checkpoint_every=args.checkpoint_every,
                 eval_every=args.eval_every,
@@ -138,16 +175,32 @@ def run(args: argparse.Namespace) -> int:
                 show_progress=not args.quiet,
             ),
         )
-        facts = train_model(
-            args.out,
-            args.source,
-            init_from=args.init_from,
-            shape=shape,
-            copts=copts,
-            cfg=cfg,
-            ropts=ropts,
-            prepare_only=args.prepare_only,
-        )
+        if args.sft is not None:
+            from model_runtime.train.sft import train_sft
+            from model_runtime.train.sft_data import SFTOptions
+
+            sopts = SFTOptions(on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille)
+            facts = train_sft(
+                args.out,
+                args.sft,
+                init_from=args.init_from,
+                cfg=cfg,
+                ropts=ropts,
+                sopts=sopts,
+                source=args.source,
+                copts=copts,
+            )
+        else:
+            facts = train_model(
+                args.out,
+                args.source,
+                init_from=args.init_from,
+                shape=shape,
+                copts=copts,
+                cfg=cfg,
+                ropts=ropts,
+                prepare_only=args.prepare_only,
+            )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
@@ -156,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
     if args.prepare_only:
         print(json.dumps(facts["corpus"], indent=2))
         return 0
-    held = {k: v for k, v in facts["heldout"].items() if not isinstance(v, list)}
-    print(json.dumps(held, indent=2))
+    held = {
+        name: {k: v for k, v in facts[name].items() if not isinstance(v, list)}
+        for name in ("heldout", "sft_heldout")
+        if name in facts
+    }
+    print(json.dumps(held["heldout"] if list(held) == ["heldout"] else held, indent=2))
     return 0

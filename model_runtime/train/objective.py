@@ -22,6 +22,9 @@ per-token CE at that noise level, and its expectation over ``t`` is the negative
 masked-diffusion model (the objective the reference trains). A mean over masked tokens would weight all
 noise levels alike regardless of how many tokens each hides; that is a different (un-ELBO) objective.
 The 1/t factor makes low-``t`` samples noisy, which is why ``eps`` keeps ``t`` away from 0.
+
+Instruction tuning (``sft_objective``) noises the response only and normalises by the masked-token
+count, as DiffuCoder's SFT does (``response_loss``; model_runtime/train/sft.py).
 """
 
 from __future__ import annotations
@@ -138,13 +141,18 @@ def response_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch, resp
     return loss, _masked_metrics(logits, tokens, ce, m, jnp.sum(response))
 
 
+def sft_noise(batch: dict, key: jax.Array, mask_id: int, eps: float) -> tuple[NoisedBatch, jax.Array]:
+    """The noised SFT batch and its response positions ([B, L] bool): the prompt is never masked."""
+    tokens = batch["tokens"]
+    response = jnp.arange(tokens.shape[1])[None, :] >= batch["prompt_len"][:, None]  # [B, L]
+    return add_noise(key, tokens, mask_id, eps, maskable=response), response
+
+
 def sft_objective(mask_id: int, eps: float = DEFAULT_EPS) -> Objective:
-    """SFT on batches ``{"tokens": [B, L], "prompt_len": [B]}``: the prompt is never masked."""
+    """SFT on batches ``{"tokens": [B, L], "prompt_len": [B]}`` (``sft_noise``, ``response_loss``)."""
 
     def objective(model: Callable[[jax.Array], jax.Array], batch: dict, key: jax.Array) -> tuple:
-        tokens = batch["tokens"]
-        response = jnp.arange(tokens.shape[1])[None, :] >= batch["prompt_len"][:, None]  # [B, L]
-        noised = add_noise(key, tokens, mask_id, eps, maskable=response)
-        return response_loss(model(noised.noisy), tokens, noised, response)
+        noised, response = sft_noise(batch, key, mask_id, eps)
+        return response_loss(model(noised.noisy), batch["tokens"], noised, response)
 
     return objective

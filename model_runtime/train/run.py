@@ -269,6 +269,43 @@ def run_trainer(
     trainer.run()
 
 
+def export_run(
+    run_dir: Path,
+    trainer: Trainer,
+    cfg_dict: dict[str, Any],
+    ropts: RunOptions,
+    init_from: str | os.PathLike | None,
+    evals: dict[str, Any],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The end of a run: the final evaluations in metrics.jsonl, then RUN/model (the EMA weights, the
+    tokenizer) with metrics.json: ``evals``, the weights, model, training and hardware facts, ``extra``."""
+    cfg = trainer.cfg
+    trainer.log_record({"step": trainer.step, "final_eval": evals})
+    train = asdict(cfg) | {
+        "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "seconds": round(trainer.train_seconds, 1),
+        "init_from": str(init_from) if init_from else None,
+    }
+    facts = evals | {
+        "weights": f"EMA of the training weights (decay {cfg.ema_decay:g})",
+        "model": model_facts(trainer.model_cfg),
+        "train": train | extra.pop("train", {}),
+        **extra,
+        "hardware": hardware_facts(),
+    }
+    out = export_model(
+        run_dir / "model",
+        cfg_dict,
+        trainer.ema_params(),
+        run_dir / "tokenizer",
+        dtype=ropts.export_dtype,
+        extra_files={"metrics.json": facts},
+    )
+    ropts.log(f"exported to {out}")
+    return facts
+
+
 def train_model(
     run_dir: str | os.PathLike,
     source: str | os.PathLike,
@@ -322,32 +359,10 @@ def train_model(
             eps=cfg.eps,
             return_samples=8,
         )
-        trainer.log_record({"step": trainer.step, "final_eval": final})
-        facts = {
-            "heldout": final,
-            "weights": f"EMA of the training weights (decay {cfg.ema_decay:g})",
-            "model": model_facts(model_cfg),
-            "train": asdict(cfg)
-            | {
-                "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
-                "seconds": round(trainer.train_seconds, 1),
-                "init_from": str(init_from) if init_from else None,
-            },
-            "corpus": {k: meta[k] for k in ("source", "train_files", "train_tokens", "train_bytes")}
-            | {"heldout_files": len(meta["heldout_files"]), "heldout_tokens": meta["heldout_tokens"]}
-            | asdict(copts),
-            "hardware": hardware_facts(),
-        }
-        out = export_model(
-            run_dir / "model",
-            cfg_dict,
-            trainer.ema_params(),
-            run_dir / "tokenizer",
-            dtype=ropts.export_dtype,
-            extra_files={"metrics.json": facts},
-        )
-        log(f"exported to {out}")
-        return facts
+        corpus = {k: meta[k] for k in ("source", "train_files", "train_tokens", "train_bytes")}
+        corpus |= {"heldout_files": len(meta["heldout_files"]), "heldout_tokens": meta["heldout_tokens"]}
+        extra = {"corpus": corpus | asdict(copts)}
+        return export_run(run_dir, trainer, cfg_dict, ropts, init_from, {"heldout": final}, extra)
     finally:
         trainer.close()
 
