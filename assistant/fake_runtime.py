@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from model_runtime.errors import InputError, ModelError
 from model_runtime.interface import (
@@ -98,6 +98,7 @@ class FakeRuntime(CanvasBuilder):
     # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
     supports_holes = False
     default_decoder = "reference"
+    chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
     quantize_mode = None
     mesh_info = None
     vocab_size = 0x110000 + FIRST_CHAR_ID  # every code point

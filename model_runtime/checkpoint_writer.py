@@ -78,9 +78,9 @@ def _save_bf16(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def write_generation_files(out_dir: str | Path, cfg: DreamConfig) -> None:
     """``generation_config.json`` and ``special_tokens_map.json`` as a published Dream directory has them.
 
-    They are written so an exported directory looks like the real thing to other tools. diffu reads only
-    one key of generation_config.json, its own ``diffu_decoder`` (``loader.recommended_decoder``), which
-    published checkpoints do not have; the reference's diffusion_generate ignores the file altogether.
+    They are written so an exported directory looks like the real thing to other tools. diffu reads its
+    own ``diffu_decoder`` and the chat defaults from generation_config.json (``generation_config.py``); the
+    reference's diffusion_generate ignores the file altogether.
     """
     out = Path(out_dir)
     gen = {

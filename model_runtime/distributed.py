@@ -125,6 +125,7 @@ class Leader(CanvasBuilder):
         self.device = runtime.device
         self.dtype = runtime.dtype
         self.default_decoder = runtime.default_decoder
+        self.chat_defaults = runtime.chat_defaults
         self.supports_holes = runtime.supports_holes
 
     @property

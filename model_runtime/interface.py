@@ -182,6 +182,11 @@ class RuntimeProtocol(Protocol):
         ...
 
     @property
+    def chat_defaults(self) -> dict[str, Any]:
+        """The sampling knobs a chat with this model starts from (its generation_config.json)."""
+        ...
+
+    @property
     def supports_holes(self) -> bool:
         """Whether ``<|mask|>`` in a raw prompt is the mask token (so its holes can be filled)."""
         ...

@@ -7,10 +7,8 @@ shards. No code from the model directory runs.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model_runtime import compile_cache, quant, sharding
+from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
     check_names,
     list_tensors,
@@ -29,7 +27,6 @@ from model_runtime.checkpoint import (
 from model_runtime.config import load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel
-from model_runtime.params import DECODERS
 from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
 from model_runtime.tokenizer import load_tokenizer
 
@@ -59,27 +56,6 @@ def daemon_batch_buckets() -> tuple[int, ...]:
     """The batch buckets a daemon compiles unless told: (1, 4) on CPU, where a 2-core machine runs few
     requests at once and every bucket is another compile, (1, 4, 16) on accelerators."""
     return (1, 4) if jax.default_backend() == "cpu" else (1, 4, 16)
-
-
-def recommended_decoder(model_dir: Path) -> str:
-    """The decoder a model directory recommends: ``diffu_decoder`` in its ``generation_config.json``.
-
-    Published checkpoints carry no such key and get the reference decoder. A model trained by ``diffu
-    train`` gets it only where ``scripts/decoder_quality.py --record`` measured the fast decoder writing
-    better code on the model's held-out files (the bundled demo model does).
-    """
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return "reference"
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("diffu_decoder", "reference")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise ModelError(f"generation_config.json: cannot read it as a JSON object ({exc})") from None
-    if value not in DECODERS:
-        raise ModelError(
-            f"generation_config.json: diffu_decoder must be one of {', '.join(DECODERS)}, got {value!r}"
-        )
-    return value
 
 
 def load(
@@ -194,6 +170,7 @@ def load(
         length_buckets=length_buckets,
         batch_buckets=batch_buckets,
         mesh=mesh,
-        default_decoder=recommended_decoder(model_dir),
+        default_decoder=generation_config.recommended_decoder(model_dir),
         quantize=qspec,
+        chat_defaults=generation_config.chat_defaults(model_dir),
     )

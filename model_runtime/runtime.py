@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -67,12 +67,15 @@ class Runtime(CanvasBuilder):
         mesh: Mesh | None = None,
         default_decoder: str = "reference",
         quantize: quant.QuantSpec | None = None,
+        chat_defaults: dict[str, Any] | None = None,
     ) -> None:
         self.config = cfg
         self.quantize = quantize
         # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
-        # ``diffu_decoder``, see loader.recommended_decoder), else the reference decoder.
+        # ``diffu_decoder``, see generation_config.py), else the reference decoder.
         self.default_decoder = default_decoder
+        # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
+        self.chat_defaults = dict(chat_defaults or {})
         self.mesh = mesh
         self.tokenizer: DreamTokenizer = tokenizer
         self.graphdef = graphdef

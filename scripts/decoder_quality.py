@@ -16,7 +16,7 @@ which the model never saw, supply both tests. The model defaults to RUN_DIR/mode
 
 ``--record`` writes the verdict into the model's generation_config.json as ``diffu_decoder``: ``fast`` when
 the fast decoder is at least as good on infill and better on free generation, else ``reference``. diffu
-uses it as the default decoder of that model (``model_runtime.loader.recommended_decoder``).
+uses it as the default decoder of that model (``model_runtime.generation_config.recommended_decoder``).
 """
 
 from __future__ import annotations

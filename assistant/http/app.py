@@ -273,6 +273,8 @@ class HttpApp:
                 "quantize": rt.quantize_mode if rt else None,
                 "max_context": rt.max_context if rt else None,
                 "default_decoder": rt.default_decoder if rt else None,
+                # The model's chat defaults (generation_config.json); diffu chat starts from them.
+                "chat_defaults": rt.chat_defaults if rt else {},
                 "mesh": rt.mesh_info if rt else None,
                 "buckets": [list(b) for b in rt.buckets] if rt else [],
                 "engine": sched.status.to_dict(),

@@ -1,0 +1,72 @@
+"""What a model directory's ``generation_config.json`` says about generating with it.
+
+Two things are read, both checked and both optional:
+
+- ``diffu_decoder``: the decoder the model recommends (``reference`` or ``fast``); published checkpoints
+  carry no such key and get the reference decoder. ``scripts/decoder_quality.py --record`` and
+  ``scripts/sft_heldout.py --record`` write it where they measured the fast one writing better code.
+- the chat defaults: the sampling knobs a chat with this model starts from, under their Hugging Face /
+  Dream ``generation_config.json`` names (``max_new_tokens``, ``steps``, ``temperature``, ``top_p``,
+  ``top_k``, ``alg``, ``alg_temp``) and diffu's fast-decoder ones (``block_length``, ``threshold``).
+  ``diffu chat`` layers them under the user's own settings (config.toml, the settings screen).
+
+A value that SamplingParams would refuse is an error naming the key: a model should not start with
+settings that every request would then fail on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from model_runtime.errors import ModelError
+from model_runtime.params import DECODERS, ParamError, SamplingParams
+
+CHAT_KEYS = (
+    "max_new_tokens",
+    "steps",
+    "temperature",
+    "top_p",
+    "top_k",
+    "alg",
+    "alg_temp",
+    "block_length",
+    "threshold",
+)
+
+
+def _read(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"generation_config.json: cannot read it as a JSON object ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelError("generation_config.json: cannot read it as a JSON object (not an object)")
+    return data
+
+
+def recommended_decoder(model_dir: str | Path) -> str:
+    """``diffu_decoder`` of the model's generation_config.json, else ``reference``."""
+    value = _read(model_dir).get("diffu_decoder", "reference")
+    if value not in DECODERS:
+        raise ModelError(
+            f"generation_config.json: diffu_decoder must be one of {', '.join(DECODERS)}, got {value!r}"
+        )
+    return value
+
+
+def chat_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The chat knobs the model's generation_config.json sets (unset and null keys are left out)."""
+    data = _read(model_dir)
+    knobs = {k: data[k] for k in CHAT_KEYS if data.get(k) is not None}
+    try:
+        # max_new_tokens and steps go together in SamplingParams (steps <= max_new_tokens): check as a pair.
+        tokens = knobs.get("max_new_tokens", max(knobs.get("steps", 1), 1))
+        SamplingParams(**{"max_new_tokens": tokens, "steps": knobs.get("steps", tokens)} | knobs)
+    except (ParamError, TypeError) as exc:
+        raise ModelError(f"generation_config.json: {exc}") from None
+    return knobs
