@@ -57,6 +57,7 @@ class ChatApp(App[None]):
         store: ChatStore,
         *,
         baseline: ChatSettings | None = None,
+        for_model: Callable[[dict[str, Any]], tuple[ChatSettings, str]] | None = None,
         keymap: dict[str, str] | None = None,
         config_file: Path | None = None,
         conversation_id: str | None = None,
@@ -66,6 +67,7 @@ class ChatApp(App[None]):
         self.backend = backend
         self.store = store
         self.baseline = baseline or ChatSettings()
+        self.for_model = for_model  # re-layers the baseline over the model's chat defaults on connect
         self.keymap = dict(keymap or {})
         self.config_file = config_file or Path("config.toml")
         self.cursor_blink = cursor_blink
@@ -137,6 +139,11 @@ class ChatApp(App[None]):
             return False
         panel.display = False
         self.connected = True
+        if self.for_model is not None:
+            self.baseline, problem = self.for_model(self.backend.chat_defaults)
+            self.settings, saved_problem = self._load_settings()
+            for note in filter(None, (problem, saved_problem)):
+                self.notify(note, severity="warning", timeout=10)
         for notice in self.query(ErrorNotice).filter(".connect-error"):
             await notice.remove()
         self._set_subtitle()

@@ -21,6 +21,9 @@ Progress = Callable[[str, float, str], None]
 
 
 class Backend(Protocol):
+    # The model's chat defaults (its generation_config.json), known once connect() has returned.
+    chat_defaults: dict[str, Any]
+
     async def connect(self, progress: Progress) -> str:
         """Reach (or start) the model server and wait until it is ready; returns the model's name."""
         ...
@@ -49,6 +52,7 @@ class DaemonBackend:
         # auto-start a daemon.
         self._lock = asyncio.Lock()
         self.model = ""
+        self.chat_defaults: dict[str, Any] = {}
 
     async def connect(self, progress: Progress) -> str:
         async with self._lock:
@@ -64,6 +68,7 @@ class DaemonBackend:
                 self._client.progress = None
             status = await self._client.status()
             self.model = str(status.get("model") or self.config.model or "")
+            self.chat_defaults = dict(status.get("chat_defaults") or {})
             return self.model
 
     async def generate(

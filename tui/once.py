@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -49,11 +49,15 @@ def run_once(
     *,
     out: TextIO | None = None,
     console: Console | None = None,
+    for_model: Callable[[dict[str, Any]], ChatSettings] | None = None,
 ) -> int:
-    """Answer ``prompt`` (one user turn), showing the denoising live; returns the exit code."""
+    """Answer ``prompt`` (one user turn), showing the denoising live; returns the exit code.
+
+    ``for_model`` turns the model's chat defaults (from the daemon's status) into the settings to use,
+    layered as the full chat layers them; without it, ``settings`` are used as they are.
+    """
     out = out or sys.stdout
     console = console or Console(stderr=True, soft_wrap=True)
-    trace = Trace(settings.max_new_tokens)
     done: Done | None = None
     messages = [{"role": "user", "content": prompt}]
     try:
@@ -61,6 +65,9 @@ def run_once(
             Client(config=config, progress=_loading_progress()) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
+            if for_model is not None:
+                settings = for_model(client.status().get("chat_defaults") or {})
+            trace = Trace(settings.max_new_tokens)
             tokens, sampling = settings.max_new_tokens, settings.sampling()
             if not console.is_terminal:
                 # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host

@@ -1,6 +1,7 @@
 """Chat settings: generation knobs and the keymap, from defaults, ``config.toml`` and the settings screen.
 
-Precedence: built-in defaults < the ``[chat]`` table of ``config.toml`` < values saved from the settings
+Precedence: built-in defaults < the model's chat defaults (its ``generation_config.json``, reported by
+the daemon once it is reached) < the ``[chat]`` table of ``config.toml`` < values saved from the settings
 screen (kept in the chat database, see :mod:`tui.store`). ``[keymap]`` maps binding ids (``diffu chat``'s
 help screen lists them) to Textual key strings::
 
@@ -201,6 +202,18 @@ class ChatConfig:
 
     settings: ChatSettings = dataclasses.field(default_factory=ChatSettings)
     keymap: dict[str, str] = dataclasses.field(default_factory=dict)
+    table: dict[str, Any] = dataclasses.field(default_factory=dict)  # [chat] as written
+
+    def for_model(self, model_defaults: Mapping[str, Any]) -> tuple[ChatSettings, str]:
+        """The baseline with a model: built-in < the model's chat defaults < ``[chat]``; plus a problem
+        to show when the model's defaults cannot be taken (they are then left out)."""
+        defaults = {k: v for k, v in model_defaults.items() if k in FIELDS and k != "decoder"}
+        if "max_new_tokens" in self.table and "steps" not in self.table:
+            defaults.pop("steps", None)  # the model's steps go with its canvas, not with the user's
+        try:
+            return ChatSettings.from_mapping(self.table, base=ChatSettings.from_mapping(defaults)), ""
+        except SettingsError as exc:
+            return self.settings, f"ignored the model's chat defaults ({exc})"
 
 
 def read_chat_config(path: Path, binding_ids: Mapping[str, str]) -> ChatConfig:
@@ -221,7 +234,8 @@ def read_chat_config(path: Path, binding_ids: Mapping[str, str]) -> ChatConfig:
     if not isinstance(chat, dict):
         raise SettingsError("chat", "must be a table ([chat])", where=f"{path}: ")
     settings = ChatSettings.from_mapping(chat, where=f"{path}: [chat] ")
-    return ChatConfig(settings, parse_keymap(data.get("keymap", {}), binding_ids, where=f"{path}: "))
+    keymap = parse_keymap(data.get("keymap", {}), binding_ids, where=f"{path}: ")
+    return ChatConfig(settings, keymap, dict(chat))
 
 
 def parse_keymap(table: Any, binding_ids: Mapping[str, str], *, where: str = "") -> dict[str, str]:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         if args.conversation:
             raise UsageError("--once answers a single prompt; it cannot be combined with --conversation")
         from tui.once import run_once
-        from tui.settings import apply_saved
+        from tui.settings import ChatSettings, apply_saved
         from tui.store import ChatStore
 
         prompt = sys.stdin.read() if args.once == "-" else args.once
@@ -61,13 +61,20 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--once: the prompt is empty")
         store = ChatStore()
         try:
-            # The settings screen's saved values apply here too: one set of settings per user.
-            settings, problem = apply_saved(chat_config.settings, store.saved_settings())
+            saved = store.saved_settings()
         finally:
             store.close()
-        if problem:
-            print(f"diffu: warning: {problem}", file=sys.stderr)
-        return run_once(config, settings, prompt)
+
+        def for_model(model_defaults: dict) -> ChatSettings:
+            # The settings screen's saved values apply here too: one set of settings per user.
+            baseline, problem = chat_config.for_model(model_defaults)
+            settings, saved_problem = apply_saved(baseline, saved)
+            for note in (problem, saved_problem):
+                if note:
+                    print(f"diffu: warning: {note}", file=sys.stderr)
+            return settings
+
+        return run_once(config, apply_saved(chat_config.settings, saved)[0], prompt, for_model=for_model)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("diffu chat needs a terminal; use --once PROMPT for scripts and pipes")
 
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             DaemonBackend(config),
             store,
             baseline=chat_config.settings,
+            for_model=chat_config.for_model,
             keymap=chat_config.keymap,
             config_file=paths.config_file(),
             conversation_id=args.conversation,

@@ -84,6 +84,7 @@ class ScriptedBackend:
     connects: int = 0
     closed: bool = False
     hold_connect: bool = False  # wait before the last progress stage until ``connect_gate`` is set
+    chat_defaults: dict[str, Any] = field(default_factory=dict)  # what the model's generation_config says
 
     def __post_init__(self) -> None:
         self.runtime = ScriptedRuntime(self.answers)

@@ -467,3 +467,18 @@ async def test_options_list_is_empty_at_first(make_app: Callable[..., ChatApp]) 
         await pilot.press("escape")
         await asyncio.sleep(0)
         assert not isinstance(app.screen, ConversationsScreen)
+
+
+async def test_the_chat_starts_from_the_models_chat_defaults_under_config_toml(
+    make_app: Callable[..., ChatApp],
+) -> None:
+    from tui.settings import ChatConfig
+
+    backend = ScriptedBackend(chat_defaults={"max_new_tokens": 96, "steps": 24, "temperature": 0.1})
+    config = ChatConfig(ChatSettings(temperature=0.3), table={"temperature": 0.3})
+    app = make_app(backend, baseline=config.settings, for_model=config.for_model)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await answered(pilot, "add")
+        params = backend.requests[0].params
+        assert (params["max_new_tokens"], params["steps"], params["temperature"]) == (96, 24, 0.3)
+        assert app.baseline.max_new_tokens == 96  # the settings screen's "reset" goes back to these

@@ -177,3 +177,29 @@ def test_the_chat_never_imports_jax() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_models_chat_defaults_sit_between_the_built_in_ones_and_config_toml(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[chat]\ntemperature = 0.3\n", encoding="utf-8")
+    config = read_chat_config(path, keys.DESCRIPTIONS)
+    model = {"temperature": 0.1, "max_new_tokens": 96, "steps": 48, "top_p": 0.9, "alg": "maskgit_plus"}
+    settings, problem = config.for_model(model)
+    assert problem == ""
+    # The model's canvas, steps and sampler; the user's own temperature wins over the model's.
+    assert (settings.max_new_tokens, settings.steps, settings.temperature) == (96, 48, 0.3)
+    assert (settings.top_p, settings.alg, settings.decoder) == (0.9, "maskgit_plus", "model")
+    # The settings screen's saved values still win over both.
+    assert apply_saved(settings, {"temperature": 0.7})[0].temperature == 0.7
+    # A user who sets the canvas keeps one step per token: the model's steps belong to its own canvas.
+    path.write_text("[chat]\nmax_new_tokens = 64\n", encoding="utf-8")
+    settings, _ = read_chat_config(path, keys.DESCRIPTIONS).for_model(model)
+    assert (settings.max_new_tokens, settings.steps, settings.temperature) == (64, None, 0.1)
+
+
+def test_chat_defaults_the_chat_cannot_take_are_left_out_and_explained(tmp_path: Path) -> None:
+    config = read_chat_config(tmp_path / "absent.toml", keys.DESCRIPTIONS)
+    settings, problem = config.for_model({"temperature": -1.0})
+    assert settings == ChatSettings() and "ignored the model's chat defaults (temperature:" in problem
+    # Keys the chat has no setting for (a newer model's) are not its business.
+    assert config.for_model({"eps": 0.01, "temperature": 0.2})[0].temperature == 0.2
