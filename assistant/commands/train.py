@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         ropts = RunOptions(
             eval_infill_cases=args.eval_infill_cases,
             export_dtype=args.export_dtype,
-            log=lambda msg: console.print(msg, highlight=False, soft_wrap=True),  # one line a message
+            log=lambda msg: console.print(msg, highlight=False),
             loop=LoopOptions(
                 checkpoint_every=args.checkpoint_every,
                 eval_every=args.eval_every,
