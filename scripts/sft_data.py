@@ -1,0 +1,85 @@
+"""Build instruction-tuning data from the bundled model's corpus, without a download.
+
+    python scripts/sft_data.py CORPUS OUT [--max-tokens 256] [--heldout-requests 200]
+
+CORPUS is what ``scripts/bundled_corpus.py`` builds; the files are filtered exactly as
+``scripts/train_bundled.sh`` filters them for pre-training (test suites, codec tables and files over
+300 kB left out) and split by the same hash of the path (``--heldout-permille 25``), so the files the
+bundled model never saw stay unseen here too. Writes:
+
+    OUT/train.jsonl     {"messages": [...], "source": {...}} per line, for ``diffu train --sft``
+    OUT/heldout.jsonl   the held-out requests (same format; the assistant turn is the reference answer)
+    OUT/manifest.json   counts per framing, what was dropped and why, every HumanEval exclusion
+
+The conversations and the HumanEval check are described in ``assistant/evals/instructions.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from assistant.evals import instructions as ins
+from assistant.evals.humaneval import load_problems
+from model_runtime.bundled import bundled_model_dir
+from model_runtime.tokenizer import load_tokenizer
+from model_runtime.train import corpus as corpus_lib
+
+# The pre-training run's filters (scripts/train_bundled.sh).
+EXCLUDES = ("test", "tests", "idle_test", "encodings")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("corpus", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--heldout-permille", type=int, default=25)
+    parser.add_argument("--max-tokens", type=int, default=256, help="prompt + answer + end of turn (256)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=96, help="longest prompt (96)")
+    parser.add_argument("--heldout-requests", type=int, default=200)
+    parser.add_argument("--tokenizer", type=Path, default=None, help="model directory (the bundled model)")
+    args = parser.parse_args()
+
+    tok_dir = args.tokenizer or bundled_model_dir()
+    tok = load_tokenizer(tok_dir, mask_id=0, pad_id=0, eos_id=0)
+
+    def fits(conv: dict) -> bool:
+        prompt = len(tok.encode_chat(conv["messages"][:-1]))
+        answer = len(tok.encode_text(conv["messages"][-1]["content"])) + 1  # + <|im_end|>
+        return prompt <= args.max_prompt_tokens and prompt + answer <= args.max_tokens
+
+    files = corpus_lib.find_source_files(args.corpus, excludes=corpus_lib.DEFAULT_EXCLUDES + EXCLUDES)
+    data = ins.build(
+        corpus_lib.read_sources(args.corpus, files),
+        is_heldout=lambda path: corpus_lib.is_heldout(path, args.heldout_permille),
+        guard=ins.HumanEvalGuard(load_problems()),
+        fits=fits,
+        heldout_requests=args.heldout_requests,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train.jsonl", data.train), ("heldout.jsonl", data.heldout)):
+        with (args.out / name).open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    manifest = data.manifest() | {
+        "corpus": str(args.corpus),
+        "heldout_permille": args.heldout_permille,
+        "max_tokens": args.max_tokens,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "tokenizer": str(tok_dir),
+    }
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    print(
+        f"{len(data.train)} training conversations, {len(data.heldout)} held-out requests, "
+        f"{len(data.excluded)} definitions excluded as HumanEval matches; dropped {dict(data.counts)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The held-out requests of issue #18: how often a chat model answers with code that parses, and stops.
+
+    python scripts/sft_heldout.py MODEL HELDOUT.jsonl [--json OUT] [--record] [sampling flags]
+
+HELDOUT.jsonl is what ``scripts/sft_data.py`` writes: requests built from files the model never trained
+on (the user turn of each line is sent; the assistant turn is only a reference). Every request is
+answered in this process (batched, as ``diffu eval`` does it) with the settings given by the flags, by
+default the model's own chat defaults (``generation_config.json``, else the chat's built-in ones), and
+scored by ``assistant/evals/instructions.py``:
+
+- ``good_block``: the answer holds a closed fenced block that parses and defines a function (target >= 80%);
+- ``repeats_line``: one line of the answer occurs more than 3 times (target < 10%);
+- ``stops_after_block``: nothing but blank lines follows the answer's first closed block.
+
+``--record`` also tries a small grid of chat settings (decoder, temperature) and writes the best one
+(highest ``good_block - repeats_line``) into the model's generation_config.json as its chat defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from assistant.evals import instructions as ins
+from assistant.evals.runner import Job, LocalGenerator
+from model_runtime.tokenizer import chat_prompt
+
+# The chat's built-in defaults (tui/settings.py) where the model names none.
+CHAT_DEFAULTS = {"max_new_tokens": 256, "temperature": 0.4, "top_p": 0.95, "alg": "entropy"}
+KNOBS = {
+    "decoder": str,
+    "temperature": float,
+    "top_p": float,
+    "alg": str,
+    "steps": int,
+    "max_new_tokens": int,
+    "block_length": int,
+    "threshold": float,
+}
+GRID = (
+    {"decoder": "fast", "temperature": 0.0},
+    {"decoder": "fast", "temperature": 0.2},
+    {"decoder": "reference", "temperature": 0.0},
+    {"decoder": "reference", "temperature": 0.2},
+)
+
+
+def score(answers: list[str]) -> dict[str, Any]:
+    n = max(len(answers), 1)
+    stops = 0
+    for text in answers:
+        m = next((m for m in ins.FENCE.finditer(text) if m.group(0).endswith("```")), None)
+        stops += m is not None and not text[m.end() :].strip()
+    return {
+        "requests": len(answers),
+        "good_block": sum(map(ins.has_good_block, answers)) / n,
+        "repeats_line": sum(map(ins.repeats_a_line, answers)) / n,
+        "stops_after_block": stops / n,
+        "mean_chars": sum(map(len, answers)) / n,
+    }
+
+
+def run(rt: Any, requests: list[dict], knobs: dict[str, Any], batch: int) -> dict[str, Any]:
+    from model_runtime.params import SamplingParams
+
+    knobs = dict(knobs)
+    tokens = int(knobs.pop("max_new_tokens"))
+    params = SamplingParams(max_new_tokens=tokens, steps=int(knobs.pop("steps", tokens)), **knobs)
+    jobs = [Job(chat_prompt(r["messages"][:-1]), tokens, chat=True) for r in requests]
+    started = time.perf_counter()
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"{params.decoder} t={params.temperature}", total=len(jobs))
+        out = LocalGenerator(rt, params, batch).generate(jobs, lambda k: progress.advance(task, k))
+    answers = [g.text for g in out]
+    result = score(answers) | {"seconds": round(time.perf_counter() - started, 1)}
+    result["settings"] = {k: v for k, v in params.to_dict().items() if k != "seed"}
+    result["samples"] = [
+        {"request": r["messages"][-2]["content"], "answer": a} for r, a in zip(requests, answers, strict=True)
+    ][:8]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", type=Path)
+    parser.add_argument("heldout", type=Path)
+    parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    parser.add_argument("--record", action="store_true", help="try the grid; record the best chat defaults")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    parser.add_argument("--batch", type=int, default=16)
+    for name, kind in KNOBS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None)
+    args = parser.parse_args()
+
+    import model_runtime
+    from model_runtime.generation_config import chat_defaults
+
+    requests = [
+        json.loads(line) for line in args.heldout.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    requests = requests[: args.limit]
+    rt = model_runtime.load(args.model, length_buckets=(256, 384, 512), batch_buckets=(1, args.batch))
+    base = CHAT_DEFAULTS | {"decoder": rt.default_decoder} | chat_defaults(args.model)
+    given = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
+    results = [run(rt, requests, base | given, args.batch)]
+    if args.record:
+        results += [run(rt, requests, base | given | point, args.batch) for point in GRID]
+    for r in results:
+        s = r["settings"]
+        print(
+            f"{s['decoder']:9} t={s['temperature']:<4} top_p={s['top_p']} tokens={s['max_new_tokens']} "
+            f"steps={s['steps']}: good block {r['good_block']:.1%}, repeats a line {r['repeats_line']:.1%}, "
+            f"stops after its block {r['stops_after_block']:.1%} ({r['requests']} requests, {r['seconds']} s)"
+        )
+    if args.record:
+        best = max(results, key=lambda r: r["good_block"] - r["repeats_line"])
+        path = args.model / "generation_config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        s = best["settings"]
+        config |= {k: s[k] for k in ("temperature", "top_p", "alg", "steps", "max_new_tokens")}
+        config["diffu_decoder"] = s["decoder"]
+        if s["decoder"] == "fast":
+            config |= {"block_length": s["block_length"], "threshold": s["threshold"]}
+        path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        print(f"recorded the chat defaults of {s['decoder']} t={s['temperature']} in {path}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps({"model": str(args.model), "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
