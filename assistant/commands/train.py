@@ -175,32 +175,15 @@ def run(args: argparse.Namespace) -> int:
                 show_progress=not args.quiet,
             ),
         )
+        common = {"init_from": args.init_from, "cfg": cfg, "ropts": ropts, "copts": copts}
         if args.sft is not None:
             from model_runtime.train.sft import train_sft
             from model_runtime.train.sft_data import SFTOptions
 
             sopts = SFTOptions(on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille)
-            facts = train_sft(
-                args.out,
-                args.sft,
-                init_from=args.init_from,
-                cfg=cfg,
-                ropts=ropts,
-                sopts=sopts,
-                source=args.source,
-                copts=copts,
-            )
+            facts = train_sft(args.out, args.sft, sopts=sopts, source=args.source, **common)
         else:
-            facts = train_model(
-                args.out,
-                args.source,
-                init_from=args.init_from,
-                shape=shape,
-                copts=copts,
-                cfg=cfg,
-                ropts=ropts,
-                prepare_only=args.prepare_only,
-            )
+            facts = train_model(args.out, args.source, shape=shape, prepare_only=args.prepare_only, **common)
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:

@@ -75,14 +75,30 @@ def test_batches_are_a_pure_function_of_seed_and_step_and_cover_every_row_each_e
 # -- the objective ----------------------------------------------------------------------------------------
 
 
+def _sft_trainer(run_dir: Path, rows, tiny_dir, *, steps=8, batch=4, on_step=None, objective=None):
+    import model_runtime
+    from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer
+
+    base = model_runtime.load(tiny_dir, dtype="float32")  # a fresh copy: the trainer donates its params
+    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=SEQ, warmup_steps=2, learning_rate=3e-3)
+    opts = LoopOptions(checkpoint_every=2, log_every=1, show_progress=False, on_step=on_step)
+    objective = objective or sft_objective(base.config.mask_token_id, cfg.eps)
+    return Trainer(
+        run_dir,
+        base.config,
+        cfg,
+        rows,
+        graphdef=base.graphdef,
+        params=base.state,
+        options=opts,
+        objective=objective,
+    )
+
+
 def test_training_batches_never_mask_the_prompt_and_noise_all_of_the_response(
     sft_file, tok, tiny_dir, tmp_path
 ):
     """What the model sees in real training steps (a spy around the model inside the jitted step)."""
-    import model_runtime
-    from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer
-
-    base = model_runtime.load(tiny_dir, dtype="float32")
     rows = sft_data.build_rows(sft_file, tok, SEQ, sft_data.SFTOptions(heldout_permille=0))[0]["train"]
     seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -96,18 +112,7 @@ def test_training_batches_never_mask_the_prompt_and_noise_all_of_the_response(
 
         return inner(watched, batch, key)
 
-    cfg = TrainConfig(steps=12, batch_size=8, seq_len=SEQ, warmup_steps=1)
-    opts = LoopOptions(checkpoint_every=100, show_progress=False)
-    t = Trainer(
-        tmp_path,
-        base.config,
-        cfg,
-        rows,
-        graphdef=base.graphdef,
-        params=base.state,
-        options=opts,
-        objective=spy,
-    )
+    t = _sft_trainer(tmp_path, rows, tiny_dir, steps=12, batch=8, objective=spy)
     t.run()
     t.close()
     assert len(seen) == 12
@@ -158,27 +163,6 @@ def test_the_loss_is_diffucoders_one_over_t_sum_over_the_masked_count():
 # -- exact resume -----------------------------------------------------------------------------------------
 
 
-def _sft_trainer(run_dir: Path, rows, on_step, tiny_dir):
-    import model_runtime
-    from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer
-
-    base = model_runtime.load(tiny_dir, dtype="float32")  # a fresh copy: the trainer donates its params
-
-    cfg = TrainConfig(steps=8, batch_size=4, seq_len=SEQ, warmup_steps=2, learning_rate=3e-3)
-    opts = LoopOptions(checkpoint_every=2, log_every=1, show_progress=False, on_step=on_step)
-    objective = sft_objective(base.config.mask_token_id, cfg.eps)
-    return Trainer(
-        run_dir,
-        base.config,
-        cfg,
-        rows,
-        graphdef=base.graphdef,
-        params=base.state,
-        options=opts,
-        objective=objective,
-    )
-
-
 def test_an_interrupted_sft_run_resumes_with_the_same_losses(sft_file, tok, tiny_dir, tmp_path):
     rows = sft_data.build_rows(sft_file, tok, SEQ, sft_data.SFTOptions(heldout_permille=0))[0]["train"]
 
@@ -191,15 +175,15 @@ def test_an_interrupted_sft_run_resumes_with_the_same_losses(sft_file, tok, tiny
         return on_step
 
     ref: dict[int, float] = {}
-    t = _sft_trainer(tmp_path / "ref", rows, recording(ref), tiny_dir)
+    t = _sft_trainer(tmp_path / "ref", rows, tiny_dir, on_step=recording(ref))
     t.run()
     t.close()
     got: dict[int, float] = {}
-    t = _sft_trainer(tmp_path / "cut", rows, recording(got, stop_at=5), tiny_dir)
+    t = _sft_trainer(tmp_path / "cut", rows, tiny_dir, on_step=recording(got, stop_at=5))
     with pytest.raises(KeyboardInterrupt):
         t.run()
     t.close()
-    t = _sft_trainer(tmp_path / "cut", rows, recording(got), tiny_dir)
+    t = _sft_trainer(tmp_path / "cut", rows, tiny_dir, on_step=recording(got))
     assert t.restore_latest() and t.step == 5
     t.run()
     t.close()
