@@ -21,12 +21,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 from textual.widgets.markdown import MarkdownFence
 
-from assistant.client import APIError, DaemonUnavailable, Done, Step, Waiting
+from assistant.client import DaemonUnavailable, Done, Step, Waiting
 from tui import keys
 from tui.backend import Backend
+from tui.errors import describe_error, is_settings_error
 from tui.render import Trace
 from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
-from tui.settings import FIELDS, ChatSettings, SettingsError, apply_saved
+from tui.settings import ChatSettings, apply_saved
 from tui.store import ChatStore
 from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, UserMessage
 
@@ -480,21 +481,3 @@ class ChatApp(App[None]):
 def _completed(finish_reason: str | None, content: str) -> bool:
     """Whether an answer belongs in the conversation the model sees (as ``AnswerView.answered``)."""
     return finish_reason not in (None, "cancelled") and bool(content)
-
-
-def describe_error(exc: Exception) -> str:
-    """One readable line for an error from the daemon or the connection."""
-    if isinstance(exc, APIError):
-        where = "the daemon refused the request" if exc.status < 500 else "the daemon failed"
-        return f"{where} ({exc.status}): {exc.message}"
-    if isinstance(exc, DaemonUnavailable | SettingsError):
-        return str(exc)
-    return f"unexpected error: {type(exc).__name__}: {exc}"
-
-
-def is_settings_error(exc: Exception) -> bool:
-    """Whether the daemon refused one of the settings (so the Settings button can fix it): the error's
-    ``param`` names the field, whichever layer refused it."""
-    if not isinstance(exc, APIError) or exc.status >= 500:
-        return False
-    return exc.param in FIELDS or exc.param == "max_tokens"

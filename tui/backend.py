@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from assistant.client import AsyncClient, Done, Step, Waiting, resolve_endpoint
 from assistant.config import Config
