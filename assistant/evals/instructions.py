@@ -63,10 +63,13 @@ class Definition:
         return " ".join(first.split())
 
 
-def _signature(lines: list[str], node: ast.AST) -> str:
+Def = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def _signature(lines: list[str], node: Def) -> str:
     """The header of a def or class, up to its colon (possibly over several lines)."""
-    body0 = node.body[0]  # type: ignore[attr-defined]
-    head = lines[node.lineno - 1 : body0.lineno - 1] or [lines[node.lineno - 1]]  # type: ignore[attr-defined]
+    body0 = node.body[0]
+    head = lines[node.lineno - 1 : body0.lineno - 1] or [lines[node.lineno - 1]]
     text = textwrap.dedent("\n".join(head)).rstrip()
     if not text.endswith(":"):  # the body starts on the header's line ("def f(): return 1")
         return ""
@@ -106,19 +109,19 @@ def definitions(path: str, text: str) -> Iterator[Definition]:
         return
     lines = text.split("\n")
 
-    def make(node: ast.AST, kind: str, owner: str | None) -> Definition | None:
-        doc = ast.get_docstring(node, clean=True)  # type: ignore[arg-type]
-        body = node.body  # type: ignore[attr-defined]
+    def make(node: Def, kind: str, owner: str | None) -> Definition | None:
+        doc = ast.get_docstring(node, clean=True)
+        body = node.body
         if not doc or not _clean_docstring(doc) or _is_trivial(body):
             return None
         sig = _signature(lines, node)
         if not sig:
             return None
-        start, end = node.lineno, node.end_lineno  # type: ignore[attr-defined]
+        start, end = node.lineno, node.end_lineno or node.lineno
         source = textwrap.dedent("\n".join(lines[start - 1 : end])).rstrip() + "\n"
         indent = len(lines[start - 1]) - len(lines[start - 1].lstrip())
         # The answer: the definition with the docstring's lines removed.
-        d0, d1 = body[0].lineno, body[0].end_lineno
+        d0, d1 = body[0].lineno, body[0].end_lineno or body[0].lineno
         kept = lines[start - 1 : d0 - 1] + lines[d1:end]
         # Dedent by the header's indentation (a blank line inside a string may hold less of it).
         answer = "\n".join(line[indent:] if not line[:indent].strip() else line for line in kept)
@@ -128,8 +131,7 @@ def definitions(path: str, text: str) -> Iterator[Definition]:
                 ast.parse(candidate)
             except (SyntaxError, ValueError):
                 return None
-        name = node.name  # type: ignore[attr-defined]
-        return Definition(path, kind, name, owner, sig, doc, source, answer)
+        return Definition(path, kind, node.name, owner, sig, doc, source, answer)
 
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
