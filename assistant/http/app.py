@@ -144,6 +144,10 @@ class HttpApp:
         sched = self.scheduler
         return sched.runtime if sched is not None and sched.ready else None
 
+    def _loaded_chat_defaults(self) -> dict[str, Any]:
+        sched = self.scheduler
+        return dict(sched.runtime.chat_defaults) if sched is not None and sched.loaded else {}
+
     def model_name(self) -> str:
         """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
         sched = self.scheduler
@@ -273,8 +277,9 @@ class HttpApp:
                 "quantize": rt.quantize_mode if rt else None,
                 "max_context": rt.max_context if rt else None,
                 "default_decoder": rt.default_decoder if rt else None,
-                # The model's chat defaults (generation_config.json); diffu chat starts from them.
-                "chat_defaults": rt.chat_defaults if rt else {},
+                # The model's chat defaults (generation_config.json); diffu chat starts from them. Known
+                # once the weights are loaded, while programs may still compile.
+                "chat_defaults": self._loaded_chat_defaults(),
                 "mesh": rt.mesh_info if rt else None,
                 "buckets": [list(b) for b in rt.buckets] if rt else [],
                 "engine": sched.status.to_dict(),

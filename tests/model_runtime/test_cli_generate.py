@@ -346,3 +346,29 @@ def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys
     assert main(run) == 0
     err = capsys.readouterr().err
     assert f"step {steps} · block " in err and f"in {steps} steps" in err
+
+
+def test_a_models_chat_defaults_are_read_checked_and_reported_by_the_daemon(micro_dir, tmp_path):
+    import httpx
+
+    import model_runtime
+    from model_runtime.errors import ModelError
+    from model_runtime.generation_config import chat_defaults
+    from tests.assistant.helpers import start_daemon
+
+    keys = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus", "eps": 0.01}
+    model = with_generation_config(micro_dir, tmp_path / "model", eos_token_id=0, **keys)
+    # Only the chat's knobs; eps is a sampler detail no chat setting exposes.
+    expected = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus"}
+    assert chat_defaults(model) == expected
+    assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).chat_defaults == expected
+    assert chat_defaults(micro_dir) == {}  # published checkpoints: no chat defaults
+    bad = with_generation_config(micro_dir, tmp_path / "bad", top_p=1.5)
+    with pytest.raises(ModelError, match=r"generation_config.json: top_p: must be in \(0, 1\]"):
+        chat_defaults(bad)
+    daemon = start_daemon(tmp_path / "daemon", str(model))
+    try:
+        status = httpx.get(f"{daemon.url}/v1/diffu/status", headers=daemon.headers, timeout=60).json()
+    finally:
+        daemon.stop()
+    assert status["chat_defaults"] == expected
