@@ -93,6 +93,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--log-every", type=int, default=10, help="steps between lines in OUT/metrics.jsonl (10)")
     g.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: end)")
     g.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="stop after STEP of the --steps schedule, then evaluate and export (a time-boxed run); "
+        "the same command without it continues towards --steps",
+    )
+    g.add_argument(
         "--eval-infill-cases", type=int, default=256, help="held-out lines for the final infill eval (256)"
     )
     g.add_argument(
@@ -127,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--log-every: must be >= 1")
     if args.eval_every < 0:
         raise UsageError("--eval-every: must be >= 0")
+    if args.stop_at is not None and args.stop_at < 1:
+        raise UsageError("--stop-at: must be >= 1")
 
     # Heavy imports only now: the CLI must start without JAX.
     from rich.console import Console
@@ -173,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 eval_every=args.eval_every,
                 log_every=args.log_every,
                 show_progress=not args.quiet,
+                stop_at=args.stop_at,
             ),
         )
         common = {"init_from": args.init_from, "cfg": cfg, "ropts": ropts, "copts": copts}

@@ -89,6 +89,9 @@ class LoopOptions:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     eval_every: int = 0  # 0: only the caller's final evaluation
+    # Stop after this step of the ``steps`` schedule (a time-boxed run); the same command without it
+    # resumes towards ``steps``. None: train to the end.
+    stop_at: int | None = None
     log_every: int = 10
     show_progress: bool = True
     # Called after every step with (step, metrics); tests use it to record losses or stop a run.
@@ -261,7 +264,7 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def run(self) -> list[dict[str, float]]:
-        """Train from ``self.step`` to ``cfg.steps``; returns the per-step metrics of this invocation.
+        """Train from ``self.step`` to ``cfg.steps`` (or ``stop_at``); returns this invocation's metrics.
 
         Ctrl-C or SIGTERM saves a checkpoint at the last completed step before stopping, so a resumed
         run loses nothing; a hard kill loses at most ``checkpoint_every`` steps.
@@ -277,12 +280,13 @@ class Trainer:
                 previous[sig] = signal.signal(sig, self._request_stop)
             except ValueError:  # not the main thread: whoever owns the signals handles them
                 pass
-        progress = _Progress(cfg.steps, self.step, enabled=opts.show_progress)
+        last = min(cfg.steps, opts.stop_at) if opts.stop_at is not None else cfg.steps
+        progress = _Progress(last, self.step, enabled=opts.show_progress)
         tokens_per_step = cfg.batch_size * cfg.seq_len
         try:
             with progress:
                 t_last, n_last = time.perf_counter(), self.step
-                while self.step < cfg.steps:
+                while self.step < last:
                     t0 = time.perf_counter()
                     batch = self.shards.batch(cfg.seed, self.step, cfg.batch_size)
                     batch = jax.device_put(batch, self.data_sharding)
@@ -298,13 +302,13 @@ class Trainer:
                     history.append(m)
                     if opts.on_step is not None:
                         opts.on_step(self.step, m)
-                    if self.step % opts.log_every == 0 or self.step == cfg.steps:
+                    if self.step % opts.log_every == 0 or self.step == last:
                         now = time.perf_counter()
                         tps = (self.step - n_last) * tokens_per_step / max(now - t_last, 1e-9)
                         t_last, n_last = now, self.step
                         self.log_record({"step": self.step, "time": time.time(), "tokens_per_s": tps, **m})
                         progress.update(self.step, m, tps)
-                    if self.step % opts.checkpoint_every == 0 or self.step == cfg.steps:
+                    if self.step % opts.checkpoint_every == 0 or self.step == last:
                         self.save()
                     if opts.eval_every and opts.evaluate and self.step % opts.eval_every == 0:
                         result = opts.evaluate(self.step, self.ema_params())

@@ -262,9 +262,11 @@ def run_trainer(
     if trainer.restore_latest():
         log(f"resumed from the checkpoint at step {trainer.step}")
     devices = jax.devices()
+    stop_at = trainer.options.stop_at
+    until = f" (stopping after step {stop_at})" if stop_at is not None and stop_at < cfg.steps else ""
     log(
         f"model: {model_cfg.param_count() / 1e6:.2f}M parameters; training {cfg.steps} steps of "
-        f"{cfg.batch_size}x{cfg.seq_len} tokens on {len(devices)} {devices[0].platform} device(s)"
+        f"{cfg.batch_size}x{cfg.seq_len} tokens on {len(devices)} {devices[0].platform} device(s){until}"
     )
     trainer.run()
 
@@ -283,7 +285,8 @@ def export_run(
     cfg = trainer.cfg
     trainer.log_record({"step": trainer.step, "final_eval": evals})
     train = asdict(cfg) | {
-        "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "steps_done": trainer.step,  # below ``steps`` when a run was stopped early (--stop-at)
+        "tokens_seen": trainer.step * cfg.batch_size * cfg.seq_len,
         "seconds": round(trainer.train_seconds, 1),
         "init_from": str(init_from) if init_from else None,
     }

@@ -290,3 +290,30 @@ def test_sft_flags_are_checked_before_anything_loads(tmp_path, capsys):
     warm = ["--steps", "30", "--warmup", "50"]
     assert main(["train", "--sft", str(data), "--init-from", "x", "--out", str(tmp_path / "o"), *warm]) == 2
     assert "warmup_steps: must be in [0, steps=30], got 50" in capsys.readouterr().err
+
+
+def test_stop_at_ends_a_time_boxed_run_with_an_export_and_the_same_command_continues(
+    sft_file, tiny_dir, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    args = ["train", "--sft", str(sft_file), "--init-from", str(tiny_dir), "--out", str(out), "--steps", "8"]
+    args += [
+        "--batch-size",
+        "4",
+        "--seq-len",
+        str(SEQ),
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "3",
+        "--quiet",
+    ]
+    assert main([*args, "--stop-at", "4"]) == 0
+    assert "stopping after step 4" in capsys.readouterr().err
+    facts = json.loads((out / "model" / "metrics.json").read_text())["train"]
+    assert (facts["steps"], facts["steps_done"], facts["tokens_seen"]) == (8, 4, 4 * 4 * SEQ)
+    assert sorted(_losses(out)) == [1, 2, 3, 4]
+    assert main(args) == 0
+    assert "resumed from the checkpoint at step 4" in capsys.readouterr().err
+    assert sorted(_losses(out)) == list(range(1, 9))
+    assert json.loads((out / "model" / "metrics.json").read_text())["train"]["steps_done"] == 8
