@@ -44,6 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help='instruction-tune --init-from on DATA: JSONL, one {"messages": [...]} conversation a line',
     )
     g.add_argument(
+        "--mix-code",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="with SOURCE: this share of every batch is code windows of SOURCE, trained as in pre-training, "
+        "so the model keeps completing and infilling raw code (default 0: conversations only)",
+    )
+    g.add_argument(
         "--on-bad-line",
         choices=("stop", "skip"),
         default="stop",
@@ -125,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--prepare-only builds a code corpus; it does not apply to --sft")
         if not args.sft.is_file():
             raise UsageError(f"--sft {args.sft}: no such file")
+        if args.mix_code and args.source is None:
+            raise UsageError("--mix-code needs SOURCE: the directory whose code windows are mixed in")
     elif args.source is None:
         raise UsageError("SOURCE is required: a directory of source files (or instruction-tune with --sft)")
     if args.source is not None and not args.source.is_dir():
@@ -191,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
             from model_runtime.train.sft import train_sft
             from model_runtime.train.sft_data import SFTOptions
 
-            sopts = SFTOptions(on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille)
+            sopts = SFTOptions(
+                on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille, mix_code=args.mix_code
+            )
             facts = train_sft(args.out, args.sft, sopts=sopts, source=args.source, **common)
         else:
             facts = train_model(args.out, args.source, shape=shape, prepare_only=args.prepare_only, **common)

@@ -91,11 +91,16 @@ def train_sft(
     tok_dir = copy_tokenizer(base.model_dir, run_dir)
     tok = _load_tok(tok_dir, model_cfg)
     sha = sft_data.file_sha256(data)
+    sft_record: dict[str, Any] = {"data_sha256": sha, "heldout_permille": sopts.heldout_permille}
+    if sopts.mix_code:
+        if code is None:
+            raise InputError("--mix-code needs SOURCE: the code corpus whose windows are mixed in")
+        sft_record["mix_code"] = sopts.mix_code
     record = run_config_dict(
         cfg_dict,
         cfg,
         init_from=str(init_from),
-        sft={"data_sha256": sha, "heldout_permille": sopts.heldout_permille},
+        sft=sft_record,
         corpus=asdict(copts) if source is not None else None,
     )
     check_run_record(run_dir, record)
@@ -117,11 +122,16 @@ def train_sft(
     if loop.eval_every and loop.evaluate is None and len(rows["heldout"]):
         small = sft_eval_set(rows["heldout"], top_token, ropts.periodic_eval_windows)
         loop.evaluate = lambda step, p: evaluate(graphdef, p, small, tok, eps=cfg.eps)
+    batches: Any = rows["train"]
+    if sopts.mix_code and code is not None:
+        batches = sft_data.MixedRows(rows["train"], code.shards, sopts.mix_code)
+        n_code = int(round(cfg.batch_size * sopts.mix_code))
+        log(f"each batch: {cfg.batch_size - n_code} conversations and {n_code} code windows of {source}")
     trainer = Trainer(
         run_dir,
         model_cfg,
         cfg,
-        rows["train"],
+        batches,
         graphdef=graphdef,
         params=base.state,
         options=loop,

@@ -30,6 +30,7 @@ import numpy as np
 
 from model_runtime.errors import InputError
 from model_runtime.tokenizer import DreamTokenizer
+from model_runtime.train.corpus import TokenShards
 
 ROLES = ("system", "user", "assistant")
 SHOWN_BAD_LINES = 20  # bad lines named one by one when skipping; the rest are counted
@@ -94,12 +95,15 @@ class SFTOptions:
 
     on_bad_line: str = "stop"
     heldout_permille: int = 20  # conversations per thousand held out (by a hash of the line) for eval
+    mix_code: float = 0.0  # share of each batch that is pre-training code windows (MixedRows)
 
     def __post_init__(self) -> None:
         if self.on_bad_line not in ("stop", "skip"):
             raise InputError(f"on_bad_line: expected stop or skip, got {self.on_bad_line!r}")
         if not 0 <= self.heldout_permille < 1000:
             raise InputError(f"heldout_permille: must be in [0, 1000), got {self.heldout_permille}")
+        if not 0 <= self.mix_code < 1:
+            raise InputError(f"mix_code: must be in [0, 1), got {self.mix_code}")
 
 
 def is_heldout_line(text: str, permille: int) -> bool:
@@ -138,6 +142,32 @@ class SFTRows:
             "tokens": self.tokens[rows].astype(np.int32),
             "prompt_len": self.prompt_len[rows].astype(np.int32),
         }
+
+
+@dataclass
+class MixedRows:
+    """SFT rows with pre-training code windows mixed in (``--mix-code``): ``round(B * share)`` rows of each
+    batch are windows of a code corpus with ``prompt_len`` 0, so every position but the first may be
+    noised, as in pre-training. One bundled model serves chat, raw completion and editor infill; without
+    this replay, instruction tuning alone makes it forget raw code (docs/training.md has the figures).
+    Not part of DiffuCoder's recipe, whose instruct model only chats: off unless asked for.
+    """
+
+    sft: SFTRows
+    code: TokenShards
+    share: float
+
+    def batch(self, seed: int, step: int, batch_size: int) -> dict[str, np.ndarray]:
+        n_code = int(round(batch_size * self.share))
+        out = self.sft.batch(seed, step, batch_size - n_code)
+        if n_code:
+            # Its own stream (seed + 1): the SFT rows of a step do not depend on the share.
+            windows = self.code.batch(seed + 1, step, n_code)
+            out = {
+                "tokens": np.concatenate([out["tokens"], windows]),
+                "prompt_len": np.concatenate([out["prompt_len"], np.zeros(n_code, np.int32)]),
+            }
+        return out
 
 
 def build_rows(

@@ -317,3 +317,32 @@ def test_stop_at_ends_a_time_boxed_run_with_an_export_and_the_same_command_conti
     assert "resumed from the checkpoint at step 4" in capsys.readouterr().err
     assert sorted(_losses(out)) == list(range(1, 9))
     assert json.loads((out / "model" / "metrics.json").read_text())["train"]["steps_done"] == 8
+
+
+def test_mix_code_puts_pretraining_windows_with_no_prompt_in_every_batch(
+    sft_file, tok, source_dir, tiny_dir, tmp_path, capsys
+):
+    from model_runtime.train import corpus as corpus_lib
+
+    out = tmp_path / "mixed"
+    args = ["train", str(source_dir), "--sft", str(sft_file), "--init-from", str(tiny_dir), "--out", str(out)]
+    args += ["--mix-code", "0.25", "--steps", "3", "--batch-size", "8", "--seq-len", str(SEQ), "--quiet"]
+    args += ["--heldout-permille", "200", "--eval-infill-cases", "4"]
+    assert main(args) == 0
+    assert "each batch: 6 conversations and 2 code windows" in capsys.readouterr().err
+    facts = json.loads((out / "model" / "metrics.json").read_text())
+    assert facts["sft_data"]["mix_code"] == 0.25 and "heldout" in facts and "sft_heldout" in facts
+    assert json.loads((out / "run.json").read_text())["sft"]["mix_code"] == 0.25
+    # The batch of a step: the conversations of a plain batch of 6, then 2 windows of the code corpus
+    # whose prompt length is 0 (every position but the first may be noised, as in pre-training).
+    rows = sft_data.build_rows(sft_file, tok, SEQ, sft_data.SFTOptions(heldout_permille=0))[0]["train"]
+    shards = corpus_lib.open_shards(out / "corpus", SEQ)
+    batch = sft_data.MixedRows(rows, shards, 0.25).batch(0, 1, 8)
+    plain = rows.batch(0, 1, 6)
+    assert np.array_equal(batch["tokens"][:6], plain["tokens"]) and np.array_equal(
+        batch["prompt_len"][:6], plain["prompt_len"]
+    )
+    assert np.array_equal(batch["tokens"][6:], shards.batch(1, 1, 2)) and not batch["prompt_len"][6:].any()
+    assert main(["train", "--sft", str(sft_file), "--init-from", str(tiny_dir), "--out", str(tmp_path / "x"),
+                 "--mix-code", "0.25"]) == 2  # fmt: skip
+    assert "--mix-code needs SOURCE" in capsys.readouterr().err
