@@ -14,7 +14,7 @@ import pytest
 
 from assistant.cli import main
 from model_runtime.config import DreamConfig
-from model_runtime.tokenizer import chat_prompt, load_tokenizer
+from model_runtime.tokenizer import chat_prompt
 from model_runtime.train import sft_data
 from model_runtime.train.objective import add_noise, response_loss, sft_noise, sft_objective
 
@@ -37,11 +37,8 @@ def sft_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_dir):
-    cfg = json.loads((tiny_dir / "config.json").read_text())
-    return load_tokenizer(
-        tiny_dir, mask_id=cfg["mask_token_id"], pad_id=cfg["pad_token_id"], eos_id=cfg["eos_token_id"]
-    )
+def tok(runtime):
+    return runtime.tokenizer  # the tiny checkpoint's, with its config's special ids
 
 
 # -- rows -------------------------------------------------------------------------------------------------
