@@ -129,6 +129,7 @@ class DaemonLink:
         self._key: tuple[Any, ...] | None = None
         self._connecting: asyncio.Task[AsyncClient] | None = None
         self._failed_at = 0.0
+        self._warming: asyncio.Task[None] | None = None
         self.progress = Progress(server)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
         # for code (BPE vocabularies of code models average 3-4).
@@ -212,7 +213,31 @@ class DaemonLink:
             level="info",
         )
         self.server.status_changed()
+        self._warm(client)
         return client
+
+    def _warm(self, client: AsyncClient) -> None:
+        """Ask the daemon to compile the shapes typing will ask for (answered at once, compiled between
+        requests), so the first suggestion does not wait for a compile. A daemon without the warm route
+        (older versions answer 404) or a refusal costs nothing but a log line."""
+        from lsp.suggest import warm_shapes
+
+        shapes = warm_shapes(self.server.settings, self.max_context)
+
+        async def send() -> None:
+            try:
+                answer = await client.warm(shapes)
+            except (DaemonUnavailable, APIError) as exc:
+                self.server.log(f"diffu: warm-up not requested: {describe(exc)}", level="info")
+                return
+            self.server.log(
+                f"diffu: asked the daemon to warm {len(shapes)} editor shapes "
+                f"({answer.get('queued', 0)} queued, {len(answer.get('compiled') or [])} already compiled)",
+                level="info",
+            )
+
+        if shapes:  # held: the event loop keeps only a weak reference to a task
+            self._warming = asyncio.ensure_future(send())
 
     async def ready(self) -> AsyncClient:
         """The connected client; raises DaemonUnavailable (at once while a recent failure is fresh)."""

@@ -24,7 +24,7 @@ from lsp.settings import Settings
 from lsp.state import Timing, Timings
 
 if TYPE_CHECKING:
-    from assistant.client import AsyncClient, Done
+    from assistant.client import AsyncClient, Done, WarmShape
     from lsp.daemon_link import DaemonLink
 
 CANDIDATE_TEMPERATURE = 0.8  # Tabby's manual-trigger candidates use the same
@@ -69,6 +69,26 @@ def plan(cursor: Cursor, settings: Settings) -> Plan:
     blank = not line_before.strip() and not line_after.strip()
     prompt_before = before[: len(before) - len(line_before)] if blank else before
     return Plan(mode, canvas, steps, prompt_before, line_before, line_above)
+
+
+def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
+    """The shapes typing asks for, one per mode (canvas and automatic steps as :func:`plan` makes them),
+    with a prompt of the whole context budget (files longer than it are the common case), for the daemon
+    to compile when the server connects instead of on the first suggestion."""
+    from assistant.client import SamplingOptions, WarmShape
+
+    shapes: list[WarmShape] = []
+    for mode in ctx.Mode:
+        canvas = ctx.canvas_tokens(mode, settings.max_tokens)
+        steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
+        budget = settings.context_tokens
+        if max_context:
+            budget = min(budget, int(max_context) - canvas - 2)
+        if budget > 0:
+            sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
+            shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
+            shapes.append(shape)
+    return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
 
 
 def clean(text: str, p: Plan, suffix: str, min_chars: int) -> str | None:

@@ -13,7 +13,10 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 
+from assistant.client_core import warm_body
 from assistant.fake_runtime import _WORDS
+from lsp.settings import Settings
+from lsp.suggest import warm_shapes
 from tests.assistant.helpers import isolated_env, start_daemon, stop_background_daemons
 from tests.lsp.conftest import daemon_counter, daemon_running, wait_for
 
@@ -367,3 +370,34 @@ async def test_autostart_then_discovery(lsp, tmp_path) -> None:
         assert len(list((shared / "run").glob("*.json"))) == 1  # still one daemon
     finally:
         stop_background_daemons(shared)
+
+
+async def test_connecting_has_the_daemon_compile_the_editors_shapes_before_the_first_suggestion(
+    lsp, tmp_path
+) -> None:
+    """#21: the first suggestion after connecting should not wait for a compile. The server asks the
+    daemon (POST /v1/diffu/warm) for the shapes typing sends, and the daemon compiles them between
+    requests, before anything is typed."""
+    daemon = start_daemon(tmp_path / "daemon", "fake:warmup_delay=0.3,step_delay=0.002", wait=False)
+    try:
+        daemon.wait_ready()  # the daemon's own warm-up is over: what follows is the editor's
+        before = daemon.health()
+        assert before["stage"] == "ready"
+        # A temperature the daemon's generic warm-up does not use: these programs are the editor's own.
+        session = await lsp("neovim-0.12", daemon=daemon, settings={"temperature": 0.5})
+        asked = await wait_for(
+            lambda: next((m for m in session.logs() if "warm" in m), None), what="the warm request"
+        )
+        match = re.search(r"asked the daemon to warm (\d+) editor shapes \((\d+) queued, 0 already", asked)
+        assert match and int(match[1]) >= 1 and int(match[2]) >= 1, asked
+        # Compiled in the background, with no suggestion requested: asked again, the daemon finds every
+        # one of those shapes compiled.
+        assert await wait_for(lambda: daemon.health()["stage"] == "ready", what="the warm-up's end")
+        with daemon.client() as c:
+            context = c.get("/v1/models").json()["data"][0]["context_length"]
+            shapes = warm_shapes(Settings(temperature=0.5), context)
+            again = c.post("/v1/diffu/warm", json=warm_body(shapes)).json()
+        assert len(shapes) == int(match[1]) and again["queued"] == 0
+        assert again["compiled"] == list(range(len(shapes)))
+    finally:
+        daemon.stop()
