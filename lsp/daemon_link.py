@@ -130,6 +130,7 @@ class DaemonLink:
         self._connecting: asyncio.Task[AsyncClient] | None = None
         self._failed_at = 0.0
         self._warming: asyncio.Task[None] | None = None
+        self.warmed: dict[str, int] | None = None  # the daemon's answer to the warm request, once it came
         self.progress = Progress(server)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
         # for code (BPE vocabularies of code models average 3-4).
@@ -230,6 +231,7 @@ class DaemonLink:
             except (DaemonUnavailable, APIError) as exc:
                 self.server.log(f"diffu: warm-up not requested: {describe(exc)}", level="info")
                 return
+            self.warmed = {"shapes": len(shapes), "queued": int(answer.get("queued", 0))}
             self.server.log(
                 f"diffu: asked the daemon to warm {len(shapes)} editor shapes "
                 f"({answer.get('queued', 0)} queued, {len(answer.get('compiled') or [])} already compiled)",

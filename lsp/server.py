@@ -457,6 +457,7 @@ def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
         "model": link.model,
         "max_context": link.max_context,
         "daemon_features": sorted(link.features),
+        "warm_request": link.warmed,
         "url": link.url,
         "provider": ls.provider.name,
         "dynamic": ls.provider.dynamic,
