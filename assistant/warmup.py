@@ -109,9 +109,8 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
 
 
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
-    """The model's own chat defaults (its generation_config.json), where the runtime reports them."""
-    defaults = getattr(rt, "chat_defaults", None) or {}
-    return {k: v for k, v in defaults.items() if k != "decoder"}
+    """The model's own chat defaults (its generation_config.json) as request fields: the decoder aside."""
+    return {k: v for k, v in rt.chat_defaults.items() if k != "decoder"}
 
 
 @dataclass
