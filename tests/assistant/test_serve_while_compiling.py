@@ -32,8 +32,10 @@ def stream(daemon: DaemonProcess, path: str, body: dict) -> list[sse.ServerSentE
 
 
 def test_a_request_is_answered_while_the_warm_up_goes_on(tmp_path: Path) -> None:
-    # Three shapes to warm (the chat's, then two editor buckets), a second of compiling each.
-    daemon = start_daemon(tmp_path, "fake:warmup_delay=1.0,step_delay=0.002", wait=False)
+    # Three shapes to warm (the chat's, then two editor buckets), a second of compiling each: two length
+    # buckets, whatever the defaults are.
+    env = isolated_env(tmp_path, DIFFU_LENGTH_BUCKETS="128,512")
+    daemon = start_daemon(tmp_path, "fake:warmup_delay=1.0,step_delay=0.002", env=env, wait=False)
     try:
         daemon.wait_ready(warm=False)  # it serves: its weights are loaded
         health = daemon.health()
