@@ -366,7 +366,9 @@ def test_a_models_chat_defaults_are_read_checked_and_reported_by_the_daemon(micr
     bad = with_generation_config(micro_dir, tmp_path / "bad", top_p=1.5)
     with pytest.raises(ModelError, match=r"generation_config.json: top_p: must be in \(0, 1\]"):
         chat_defaults(bad)
-    daemon = start_daemon(tmp_path / "daemon", str(model))
+    # Reported as soon as the weights are loaded: no warm-up needed (nor waited for).
+    daemon = start_daemon(tmp_path / "daemon", str(model), "--no-warmup", wait=False)
+    daemon.wait_ready(warm=False)
     try:
         status = httpx.get(f"{daemon.url}/v1/diffu/status", headers=daemon.headers, timeout=60).json()
     finally:
