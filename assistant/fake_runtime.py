@@ -101,6 +101,7 @@ class FakeRuntime(CanvasBuilder):
     chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
     quantize_mode = None
     mesh_info = None
+    program_cache = None  # it compiles nothing
     vocab_size = 0x110000 + FIRST_CHAR_ID  # every code point
 
     step_delay: float = 0.0
@@ -159,7 +160,7 @@ class FakeRuntime(CanvasBuilder):
         """The ids the fake model converges to for ``row``: words, then a stop token if they run short."""
         context = row.ids[: row.region[0]] + row.ids[row.region[1] :]
         digest = hashlib.sha256(repr(context).encode()).digest()
-        seed = int.from_bytes(digest[:8], "little") + (params.seed if params.temperature > 0 else 0)
+        seed = int.from_bytes(digest[:8], "little") + (row.seed_for(params) if params.temperature > 0 else 0)
         rng = random.Random(seed)
         # Answers end early (with a stop token) about half the time, like a model that says less.
         n_chars = row.canvas_tokens if rng.random() < 0.5 else max(1, row.canvas_tokens * 2 // 3)

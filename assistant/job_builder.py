@@ -53,6 +53,7 @@ def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, boo
         row, params = _prompt_row(rt, spec, params, config)
     else:
         row, truncated = rt.make_repo_infill_row(spec.prefix, spec.suffix, spec.canvas_tokens, spec.extra)
+    row = dataclasses.replace(row, seed=params.seed)  # it samples with its own seed in any batch
     length = len(row.ids)
     prompt_tokens = length - spec.canvas_tokens
     if length > rt.max_context:
