@@ -1,8 +1,8 @@
 """Which queued jobs run together: the oldest, and later ones that can share its canvas batch.
 
 Jobs share a batch only if everything the runtime takes once per ``run`` is equal (the sampling
-parameters but ``max_new_tokens`` and ``seed``) and their rows fit one (batch, length) bucket together. FIFO order:
-a job is never passed over for a later one that would not fit with it.
+parameters but ``max_new_tokens`` and ``seed``) and their rows fit one (batch, length) bucket together.
+FIFO order: a job is never passed over for a later one that would not fit with it.
 """
 
 from __future__ import annotations
