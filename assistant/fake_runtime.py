@@ -138,10 +138,12 @@ class FakeRuntime(CanvasBuilder):
         )
 
     def _program(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[Any, ...]:
-        """What makes a different program in the real runtime: the bucket and the sampler's switches."""
+        """What makes a different program in the real runtime: the bucket and the sampler's switches (top-k
+        and alg_temp on or off: their values are traced)."""
         self._check(rows)
         switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
-        return (self._bucket(rows), *switches, params.effective_top_k, params.block_length)
+        filters = (params.effective_top_k > 0, bool(params.alg_temp))
+        return (self._bucket(rows), *switches, *filters, params.block_length)
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         return self._program(rows, params) in self.programs

@@ -116,14 +116,14 @@ class ProgramCache:
         return self._programs.items()
 
     def info(self) -> dict[str, int | None]:
-        """The bound and what is held: programs kept and at most kept, programs built since start and
-        evicted, the largest resident memory one build added, and the process's resident memory now and
+        """The bound and what is held: programs kept (``held``) and at most kept, programs built since start
+        and evicted, the largest resident memory one build added, and the process's resident memory now and
         at most with the cache full (None where the platform does not say)."""
         resident = resident_bytes()
         with self._lock:
             free = self.max_programs - len(self._programs)
             return {
-                "programs": len(self._programs),
+                "held": len(self._programs),
                 "max_programs": self.max_programs,
                 "compiled": self.compiled,
                 "evicted": self.evicted,
