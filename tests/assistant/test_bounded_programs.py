@@ -81,8 +81,14 @@ def test_shape_changing_values_out_of_range_are_400_naming_the_allowed_values(
 def test_seeded_requests_give_the_same_output_alone_or_batched(
     tiny_daemon: DaemonProcess, decoder: str
 ) -> None:
-    body = {"prompt": PROMPT, "max_new_tokens": 16, "steps": 8, "temperature": 1.0, "decoder": decoder,
-            "stream": False}
+    body = {
+        "prompt": PROMPT,
+        "max_new_tokens": 16,
+        "steps": 8,
+        "temperature": 1.0,
+        "decoder": decoder,
+        "stream": False,
+    }
 
     async def one(client: httpx.AsyncClient, seed: int) -> dict[str, Any]:
         r = await client.post("/v1/diffu/generate", json={**body, "seed": seed})
@@ -91,7 +97,9 @@ def test_seeded_requests_give_the_same_output_alone_or_batched(
 
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         async with httpx.AsyncClient(
-            base_url=tiny_daemon.url, headers=tiny_daemon.headers, timeout=120,
+            base_url=tiny_daemon.url,
+            headers=tiny_daemon.headers,
+            timeout=120,
             limits=httpx.Limits(max_connections=32),
         ) as client:
             alone = [await one(client, seed) for seed in range(16)]  # compiles batch 1, then runs
