@@ -23,9 +23,11 @@ DECODERS = ("reference", "fast")
 DEFAULT_TOP_K = 50
 
 # Values that would otherwise compile a program each (issue #17): top_k is a traced value up to this bound
-# (the programs rank MAX_TOP_K + 1 candidates whatever k is, sampling.top_k_width), and the fast decoder's
-# block length is one of these. Anything else is refused with a message naming the allowed values.
-MAX_TOP_K = 128
+# (a program ranks one of TOP_K_WIDTHS + 1 candidates whatever k is, sampling.top_k_width: two widths, so
+# the default k = 50 does not pay for ranking 129), and the fast decoder's block length is one of these.
+# Anything else is refused with a message naming the allowed values.
+TOP_K_WIDTHS = (64, 128)
+MAX_TOP_K = TOP_K_WIDTHS[-1]
 BLOCK_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SEED_LIMIT = 2**32  # PRNG seeds are 32-bit
 

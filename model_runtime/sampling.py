@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model_runtime.params import MAX_TOP_K
+from model_runtime.params import TOP_K_WIDTHS
 
 # -- the schedule ---------------------------------------------------------------------------------------
 
@@ -142,10 +142,12 @@ def top2_margin(probs: jax.Array) -> jax.Array:
 
 
 def top_k_width(k: int) -> int:
-    """The static width a program is compiled for, top-k ``k`` being a traced value: one width for every
-    k up to ``MAX_TOP_K`` (params.py refuses more), so a request's top_k never compiles a program.
-    0: filtering off."""
-    return 0 if k == 0 else max(k, MAX_TOP_K)
+    """The static width a program is compiled for, top-k ``k`` being a traced value: the smallest of
+    ``TOP_K_WIDTHS`` that holds k, so every k up to ``MAX_TOP_K`` (params.py refuses more) runs on one of
+    two programs and a request's top_k never compiles one of its own. 0: filtering off."""
+    if k == 0:
+        return 0
+    return next((w for w in TOP_K_WIDTHS if w >= k), k)
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,11 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
 ) -> None:
     body = {"prompt": PROMPT, "max_new_tokens": 8, "steps": 4, "temperature": 0.7, "stream": False}
     with tiny_daemon.client() as c:
-        # The first request compiles the program these parameters use (top-k on, alg_temp on, sampled).
-        first = c.post("/v1/diffu/generate", json={**body, "top_k": 1, "alg_temp": 0.5})
-        assert first.status_code == 200, first.text
+        # These compile the two programs these parameters use (top-k on, alg_temp on, sampled): one ranks
+        # 65 candidates for every k up to 64, the other 129 for every k up to 128.
+        for k in (1, 100):
+            first = c.post("/v1/diffu/generate", json={**body, "top_k": k, "alg_temp": 0.5})
+            assert first.status_code == 200, first.text
         before = _status(tiny_daemon)["programs"]
         rss0 = _rss(tiny_daemon.proc.pid)
         for k in range(1, 101):  # the micro model's vocabulary is 300: every k filters
