@@ -143,8 +143,9 @@ def top2_margin(probs: jax.Array) -> jax.Array:
 
 def top_k_width(k: int) -> int:
     """The static width a program is compiled for, top-k ``k`` being a traced value: the smallest of
-    ``TOP_K_WIDTHS`` that holds k, so every k up to ``MAX_TOP_K`` (params.py refuses more) runs on one of
-    two programs and a request's top_k never compiles one of its own. 0: filtering off."""
+    ``TOP_K_WIDTHS`` that holds k, so every k up to ``MAX_TOP_K`` runs on one of two programs and a
+    request's top_k never compiles one of its own (the daemon refuses more). 0: filtering off; a larger k
+    (a local run) is its own width."""
     if k == 0:
         return 0
     return next((w for w in TOP_K_WIDTHS if w >= k), k)

@@ -19,6 +19,11 @@ def _status(daemon: DaemonProcess) -> dict[str, Any]:
     return httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers, timeout=10).json()
 
 
+def _client(daemon: DaemonProcess) -> httpx.Client:
+    # A compile on a shared 2-core machine can take over a minute: the client waits for it.
+    return httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=300)
+
+
 def _rss(pid: int) -> int:
     """The daemon process's resident memory in bytes, read by the test itself (not the daemon's report)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
@@ -30,7 +35,7 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
     tiny_daemon: DaemonProcess,
 ) -> None:
     body = {"prompt": PROMPT, "max_new_tokens": 8, "steps": 4, "temperature": 0.7, "stream": False}
-    with tiny_daemon.client() as c:
+    with _client(tiny_daemon) as c:
         # These compile the two programs these parameters use (top-k on, alg_temp on, sampled): one ranks
         # 65 candidates for every k up to 64, the other 129 for every k up to 128.
         for k in (1, 100):
@@ -65,7 +70,7 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
 def test_shape_changing_values_out_of_range_are_400_naming_the_allowed_values(
     tiny_daemon: DaemonProcess, field: str, value: int, allowed: str
 ) -> None:
-    with tiny_daemon.client() as c:
+    with _client(tiny_daemon) as c:
         for path, body in (
             ("/v1/diffu/generate", {"prompt": PROMPT, "max_new_tokens": 4, "steps": 2}),
             ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "steps": 2}),
@@ -101,7 +106,7 @@ def test_seeded_requests_give_the_same_output_alone_or_batched(
         async with httpx.AsyncClient(
             base_url=tiny_daemon.url,
             headers=tiny_daemon.headers,
-            timeout=120,
+            timeout=300,
             limits=httpx.Limits(max_connections=32),
         ) as client:
             alone = [await one(client, seed) for seed in range(16)]  # compiles batch 1, then runs
