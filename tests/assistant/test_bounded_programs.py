@@ -43,7 +43,7 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
             assert first.status_code == 200, first.text
         before = _status(tiny_daemon)["programs"]
         rss0 = _rss(tiny_daemon.proc.pid)
-        for k in range(1, 101):  # the micro model's vocabulary is 300: every k filters
+        for k in range(1, 101):  # the micro model's vocabulary is 320: every k filters
             r = c.post("/v1/diffu/generate", json={**body, "top_k": k, "alg_temp": k / 10, "seed": k})
             assert r.status_code == 200, r.text
             assert r.json()["stats"]["compiled_programs"] == 0  # no request waited for a compile
@@ -61,7 +61,7 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("top_k", 129, "must be 0 (off), 1..128, or at least the vocabulary size (300, also off); got 129"),
+        ("top_k", 129, "must be 0 (off), 1..128, or at least the vocabulary size (320, also off); got 129"),
         ("top_k", 299, "1..128"),
         ("block_length", 24, "must be one of 1, 2, 4, 8, 16, 32, 64, 128, 256; got 24"),
         ("seed", 2**32, "must be in 0..4294967295"),
