@@ -13,8 +13,9 @@ the last line of defence the cache keeps at most ``max_programs`` programs and e
 used one; evicting also clears JAX's own tracing and compilation caches, which would otherwise keep the
 evicted program's executable alive. ``info()`` reports the bound, what is held and the memory ceiling it
 implies (the daemon's ``/v1/diffu/status``): a program's cost is measured as the growth of the process's
-resident memory while it was built (XLA reports no host code size on CPU), and the ceiling is what the
-process holds now plus the largest such cost for every free place.
+resident memory while it was built (XLA reports no host code size on CPU; the first build, which also
+starts the compiler, is left out), and the ceiling is what the process holds now plus the largest such
+cost for every free place: an upper bound, as the growth includes the compiler's scratch memory.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ProgramCache:
         self.max_programs = max_programs
         self.compiled = 0  # programs built since start (fresh or from the persistent cache)
         self.evicted = 0
-        self.largest_bytes = 0  # the most resident memory one build added
+        self.largest_bytes = 0  # the most resident memory one build added (the first one left out)
         # The scheduler thread compiles; status requests read from the event loop's thread.
         self._lock = threading.Lock()
         self.cfg = cfg
@@ -267,10 +268,12 @@ class ProgramCache:
             for _ in range(evict):
                 self._programs.popitem(last=False)
             self._programs[key] = program
+            # The process's first build also starts the compiler (about 800 MB of RSS on CPU, once), which
+            # no later program costs again: only later builds measure a program.
+            if self.compiled and rss0 is not None and rss1 is not None:
+                self.largest_bytes = max(self.largest_bytes, rss1 - rss0)
             self.compiled += 1
             self.evicted += evict
-            if rss0 is not None and rss1 is not None:
-                self.largest_bytes = max(self.largest_bytes, rss1 - rss0)
         if evict:
             # JAX keeps its own caches of traced, lowered and compiled functions keyed by our static
             # arguments; they hold the evicted executables too. Clearing them frees those (the programs
