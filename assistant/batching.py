@@ -1,8 +1,8 @@
 """Which queued jobs run together: the oldest, and later ones that can share its canvas batch.
 
 Jobs share a batch only if everything the runtime takes once per ``run`` is equal (the sampling
-parameters but ``max_new_tokens``) and their rows fit one (batch, length) bucket together. FIFO order:
-a job is never passed over for a later one that would not fit with it.
+parameters but ``max_new_tokens`` and ``seed``) and their rows fit one (batch, length) bucket together.
+FIFO order: a job is never passed over for a later one that would not fit with it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from model_runtime.params import SamplingParams
 def params_key(params: SamplingParams) -> tuple[Any, ...]:
     """Jobs batch together only if everything the runtime shares across rows is equal.
 
-    ``max_new_tokens`` is per row (it sized the row's canvas when the row was made); the rest (steps,
-    alg, temperature, seed, ...) is one value per ``run`` call.
+    ``max_new_tokens`` is per row (it sized the row's canvas when the row was made), and so is ``seed``
+    (each row carries its request's, ``CanvasRow.seed``); the rest (steps, alg, temperature, ...) is one
+    value per ``run`` call.
     """
     d = params.to_dict()
     d.pop("max_new_tokens")
+    d.pop("seed")
     return tuple(sorted(d.items()))
 
 

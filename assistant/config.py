@@ -17,6 +17,7 @@ from typing import Any
 
 from assistant import paths
 from assistant.errors import UsageError
+from model_runtime.params import DEFAULT_MAX_PROGRAMS
 
 DEFAULT_PORT = 8012  # llama.cpp's llama-server default, so llama.vim / llama.vscode work unconfigured
 ENV_PREFIX = "DIFFU_"
@@ -84,6 +85,9 @@ class Config:
     batch_buckets: tuple[int, ...] | None = None
     """Batch sizes compiled for; concurrent requests are batched up to the largest. None: (1, 4, 16) on
     an accelerator, (1, 4) on CPU (few requests run at once there, and every bucket is a compile)."""
+    max_programs: int = DEFAULT_MAX_PROGRAMS
+    """Compiled programs kept in memory at once; past it the least recently used is dropped (and compiled
+    again if needed). ``/v1/diffu/status`` reports them and the memory ceiling this sets."""
     max_context: int | None = None
     """Longest prompt + canvas in tokens; None: the model's limit (2048 for DiffuCoder)."""
     tp: int = 1
@@ -118,6 +122,7 @@ class Config:
                 key,
                 f"must be a non-empty list of integers >= 1, got {list(values)}",
             )
+        check(self.max_programs >= 2, "max_programs", f"must be >= 2, got {self.max_programs}")
         if self.max_context is not None:
             check(self.max_context >= 2, "max_context", f"must be >= 2, got {self.max_context}")
         check(

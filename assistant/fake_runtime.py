@@ -101,6 +101,7 @@ class FakeRuntime(CanvasBuilder):
     chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
     quantize_mode = None
     mesh_info = None
+    program_cache = None  # it compiles nothing
     vocab_size = 0x110000 + FIRST_CHAR_ID  # every code point
 
     step_delay: float = 0.0
@@ -137,10 +138,12 @@ class FakeRuntime(CanvasBuilder):
         )
 
     def _program(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[Any, ...]:
-        """What makes a different program in the real runtime: the bucket and the sampler's switches."""
+        """What makes a different program in the real runtime: the bucket and the sampler's switches (top-k
+        and alg_temp on or off: their values are traced)."""
         self._check(rows)
         switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
-        return (self._bucket(rows), *switches, params.effective_top_k, params.block_length)
+        filters = (params.effective_top_k > 0, bool(params.alg_temp))
+        return (self._bucket(rows), *switches, *filters, params.block_length)
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         return self._program(rows, params) in self.programs
@@ -159,7 +162,7 @@ class FakeRuntime(CanvasBuilder):
         """The ids the fake model converges to for ``row``: words, then a stop token if they run short."""
         context = row.ids[: row.region[0]] + row.ids[row.region[1] :]
         digest = hashlib.sha256(repr(context).encode()).digest()
-        seed = int.from_bytes(digest[:8], "little") + (params.seed if params.temperature > 0 else 0)
+        seed = int.from_bytes(digest[:8], "little") + (row.seed_for(params) if params.temperature > 0 else 0)
         rng = random.Random(seed)
         # Answers end early (with a stop token) about half the time, like a model that says less.
         n_chars = row.canvas_tokens if rng.random() < 0.5 else max(1, row.canvas_tokens * 2 // 3)

@@ -19,7 +19,7 @@ from assistant.protocol import GenSpec, RequestError
 from assistant.warmup import Shape, WarmTask, shape_rows
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
-from model_runtime.params import ParamError, SamplingParams
+from model_runtime.params import MAX_TOP_K, ParamError, SamplingParams
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the OpenAI code for a prompt beyond the context
 
@@ -53,6 +53,7 @@ def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, boo
         row, params = _prompt_row(rt, spec, params, config)
     else:
         row, truncated = rt.make_repo_infill_row(spec.prefix, spec.suffix, spec.canvas_tokens, spec.extra)
+    row = dataclasses.replace(row, seed=params.seed)  # it samples with its own seed in any batch
     length = len(row.ids)
     prompt_tokens = length - spec.canvas_tokens
     if length > rt.max_context:
@@ -118,8 +119,16 @@ def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParam
         raise RequestError(
             f"steps: must be <= {config.max_steps} (the daemon's max_steps), got {steps}", param="steps"
         )
-    if sampling.get("top_k", 0) >= rt.vocab_size:
-        sampling["top_k"] = 0  # keeping every token is no filtering, and lax.top_k needs k <= vocab
+    top_k = sampling.get("top_k")
+    if isinstance(top_k, int) and top_k >= rt.vocab_size:
+        sampling["top_k"] = top_k = 0  # keeping every token is no filtering, and lax.top_k needs k <= vocab
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > MAX_TOP_K:
+        # One program serves every k up to the bound (a traced value); anything between is refused.
+        raise RequestError(
+            f"top_k: must be 0 (off), 1..{MAX_TOP_K}, or at least the vocabulary size "
+            f"({rt.vocab_size}, also off); got {top_k}",
+            param="top_k",
+        )
     try:
         return SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **sampling)
     except ParamError as exc:

@@ -227,9 +227,6 @@ def _sampling(data: dict[str, Any], *, temperature_default: float | None = None)
             out[name] = get_bool(data, name, False)
         else:  # a kind this parser does not know yet: SamplingParams validates the raw value
             out[name] = data[name]
-    if "seed" in out and not 0 <= out["seed"] < 2**32:
-        raise RequestError(f"seed: must be in 0..{2**32 - 1} (a 32-bit PRNG seed), got {out['seed']}",
-                           param="seed")
     if "temperature" not in out and temperature_default is not None:
         out["temperature"] = temperature_default
     return out

@@ -100,11 +100,13 @@ def _client() -> Any:
 
 
 def _encode_rows(rows: Sequence[CanvasRow]) -> list[dict[str, Any]]:
-    return [{"ids": list(r.ids), "region": list(r.region), "chat": r.chat} for r in rows]
+    return [{"ids": list(r.ids), "region": list(r.region), "chat": r.chat, "seed": r.seed} for r in rows]
 
 
 def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
-    return [CanvasRow(tuple(r["ids"]), (r["region"][0], r["region"][1]), bool(r["chat"])) for r in data]
+    return [
+        CanvasRow(tuple(r["ids"]), (r["region"][0], r["region"][1]), bool(r["chat"]), r["seed"]) for r in data
+    ]
 
 
 class Leader(CanvasBuilder):
@@ -135,6 +137,10 @@ class Leader(CanvasBuilder):
     @property
     def mesh_info(self) -> dict[str, object] | None:
         return self._runtime.mesh_info
+
+    @property
+    def program_cache(self) -> dict[str, int | None] | None:
+        return self._runtime.program_cache  # this process's; every process compiles the same programs
 
     @property
     def vocab_size(self) -> int:

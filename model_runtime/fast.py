@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model_runtime.model import KV
-from model_runtime.sampling import SamplerSpec, sample_tokens
+from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ def refresh(
     key: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
+    top_k: jax.Array,
     *,
     graphdef: nnx.GraphDef,
     spec: FastSpec,
@@ -57,13 +58,16 @@ def refresh(
     """Full forward: every layer's (k, v) for the canvas, and position ``start`` committed if masked.
 
     Dream predicts position i from the output at i - 1, so the block's first position is the one
-    prediction a block-only forward cannot make; the refresh makes it (as Fast-dLLM does).
+    prediction a block-only forward cannot make; the refresh makes it (as Fast-dLLM does). ``key``:
+    ``[B]``, one per row.
     """
     model = nnx.merge(graphdef, state)
+    b, n = x.shape
     hidden, caches = model.hidden(x, attn)  # [B, L, D]
     before = jax.lax.dynamic_slice_in_dim(hidden, start - 1, 1, axis=1)  # [B, 1, D]
+    keys = position_keys(key, jnp.broadcast_to(n - 1 - start, (b, 1)))  # counted from the row's end
     _, x0 = sample_tokens(
-        no_mask(model.head(before), mask_id), key, spec.sampler, temperature, top_p
+        no_mask(model.head(before), mask_id), keys, spec.sampler, temperature, top_p, top_k
     )  # [B, 1]
     first = jax.lax.dynamic_slice_in_dim(x, start, 1, axis=1)
     x = jax.lax.dynamic_update_slice_in_dim(x, jnp.where(first == mask_id, x0, first), start, axis=1)
@@ -105,6 +109,7 @@ def block_loop(
     key: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
+    top_k: jax.Array,
     threshold: jax.Array,
     factor: jax.Array,
     done: jax.Array,
@@ -117,15 +122,18 @@ def block_loop(
     """Decode the ``block_length`` positions from ``window`` until none is masked, at most ``limit``
     forwards in this call, ``done`` forwards having run on this block before it (0 for a fresh block).
 
-    Returns (x, caches, forwards run on this block so far). Forward ``i`` of a block draws from
-    ``fold_in(key, i)`` whichever call runs it, so one call with ``limit >= block_length`` and
-    ``block_length`` calls with ``limit`` 1 commit the same tokens.
+    Returns (x, caches, forwards run on this block so far). ``key`` is ``[B]``, one per row; forward
+    ``i`` of a block draws from ``fold_in(key, i)`` whichever call runs it, so one call with
+    ``limit >= block_length`` and ``block_length`` calls with ``limit`` 1 commit the same tokens.
     """
     model = nnx.merge(graphdef, state)
     size = spec.block_length
+    b, n = x.shape
     block = jax.lax.dynamic_slice_in_dim(x, window, size, axis=1)  # [B, N]
     # A block needs at most ``size`` forwards (each commits at least one position of every row).
     stop = jnp.minimum(done + limit, size)
+    # Each block position's distance from the row's end: its draws do not depend on padding or bucket.
+    dist = jnp.broadcast_to(n - 1 - window - jnp.arange(size, dtype=jnp.int32), (b, size))
 
     def cond(carry: tuple) -> jax.Array:
         block, _, it = carry
@@ -138,7 +146,8 @@ def block_loop(
         # never a mask here (committed by the refresh, or decoded earlier), so its own output is unused.
         logits = no_mask(model.head(hidden), mask_id)
         logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)  # [B, N, V]
-        conf, x0 = sample_tokens(logits, jax.random.fold_in(key, it), spec.sampler, temperature, top_p)
+        keys = position_keys(jax.vmap(lambda k: jax.random.fold_in(k, it))(key), dist)
+        conf, x0 = sample_tokens(logits, keys, spec.sampler, temperature, top_p, top_k)
         is_mask = block == mask_id
         conf = jnp.where(is_mask, conf.astype(jnp.float32), -jnp.inf)
         chosen = commit_mask(conf, threshold, factor, spec.use_factor) & is_mask

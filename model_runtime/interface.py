@@ -31,12 +31,19 @@ class CanvasRow:
 
     For plain generation the region is the ``max_new_tokens`` masks appended after the prompt; for
     infill it is the masks between prefix and suffix; for a prompt with ``<|mask|>`` holes it spans the
-    first hole to the last. ``chat`` picks the stop tokens of the answer.
+    first hole to the last. ``chat`` picks the stop tokens of the answer. ``seed`` is the row's own PRNG
+    seed (its request's), so rows with different seeds share a batch and each draws as it would alone;
+    None takes the batch's ``params.seed``.
     """
 
     ids: tuple[int, ...]
     region: tuple[int, int]
     chat: bool = False
+    seed: int | None = None
+
+    def seed_for(self, params: SamplingParams) -> int:
+        """The seed this row samples with in a batch run with ``params``."""
+        return params.seed if self.seed is None else self.seed
 
     @property
     def canvas_tokens(self) -> int:
@@ -166,6 +173,12 @@ class RuntimeProtocol(Protocol):
     @property
     def mesh_info(self) -> dict[str, object] | None:
         """The device mesh for status reports; None without one."""
+        ...
+
+    @property
+    def program_cache(self) -> dict[str, int | None] | None:
+        """The compiled-program cache's bound, contents and memory ceiling for status reports; None for a
+        runtime that compiles nothing."""
         ...
 
     @property

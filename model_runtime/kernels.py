@@ -1,19 +1,21 @@
 """The reference decoder's jitted programs: one denoising step, and every step in one ``fori_loop``.
 
 They are pure functions of (graphdef, state, canvas, inputs): ``graphdef``, the sampler switches and the
-hooks are static (each distinct value is another program), everything that changes per call is traced.
+hooks are static (each distinct value is another program), everything that changes per call is traced,
+``top_k`` included (the program is compiled for a width that holds it, ``sampling.top_k_width``).
 The traced inputs travel as one registered dataclass (:class:`StepInputs`, :class:`LoopInputs`), so the
 programs, their abstract signatures and their callers name each input once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from model_runtime.model import DreamModel, shift_logits
@@ -22,7 +24,9 @@ from model_runtime.sampling import (
     SamplerSpec,
     commit_by_confidence,
     commit_origin,
+    position_keys,
     sample_tokens,
+    split_rows,
     transfer_counts,
 )
 
@@ -32,11 +36,12 @@ Hook = Callable[[jax.Array | None, jax.Array, jax.Array | None], jax.Array]
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Knobs:
-    """The traced sampling values (f32 scalars): changing them never recompiles."""
+    """The traced sampling values (scalars): changing them never recompiles."""
 
-    temperature: jax.Array
-    top_p: jax.Array
-    alg_temp: jax.Array
+    temperature: jax.Array  # f32
+    top_p: jax.Array  # f32
+    alg_temp: jax.Array  # f32
+    top_k: jax.Array  # i32, 1..spec.top_k (unused when top-k filtering is off)
 
     @classmethod
     def of(cls, params: SamplingParams) -> Knobs:
@@ -44,7 +49,25 @@ class Knobs:
             jnp.float32(params.temperature),
             jnp.float32(params.effective_top_p),
             jnp.float32(params.alg_temp or 1.0),
+            jnp.int32(max(params.effective_top_k, 1)),
         )
+
+    def sampling(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(temperature, top_p, top_k): what the fast decoder's programs take, in their order."""
+        return self.temperature, self.top_p, self.top_k
+
+
+def row_keys(seeds: Sequence[int], batch: int) -> jax.Array:
+    """``[batch]`` PRNG keys, ``key(seed)`` for each row and ``key(0)`` for the bucket's spare rows: a row's
+    randomness comes from its own seed, not from its place in the batch."""
+    padded = np.zeros(batch, np.uint32)
+    padded[: len(seeds)] = seeds
+    return jax.vmap(jax.random.key)(jnp.asarray(padded))
+
+
+def step_keys(keys: jax.Array, i: jax.Array | int) -> jax.Array:
+    """The ``[B]`` keys of step ``i`` (the streaming and fused paths both use this, so results agree)."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
 
 
 @jax.tree_util.register_dataclass
@@ -55,7 +78,7 @@ class StepInputs:
     attn: jax.Array  # [B, L] bool: real tokens (False: left padding)
     ratio: jax.Array  # f32: the schedule's fraction of this step's masks to keep masked
     is_last: jax.Array  # bool: the last step commits every mask left
-    key: jax.Array  # this step's PRNG key
+    key: jax.Array  # [B] this step's PRNG key per row (step_keys)
     index: jax.Array  # i32: the step's number, for the hooks
     knobs: Knobs
 
@@ -68,12 +91,12 @@ class LoopInputs:
     attn: jax.Array  # [B, L] bool
     ratios: jax.Array  # [R] f32, the schedule padded to a power of two (ratio_bucket)
     steps: jax.Array  # i32: how many entries of ``ratios`` to run
-    key: jax.Array  # step i uses fold_in(key, i), as the streaming path does
+    key: jax.Array  # [B] per row; step i uses step_keys(key, i), as the streaming path does
     knobs: Knobs
 
     def step(self, i: jax.Array) -> StepInputs:
         return StepInputs(
-            self.attn, self.ratios[i], i == self.steps - 1, jax.random.fold_in(self.key, i), i, self.knobs
+            self.attn, self.ratios[i], i == self.steps - 1, step_keys(self.key, i), i, self.knobs
         )
 
 
@@ -109,12 +132,13 @@ def denoise_step(
     canvas = x
     head, x = (x[:, : n - w], x[:, n - w :]) if w < n else (None, x)
     mask_index = x == mask_id  # masks inside the prompt are denoised too (infill)
-    k_sample, k_commit = jax.random.split(inputs.key)
+    b = x.shape[0]
+    k_sample, k_commit = split_rows(inputs.key)  # [B] each
+    # Window position j lies w - 1 - j tokens before the row's end, wherever padding and bucket put it.
+    dist = jnp.broadcast_to(w - 1 - jnp.arange(w, dtype=jnp.int32), (b, w))
     if logits_hook is None and tokens_hook is None:
         trunk = model.trunk(canvas, inputs.attn)
-        confidence, x0 = _sample_masked(
-            model, trunk, n - w, mask_index, k_sample, spec, knobs.temperature, knobs.top_p
-        )
+        confidence, x0 = _sample_masked(model, trunk, n - w, mask_index, k_sample, spec, knobs)
         logits = None
     else:
         hidden, _ = model.hidden(canvas, inputs.attn)
@@ -123,12 +147,15 @@ def denoise_step(
         logits = model.head(hidden)  # [B, W, V]: the hooks see every position's logits
         if logits_hook is not None:
             logits = logits_hook(inputs.index, x, logits)
-        confidence, x0 = sample_tokens(logits, k_sample, spec, knobs.temperature, knobs.top_p)
+        keys = position_keys(k_sample, dist)
+        confidence, x0 = sample_tokens(logits, keys, spec, knobs.temperature, knobs.top_p, knobs.top_k)
     if spec.alg == "origin":
-        new = commit_origin(x, mask_index, x0, inputs.ratio, k_commit)
+        new = commit_origin(x, mask_index, x0, inputs.ratio, position_keys(k_commit, dist))
     else:
         counts = transfer_counts(jnp.sum(mask_index, axis=-1), inputs.ratio, inputs.is_last)
-        new = commit_by_confidence(x, mask_index, x0, confidence, counts, k_commit, spec, knobs.alg_temp)
+        # Only sampled commits (alg_temp) draw: greedy ones never build the per-position keys.
+        commit_keys = position_keys(k_commit, dist) if spec.use_alg_temp else k_commit
+        new = commit_by_confidence(x, mask_index, x0, confidence, counts, commit_keys, spec, knobs.alg_temp)
     if tokens_hook is not None:
         new = tokens_hook(inputs.index, new, logits)
     return new if head is None else jnp.concatenate([head, new], axis=1)
@@ -181,10 +208,9 @@ def _sample_masked(
     trunk: tuple[jax.Array, jax.Array, jax.Array],
     offset: int,
     mask_index: jax.Array,
-    key: jax.Array,
+    row_keys: jax.Array,
     spec: SamplerSpec,
-    temperature: jax.Array,
-    top_p: jax.Array,
+    knobs: Knobs,
 ) -> tuple[jax.Array, jax.Array]:
     """``sample_tokens`` of the still-masked positions only: (confidence, proposal) over ``[B, W]``.
 
@@ -192,7 +218,8 @@ def _sample_masked(
     A step's masks are gathered (in position order) into the smallest row bucket that holds every row's,
     and the last layer's queries and MLP, ``lm_head`` and the sampler run on those rows only; early steps
     use all ``W`` rows, late ones a few. Other positions get confidence -inf, which the commit ignores as
-    the reference's ``logits[mask_index]`` gather does.
+    the reference's ``logits[mask_index]`` gather does. A gathered position draws with its own key
+    (``row_keys`` folded with its distance from the row's end), so the row bucket changes no sample.
     """
     b, w = mask_index.shape
     sizes = row_sizes(w)
@@ -205,7 +232,9 @@ def _sample_masked(
             idx = order[:, :m]
             # The shift: position p is predicted by the output at p - 1 (position 0 by itself).
             hidden = model.finish(trunk[0], trunk[1], trunk[2], jnp.maximum(idx + offset - 1, 0))  # [B, m, D]
-            confidence, x0 = sample_tokens(model.head(hidden), key, spec, temperature, top_p)
+            keys = position_keys(row_keys, w - 1 - idx)  # [B, m]
+            logits = model.head(hidden)
+            confidence, x0 = sample_tokens(logits, keys, spec, knobs.temperature, knobs.top_p, knobs.top_k)
             full_conf = jnp.full((b, w), -jnp.inf, confidence.dtype).at[batch, idx].set(confidence)
             return full_conf, jnp.zeros((b, w), jnp.int32).at[batch, idx].set(x0)
 

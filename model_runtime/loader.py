@@ -27,6 +27,7 @@ from model_runtime.checkpoint import (
 from model_runtime.config import load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel
+from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
 from model_runtime.tokenizer import load_tokenizer
 
@@ -70,6 +71,7 @@ def load(
     tp: int = 1,
     dp: int | None = None,
     quantize: str | quant.QuantSpec | None = None,
+    max_programs: int = DEFAULT_MAX_PROGRAMS,
 ) -> Runtime:
     """Load a DiffuCoder/Dream checkpoint (directory or hub id) onto the default device, or with ``tp``
     (tensor parallel) / ``dp`` (data parallel) onto a device mesh. ``batch_buckets`` None: what a daemon
@@ -79,7 +81,8 @@ def load(
     CPU, bfloat16 on accelerators by default) and placed; on a mesh each device receives only its shard
     of a sharded weight. ``quantize`` (``"int8"``, ``"int4"`` or a ``quant.QuantSpec``) stores the
     projection matrices and ``lm_head`` as integers with scales, each quantized on the host as it is
-    read (see ``quant.py``). No code from the model directory runs.
+    read (see ``quant.py``). No code from the model directory runs. At most ``max_programs`` compiled
+    programs are kept (least recently used evicted; ``programs.py``).
     """
     qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
     if batch_buckets is None:
@@ -173,4 +176,5 @@ def load(
         default_decoder=generation_config.recommended_decoder(model_dir),
         quantize=qspec,
         chat_defaults=generation_config.chat_defaults(model_dir),
+        max_programs=max_programs,
     )

@@ -22,6 +22,30 @@ DECODERS = ("reference", "fast")
 # reproduce it; 0 disables it.
 DEFAULT_TOP_K = 50
 
+# Values that would otherwise compile a program each (issue #17): top_k is a traced value up to this bound
+# (a program ranks one of TOP_K_WIDTHS + 1 candidates whatever k is, sampling.top_k_width: two widths, so
+# the default k = 50 does not pay for ranking 129), and the fast decoder's block length is one of these.
+# Anything else is refused with a message naming the allowed values (a top_k above MAX_TOP_K by the daemon,
+# which knows the vocabulary: job_builder; a local run compiles it a program of its own).
+TOP_K_WIDTHS = (64, 128)
+MAX_TOP_K = TOP_K_WIDTHS[-1]
+BLOCK_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SEED_LIMIT = 2**32  # PRNG seeds are 32-bit
+
+# Compiled programs a runtime keeps at once (programs.py). A daemon uses one per bucket it serves (12 by
+# default) for each set of sampler switches its clients send (greedy or sampled, top-p on or off, ...);
+# each holds its executable in host memory (docs/daemon.md has measured sizes), so this bounds the cache
+# to a known ceiling.
+DEFAULT_MAX_PROGRAMS = 64
+
+
+def fast_block_size(block_length: int, region: int, limit: int) -> int:
+    """The block the fast decoder decodes at a time: ``block_length``, or for a region shorter than that
+    the smallest of BLOCK_LENGTHS that holds it; at most ``limit`` (the canvas bucket's length - 1). A
+    bounded set either way, so the block length never compiles a program per request."""
+    size = block_length if region >= block_length else next(b for b in BLOCK_LENGTHS if b >= region)
+    return max(1, min(size, limit))
+
 
 class ParamError(ValueError):
     """A sampling parameter is out of range; ``field`` names it."""
@@ -74,6 +98,16 @@ class SamplingParams:
             self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}"
         )
         check(self.block_length >= 1, "block_length", f"must be >= 1, got {self.block_length}")
+        check(
+            self.block_length in BLOCK_LENGTHS,
+            "block_length",
+            f"must be one of {', '.join(map(str, BLOCK_LENGTHS))}; got {self.block_length}",
+        )
+        check(
+            0 <= self.seed < SEED_LIMIT,
+            "seed",
+            f"must be in 0..{SEED_LIMIT - 1} (a 32-bit PRNG seed), got {self.seed}",
+        )
         check(
             _is_number(self.threshold) and 0 < self.threshold <= 1,
             "threshold",

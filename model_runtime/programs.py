@@ -4,13 +4,26 @@ A program is keyed by what makes it a different XLA program: its kind (one refer
 reference loop, or the fast decoder's refresh and block programs), the (batch, length) bucket, the
 sampler's static switches, the hooks and the logits window. Compiling is timed and counted against
 JAX's persistent compilation cache (``compile_cache``), so a restart reports which programs it found
-there. Nothing here bounds the number of programs: every distinct key stays (issues #16/#17 add a bound;
-:meth:`ProgramCache._compile` is where entries are added).
+there.
+
+The cache is bounded. Request values never reach a key directly: what would change a shape is traced
+(``top_k``, ``alg_temp``, ``temperature``, ...) or drawn from a small fixed set (buckets, top-k widths,
+block lengths; ``params.py`` refuses other values), so the keys a daemon can see are a finite set. As
+the last line of defence the cache keeps at most ``max_programs`` programs and evicts the least recently
+used one; evicting also clears JAX's own tracing and compilation caches, which would otherwise keep the
+evicted program's executable alive. ``info()`` reports the bound, what is held and the memory ceiling it
+implies (the daemon's ``/v1/diffu/status``): a program's cost is measured as the growth of the process's
+resident memory while it was built (XLA reports no host code size on CPU; the first build, which also
+starts the compiler, is left out), and the ceiling is what the process holds now plus the largest such
+cost for every free place: an upper bound, as the growth includes the compiler's scratch memory.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, ItemsView
 from typing import Any, NamedTuple
 
@@ -22,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from model_runtime import compile_cache, fast
 from model_runtime.config import DreamConfig
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
+from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.placement import Placed, output_shardings
 from model_runtime.sampling import SamplerSpec
 
@@ -42,8 +56,23 @@ class ProgramCache:
     """Compiled programs of one model's parameters (``graphdef``/``state``) on one device or mesh."""
 
     def __init__(
-        self, cfg: DreamConfig, graphdef: nnx.GraphDef, state: nnx.State, dtype: str, mesh: Mesh | None
+        self,
+        cfg: DreamConfig,
+        graphdef: nnx.GraphDef,
+        state: nnx.State,
+        dtype: str,
+        mesh: Mesh | None,
+        max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
+        if max_programs < 2:
+            # The fast decoder needs its refresh and block programs at once.
+            raise ValueError(f"max_programs: must be >= 2, got {max_programs}")
+        self.max_programs = max_programs
+        self.compiled = 0  # programs built since start (fresh or from the persistent cache)
+        self.evicted = 0
+        self.largest_bytes = 0  # the most resident memory one build added (the first one left out)
+        # The scheduler thread compiles; status requests read from the event loop's thread.
+        self._lock = threading.Lock()
         self.cfg = cfg
         self.graphdef = graphdef
         self.state = state
@@ -55,7 +84,7 @@ class ProgramCache:
             None if mesh is None else NamedSharding(mesh, PartitionSpec("dp" if dp > 1 else None, None))
         )
         self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-        self._programs: dict[tuple[Any, ...], Program] = {}
+        self._programs: OrderedDict[tuple[Any, ...], Program] = OrderedDict()  # least recently used first
         static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
         # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
         rows_out: dict[str, Any] = {} if self._rows is None else {"out_shardings": self._rows}
@@ -87,6 +116,31 @@ class ProgramCache:
         """(key, program) pairs; a key starts with the program's kind."""
         return self._programs.items()
 
+    def info(self) -> dict[str, int | None]:
+        """The bound and what is held: programs kept (``held``) and at most kept, programs built since start
+        and evicted, the largest resident memory one build added, and the process's resident memory now and
+        at most with the cache full (None where the platform does not say)."""
+        resident = resident_bytes()
+        with self._lock:
+            free = self.max_programs - len(self._programs)
+            return {
+                "held": len(self._programs),
+                "max_programs": self.max_programs,
+                "compiled": self.compiled,
+                "evicted": self.evicted,
+                "largest_program_bytes": self.largest_bytes,
+                "resident_bytes": resident,
+                "memory_ceiling_bytes": None if resident is None else resident + free * self.largest_bytes,
+            }
+
+    def _get(self, key: tuple[Any, ...]) -> Program | None:
+        """The program under ``key``, marked as the most recently used one."""
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None:
+                self._programs.move_to_end(key)
+            return program
+
     # -- abstract arguments ----------------------------------------------------------------------
     def _abstract(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """An abstract argument (a ShapeDtypeStruct standing in for an array); on a mesh, ``[B, L]``
@@ -97,8 +151,9 @@ class ProgramCache:
             shape, dtype, sharding=self._rows if len(shape) == 2 else self._replicated
         )
 
-    def _key(self) -> Any:
-        rng = jax.eval_shape(lambda: jax.random.key(0))
+    def _keys(self, batch: int) -> Any:
+        """``[batch]`` PRNG keys, one per row (replicated on a mesh: they are tiny)."""
+        rng = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
         if self.mesh is not None:
             rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self._replicated)
         return rng
@@ -108,7 +163,7 @@ class ProgramCache:
 
     def _knobs(self) -> Knobs:
         f32: Any = self._scalar(jnp.float32)
-        return Knobs(f32, f32, f32)
+        return Knobs(f32, f32, f32, self._scalar(jnp.int32))
 
     # -- the reference decoder -------------------------------------------------------------------
     def reference(
@@ -124,12 +179,12 @@ class ProgramCache:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries)."""
         key = self.reference_key(kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
-        program = self._programs.get(key)
+        program = self._get(key)
         if program is not None:
             return Built(program, 0.0, 0, 0)
         # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
         common: dict[str, Any] = dict(
-            attn=self._abstract(shape, jnp.bool_), key=self._key(), knobs=self._knobs()
+            attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
         )
         inputs: StepInputs | LoopInputs
         if kind == "step":
@@ -167,16 +222,17 @@ class ProgramCache:
         b, n = shape
         cfg = self.cfg
         x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
-        f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._key()
+        f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._keys(b)
         statics = dict(mask_id=cfg.mask_token_id)
         out: list[Program] = []
         seconds, compiled, hits = 0.0, 0, 0
         for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
-            if key in self._programs:
-                out.append(self._programs[key])
+            program = self._get(key)
+            if program is not None:
+                out.append(program)
                 continue
             if kind == "refresh":
-                args: tuple[Any, ...] = (x, attn, i32, rng, f32, f32)
+                args: tuple[Any, ...] = (x, attn, i32, rng, f32, f32, i32)
             else:
                 # The block program takes the caches exactly as the refresh program lays them out.
                 kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
@@ -187,7 +243,7 @@ class ProgramCache:
                     )
                     for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
                 ]
-                args = (x, attn, caches, i32, rng, f32, f32, f32, f32, i32, i32)
+                args = (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
             built = self._compile(key, kind, args, fspec, statics)
             out.append(built.program)
             seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
@@ -196,14 +252,41 @@ class ProgramCache:
     def _compile(
         self, key: tuple[Any, ...], kind: str, args: tuple[Any, ...], spec: object, statics: dict[str, Any]
     ) -> Built:
-        """Lower and compile ``self._jitted[kind]`` for abstract ``args``, timed and counted."""
+        """Lower and compile ``self._jitted[kind]`` for abstract ``args``, timed and counted; the least
+        recently used programs make room for it."""
         requests0, hits0 = compile_cache.counters()
+        rss0 = resident_bytes()
         t0 = time.perf_counter()
         lowered = self._jitted[kind].lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
         compiled = lowered.compile()
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()
         program: Program = compiled if self.mesh is None else Placed(compiled)
-        self._programs[key] = program
+        rss1 = resident_bytes()
+        with self._lock:
+            evict = max(0, len(self._programs) + 1 - self.max_programs)
+            for _ in range(evict):
+                self._programs.popitem(last=False)
+            self._programs[key] = program
+            # The process's first build also starts the compiler (about 800 MB of RSS on CPU, once), which
+            # no later program costs again: only later builds measure a program.
+            if self.compiled and rss0 is not None and rss1 is not None:
+                self.largest_bytes = max(self.largest_bytes, rss1 - rss0)
+            self.compiled += 1
+            self.evicted += evict
+        if evict:
+            # JAX keeps its own caches of traced, lowered and compiled functions keyed by our static
+            # arguments; they hold the evicted executables too. Clearing them frees those (the programs
+            # kept here are separate objects and stay valid; later compiles re-trace, as they must).
+            jax.clear_caches()
         hits = hits1 - hits0
         return Built(program, seconds, (requests1 - requests0) - hits, hits)
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory (Linux ``/proc/self/statm``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

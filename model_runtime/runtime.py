@@ -25,8 +25,8 @@ from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
-from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket
-from model_runtime.params import SamplingParams
+from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
+from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
 from model_runtime.programs import ProgramCache
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
@@ -68,6 +68,7 @@ class Runtime(CanvasBuilder):
         default_decoder: str = "reference",
         quantize: quant.QuantSpec | None = None,
         chat_defaults: dict[str, Any] | None = None,
+        max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         self.config = cfg
         self.quantize = quantize
@@ -91,7 +92,12 @@ class Runtime(CanvasBuilder):
         self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
-        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh)
+        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
+
+    @property
+    def program_cache(self) -> dict[str, int | None]:
+        """The compiled-program cache's bound and contents, for status reports."""
+        return self._programs.info()
 
     @property
     def mesh_info(self) -> dict[str, object]:
@@ -194,7 +200,7 @@ class Runtime(CanvasBuilder):
             attn=jnp.asarray(attn),
             ratio=jnp.float32(transfer_ratios(params.steps, params.eps)[step]),
             is_last=jnp.bool_(step == params.steps - 1),
-            key=jax.random.fold_in(jax.random.key(params.seed), step),
+            key=step_keys(row_keys([params.seed] * shape[0], shape[0]), step),
             index=jnp.int32(step),
             knobs=Knobs.of(params),
         )
@@ -291,14 +297,14 @@ class Runtime(CanvasBuilder):
         if tokens_hook is not None:
             x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
         ratios = transfer_ratios(params.steps, params.eps)
-        base_key = jax.random.key(params.seed)
+        keys = row_keys([r.seed_for(params) for r in rows], shape[0])  # [B]: a row draws from its own seed
         knobs = Knobs.of(params)
         mask_id = self.config.mask_token_id
         t_start = time.perf_counter()
         if not stream:
             padded = np.ones(n_ratios, np.float32)
             padded[: params.steps] = ratios
-            loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), base_key, knobs)
+            loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
             prev = distributed.host(program(self.state, x, loop))
         else:
             prev = distributed.host(x)
@@ -308,7 +314,7 @@ class Runtime(CanvasBuilder):
                     attn=attn,
                     ratio=jnp.float32(ratios[i]),
                     is_last=jnp.bool_(i == params.steps - 1),
-                    key=jax.random.fold_in(base_key, i),
+                    key=step_keys(keys, i),
                     index=jnp.int32(i),
                     knobs=knobs,
                 )
@@ -336,7 +342,7 @@ class Runtime(CanvasBuilder):
         r = rows[0]
         lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
         hi = n - len(r.ids) + r.region[1]
-        size = max(1, min(params.block_length, hi - lo, n - 1))
+        size = fast_block_size(params.block_length, hi - lo, n - 1)
         fspec = fast.FastSpec(
             sampler=dataclasses.replace(
                 SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
@@ -367,7 +373,7 @@ class Runtime(CanvasBuilder):
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         knobs = Knobs.of(params)
         threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
-        base_key = jax.random.key(params.seed)
+        keys = row_keys([r.seed_for(params) for r in rows], shape[0])
         starts = list(range(lo, hi, size))
         stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
         mask_id = self.config.mask_token_id
@@ -378,22 +384,22 @@ class Runtime(CanvasBuilder):
         for b, start in enumerate(starts):
             where = (b, len(starts))
             t0 = time.perf_counter()
-            key = jax.random.fold_in(base_key, b)
+            key = step_keys(keys, b)
             x, caches = refresh(
                 self.state,
                 x,
                 attn,
                 jnp.int32(start),
-                jax.random.fold_in(key, 0),
-                knobs.temperature,
-                knobs.top_p,
+                step_keys(key, 0),
+                *knobs.sampling(),
             )
             forwards += 1
-            window = min(start, hi - size)  # the last block may be short: slide the window back, not past hi
+            # The last block may be short, or the region shorter than a block: slide the window back,
+            # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
+            window = max(0, min(start, hi - size))
             # The block loop's arguments after the cache; then how many forwards it has run, and how many
             # more it may run in this call.
-            loop_key = jax.random.fold_in(key, 1)
-            loop = (jnp.int32(window), loop_key, knobs.temperature, knobs.top_p, threshold, factor)
+            loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
             if stream and every_forward:
                 cur = distributed.host(x)  # one host sync per forward: the event
                 seconds = time.perf_counter() - t0

@@ -4,15 +4,23 @@ One denoising step: forward over the whole canvas, shift the logits, turn them i
 confidence per position (``sample_tokens``), then commit some masked positions (``commit_*``). Everything
 works on the full ``[B, L]`` canvas with non-mask positions carrying ``-inf`` confidence, which is the
 reference's ``logits[mask_index]`` gather written with fixed shapes.
+
+Randomness: every function takes one key, or one key per row or position (see :func:`draw`). The runtime
+passes a key per position, derived from the request's seed, the step and the position's distance from the
+end of its row (:func:`position_keys`), so a row draws the same numbers alone or in any batch, bucket or
+gathered layout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from model_runtime.params import TOP_K_WIDTHS
 
 # -- the schedule ---------------------------------------------------------------------------------------
 
@@ -133,12 +141,23 @@ def top2_margin(probs: jax.Array) -> jax.Array:
     return first - jnp.max(others, axis=-1)
 
 
+def top_k_width(k: int) -> int:
+    """The static width a program is compiled for, top-k ``k`` being a traced value: the smallest of
+    ``TOP_K_WIDTHS`` that holds k, so every k up to ``MAX_TOP_K`` runs on one of two programs and a
+    request's top_k never compiles one of its own (the daemon refuses more). 0: filtering off; a larger k
+    (a local run) is its own width."""
+    if k == 0:
+        return 0
+    return next((w for w in TOP_K_WIDTHS if w >= k), k)
+
+
 @dataclass(frozen=True)
 class SamplerSpec:
     """The static part of a sampling configuration: what changes the compiled program.
 
-    Values that can vary without recompiling (temperature, top_p, alg_temp, the step's ratio) are traced
-    arguments; the switches that pick code paths, and ``top_k`` (``lax.top_k`` needs a static k), live here.
+    Values that can vary without recompiling (temperature, top_p, top_k, alg_temp, the step's ratio) are
+    traced arguments; the switches that pick code paths live here. ``top_k`` is the filter's k when
+    ``sample_tokens`` gets no traced k, else the width (an upper bound on k) the program is compiled for.
     """
 
     alg: str = "entropy"
@@ -149,34 +168,79 @@ class SamplerSpec:
 
     @classmethod
     def from_params(cls, params) -> SamplerSpec:  # params: model_runtime.params.SamplingParams
+        """The spec a runtime compiles for ``params``: ``top_k`` is the width holding the request's k,
+        which the program then reads as a traced value (``kernels.Knobs.top_k``)."""
         return cls(
             alg=params.alg,
             do_sample=params.temperature > 0,
             use_top_p=params.effective_top_p < 1.0,
-            top_k=params.effective_top_k,
+            top_k=top_k_width(params.effective_top_k),
             use_alg_temp=bool(params.alg_temp),
         )
 
 
+def draw(sampler: Callable[..., jax.Array], key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``sampler(key, shape)`` (e.g. ``jax.random.gumbel``) where ``key`` is one key, or an array of keys
+    whose shape is a prefix of ``shape``: each key then draws its own trailing block, so an entry's
+    numbers depend on its key alone, never on the array's size or its neighbours."""
+    if key.ndim == 0:
+        return sampler(key, shape)
+    tail = shape[key.ndim :]
+
+    def one(k: jax.Array) -> jax.Array:
+        return sampler(k, tail)
+
+    f = one
+    for _ in range(key.ndim):
+        f = jax.vmap(f)
+    return f(key)
+
+
+def position_keys(row_keys: jax.Array, dist: jax.Array) -> jax.Array:
+    """``[B]`` row keys and ``[B, M]`` positions (counted from the end of the row, which left padding and
+    the bucket length leave unchanged) -> ``[B, M]`` keys, one per position."""
+    return jax.vmap(lambda k, d: jax.vmap(lambda e: jax.random.fold_in(k, e))(d))(row_keys, dist)
+
+
+def split_rows(row_keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two independent keys per row (``[B]`` each): one to sample proposals, one to commit."""
+    pairs = jax.vmap(jax.random.split)(row_keys)  # [B, 2]
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw from ``softmax(logits)`` over the last axis per entry (the Gumbel-max trick, as
+    ``jax.random.categorical``), with ``key`` as in :func:`draw`."""
+    noise = draw(jax.random.gumbel, key, logits.shape)
+    return jnp.argmax(logits.astype(jnp.float32) + noise, axis=-1)
+
+
 def sample_tokens(
-    logits: jax.Array, key: jax.Array, spec: SamplerSpec, temperature: jax.Array, top_p: jax.Array
+    logits: jax.Array,
+    key: jax.Array,
+    spec: SamplerSpec,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    top_k: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Proposed token and confidence per position, ``logits`` ``[..., V]`` -> two ``[...]`` arrays.
 
     Everything stays in the logits dtype (bf16 for real checkpoints), as the reference computes
     confidences and picks by them in bf16; softmax is evaluated in float32 and rounded back, which is
-    what torch does for a bf16 softmax.
+    what torch does for a bf16 softmax. ``key``: one key, or one per position (``logits.shape[:-1]``).
+    ``top_k``: a traced k in ``1..spec.top_k`` (then ``spec.top_k`` is the program's width), or None for
+    ``k = spec.top_k``.
     """
     dtype = logits.dtype
     if spec.do_sample:
         logits = (logits / temperature).astype(dtype)
-    if spec.top_k and spec.top_k < logits.shape[-1]:
-        return _sample_top_k(logits, key, spec, top_p)
+    if spec.top_k and (top_k is not None or spec.top_k < logits.shape[-1]):
+        return _sample_top_k(logits, key, spec, top_p, spec.top_k if top_k is None else top_k)
     if spec.use_top_p:
         logits = top_p_logits(logits, top_p)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
     if spec.do_sample:
-        x0 = jax.random.categorical(key, logits.astype(jnp.float32), axis=-1)
+        x0 = _categorical(key, logits)
         confidence = jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]
     else:
         x0 = jnp.argmax(probs, axis=-1)
@@ -188,46 +252,150 @@ def sample_tokens(
     return confidence, x0.astype(jnp.int32)
 
 
-def _neg_entropy(probs: jax.Array) -> jax.Array:
-    """``sum(p * log(p + 1e-10))`` as the reference writes it (higher = more confident)."""
+def _neg_entropy(probs: jax.Array, extra: jax.Array | None = None) -> jax.Array:
+    """``sum(p * log(p + 1e-10))`` as the reference writes it (higher = more confident); ``extra``
+    (``[...]``) more tokens with the last entry's probability count too."""
     dtype = probs.dtype
     terms = probs * jnp.log(probs + jnp.asarray(1e-10, dtype))
-    return jnp.sum(terms.astype(jnp.float32), axis=-1).astype(dtype)
+    total = jnp.sum(terms.astype(jnp.float32), axis=-1)
+    if extra is not None:
+        total = total + extra.astype(jnp.float32) * terms[..., -1].astype(jnp.float32)
+    return total.astype(dtype)
 
 
 def _sample_top_k(
-    logits: jax.Array, key: jax.Array, spec: SamplerSpec, top_p: jax.Array
+    logits: jax.Array, key: jax.Array, spec: SamplerSpec, top_p: jax.Array, k: jax.Array | int
 ) -> tuple[jax.Array, jax.Array]:
-    """``sample_tokens`` when top-k filtering is on (the reference default, k = 50), on k values only.
+    """``sample_tokens`` when top-k filtering is on (the reference default, k = 50), on a few values only.
 
-    After top-k every other logit is ``finfo.min``, so its probability is exactly 0 and it contributes
-    nothing to the softmax, the sample, the margin or the entropy (``0 * log(1e-10) = 0``). Working on
-    the sorted top k instead of the vocabulary gives the same numbers at a fraction of the cost; this is
-    most of a step's sampling time on a 152k vocabulary. (A tie at the k-th logit would keep extra tokens
-    in the reference; with continuous logits that does not happen.)
+    The reference keeps every logit >= the k-th largest (``logits < topk(...)[..., -1]`` is dropped), so
+    a tie at the k-th value keeps more than k tokens. We rank the ``spec.top_k + 1`` largest logits (one
+    more than k can be) and keep those >= the k-th; every other logit is ``finfo.min`` in the reference,
+    so its probability is exactly 0 and it adds nothing to the softmax, the sample, the margin or the
+    entropy (``0 * log(1e-10) = 0``). Working on the ranked candidates instead of the vocabulary gives
+    the same numbers at a fraction of the cost: this is most of a step's sampling time on a 152k
+    vocabulary.
+
+    When even the last candidate is kept, more tokens may tie with it beyond the ranked ones (bf16 logits
+    tie often). They are counted (``_ties_beyond``): the softmax and the entropy include them, and a sample
+    draws among the candidates plus one entry for the whole tie class at the k-th value (its total weight:
+    logit ``kth + log(count)``), which then takes one of those tokens uniformly (``_tied_token``).
     """
     dtype = logits.dtype
-    vals, idx = top_k_values(logits, spec.top_k)  # [..., k], sorted descending
+    v = logits.shape[-1]
+    n = min(spec.top_k + 1, v)
+    vals, idx = top_k_values(logits, n)  # [..., n], sorted descending
+    # The k-th largest value (k traced or static); k >= n (only when n == v) keeps every candidate.
+    kth = jax.lax.dynamic_index_in_dim(vals, jnp.clip(k, 1, n) - 1, axis=-1, keepdims=True)
+    keep = vals >= kth
+    lse = cum = None
     if spec.use_top_p:
         # The reference applies top-p first, on the full distribution. Its kept set is a prefix of the
-        # sorted order, so intersecting it with the top k only needs the first k full-softmax
-        # probabilities: p_i = exp(l_i - logsumexp(l)).
+        # sorted order, so intersecting it with the top k only needs the first n full-softmax
+        # probabilities: p_i = exp(l_i - logsumexp(l)). (Fewer than k kept by top-p: the reference's
+        # k-th largest is then finfo.min and the top-k filter keeps them all, as ``&`` does here.)
         lse = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1, keepdims=True)
         cum = jnp.cumsum(jnp.exp(vals.astype(jnp.float32) - lse).astype(dtype), axis=-1)
-        keep = jnp.concatenate([jnp.ones_like(cum[..., :1], bool), cum[..., :-1] <= top_p], axis=-1)
-        vals = jnp.where(keep, vals, jnp.finfo(dtype).min)
-    probs = jax.nn.softmax(vals.astype(jnp.float32), axis=-1).astype(dtype)  # [..., k]
-    if spec.do_sample:
-        pick = jax.random.categorical(key, vals.astype(jnp.float32), axis=-1)[..., None]
+        keep &= jnp.concatenate([jnp.ones_like(cum[..., :1], bool), cum[..., :-1] <= top_p], axis=-1)
+    kept = jnp.where(keep, vals, jnp.finfo(dtype).min).astype(jnp.float32)
+    if n < v:
+        extra = _ties_beyond(logits, vals, kth, keep, lse, cum, top_p)  # [...] int32
     else:
-        pick = jnp.argmax(probs, axis=-1)[..., None]
-    x0 = jnp.take_along_axis(idx, pick, axis=-1)[..., 0]
-    confidence = jnp.take_along_axis(probs, pick, axis=-1)[..., 0]
+        extra = jnp.zeros(vals.shape[:-1], jnp.int32)
+    # The softmax over the kept tokens: the candidates, and the tied ones past them (weight extra * e^kth;
+    # log(0) = -inf for none). A tied token's probability is the last candidate's, probs[..., -1].
+    tail = kth.astype(jnp.float32) + jnp.log(extra.astype(jnp.float32))[..., None]
+    probs = jax.nn.softmax(jnp.concatenate([kept, tail], axis=-1), axis=-1)[..., :n].astype(dtype)
+    if spec.do_sample:
+        pick, x0 = _sample_kept(logits, key, vals, idx, kth, keep, kept, extra if n < v else None)
+    else:
+        pick = jnp.argmax(probs, axis=-1)  # never a tied token past the candidates: the best is one
+        x0 = jnp.take_along_axis(idx, pick[..., None], axis=-1)[..., 0]
+    confidence = jnp.take_along_axis(probs, pick[..., None], axis=-1)[..., 0]
     if spec.alg == "topk_margin":
         confidence = top2_margin(probs)
     elif spec.alg == "entropy":
-        confidence = _neg_entropy(probs)
+        confidence = _neg_entropy(probs, extra)
     return confidence, x0.astype(jnp.int32)
+
+
+def _sample_kept(
+    logits: jax.Array,
+    key: jax.Array,
+    vals: jax.Array,
+    idx: jax.Array,
+    kth: jax.Array,
+    keep: jax.Array,
+    kept: jax.Array,
+    extra: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """A sampled token among the kept ones: (its candidate index for its probability, token id).
+
+    Without ties past the candidates (``extra`` None: every token is a candidate, or 0 for a position)
+    this is a categorical draw over them. With ties, the whole tie class
+    at the k-th value is one entry of weight ``count * e^kth`` (its candidates leave their own places),
+    and a draw of it takes one member uniformly: together, a draw of one token from the kept ones.
+    """
+    n = vals.shape[-1]
+    if extra is None:
+        pick = _categorical(key, kept)
+        return pick, jnp.take_along_axis(idx, pick[..., None], axis=-1)[..., 0]
+    in_class = (vals == kth) & keep & (extra > 0)[..., None]
+    ties = jnp.sum(in_class, axis=-1) + extra
+    cands = jnp.concatenate(
+        [
+            jnp.where(in_class, -jnp.inf, kept),
+            kth.astype(jnp.float32) + jnp.log(ties.astype(jnp.float32))[..., None],
+        ],
+        axis=-1,
+    )
+    pick = _categorical(key, cands)  # n: the tie class (drawn only when it reaches past the candidates)
+    at = jnp.minimum(pick, n - 1)  # a tied token's probability is the last candidate's
+    x0 = jnp.take_along_axis(idx, at[..., None], axis=-1)[..., 0]
+    drawn = pick == n
+
+    def resolve() -> jax.Array:
+        return jnp.where(drawn, _tied_token(logits, kth, key), x0)
+
+    # Rare (ties past the candidates, and a draw landing on them): the vocabulary-wide pick only then.
+    return at, jax.lax.cond(jnp.any(drawn), resolve, lambda: x0)
+
+
+def _ties_beyond(
+    logits: jax.Array,
+    vals: jax.Array,
+    kth: jax.Array,
+    keep: jax.Array,
+    lse: jax.Array | None,
+    cum: jax.Array | None,
+    top_p: jax.Array,
+) -> jax.Array:
+    """How many tokens past the ranked candidates ``vals`` the reference also keeps: those tied with the
+    k-th value when every candidate is kept, as far as top-p lets the kept prefix go on. ``[...]`` int32."""
+    total = jnp.sum(logits >= kth, axis=-1, dtype=jnp.int32)
+    beyond = jnp.where(keep[..., -1], total - jnp.sum(vals >= kth, axis=-1, dtype=jnp.int32), 0)
+    if cum is None or lse is None:
+        return beyond
+    # Top-p keeps the next tied token while the cumulative probability before it is <= top_p; each adds
+    # the same probability p.
+    p = jnp.exp(kth[..., 0].astype(jnp.float32) - lse[..., 0])
+    room = jnp.floor((top_p - cum[..., -1].astype(jnp.float32)) / p) + 1
+    room = jnp.where(cum[..., -1] <= top_p, jnp.clip(room, 0, beyond), 0)
+    return jnp.minimum(beyond, room.astype(jnp.int32))
+
+
+def _tied_token(logits: jax.Array, kth: jax.Array, key: jax.Array) -> jax.Array:
+    """Uniformly one of the tokens whose logit equals ``kth`` (``[..., 1]``): the one with the largest
+    random priority drawn from the position's key for every vocabulary entry. (Where top-p keeps only some
+    of a tie class, which ones the reference keeps depends on its unstable sort; here each is as likely.)"""
+    priority = draw(_token_priority, key, logits.shape)  # [..., V] in [0, 1)
+    return jnp.argmax(jnp.where(logits == kth, priority, -1.0), axis=-1).astype(jnp.int32)
+
+
+def _token_priority(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Random priorities for ``_tied_token``, independent of the Gumbel noise the same key gives
+    ``_categorical`` (uniform floats: equal draws, one chance in millions, go to the lower index)."""
+    return jax.random.uniform(jax.random.fold_in(key, 1), shape)
 
 
 # -- committing ------------------------------------------------------------------------------------------
@@ -244,13 +412,14 @@ def commit_by_confidence(
     alg_temp: jax.Array,
 ) -> jax.Array:
     """Commit, per row, the ``counts[b]`` masked positions with the highest confidence (maskgit_plus,
-    topk_margin, entropy), or a sample of them without replacement from ``softmax(conf / alg_temp)``."""
+    topk_margin, entropy), or a sample of them without replacement from ``softmax(conf / alg_temp)``.
+    ``key``: one key, or one per position (``[B, L]``)."""
     score = jnp.where(mask_index, confidence.astype(jnp.float32), -jnp.inf)  # [B, L]
     if spec.use_alg_temp:
         # Sampling k positions without replacement from softmax(score / alg_temp) is the top-k of the
         # Gumbel-perturbed log-probabilities (the Gumbel-top-k trick); -inf stays -inf.
         logp = jax.nn.log_softmax(score / alg_temp, axis=-1)
-        score = logp + jax.random.gumbel(key, score.shape, jnp.float32)
+        score = logp + draw(jax.random.gumbel, key, score.shape)
     # Rank positions by score, ties to the lower index (as lax.top_k); commit ranks < count.
     order = jnp.argsort(-score, axis=-1, stable=True)
     ranks = jnp.argsort(order, axis=-1)
@@ -261,6 +430,7 @@ def commit_by_confidence(
 def commit_origin(
     x: jax.Array, mask_index: jax.Array, x0: jax.Array, ratio: jax.Array, key: jax.Array
 ) -> jax.Array:
-    """``origin``: every masked position is revealed independently with probability ``1 - s/t``."""
-    chosen = (jax.random.uniform(key, x.shape) < ratio) & mask_index
+    """``origin``: every masked position is revealed independently with probability ``1 - s/t``; ``key``:
+    one key, or one per position (``[B, L]``)."""
+    chosen = (draw(jax.random.uniform, key, x.shape) < ratio) & mask_index
     return jnp.where(chosen, x0, x)

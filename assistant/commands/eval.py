@@ -152,10 +152,12 @@ def _block_lengths(args: argparse.Namespace) -> list[int]:
         lengths = [int(v) for v in args.sweep_block_lengths.split(",") if v.strip()]
     except ValueError:
         lengths = []
-    if not lengths or min(lengths) < 1:
+    from model_runtime.params import BLOCK_LENGTHS
+
+    if not lengths or any(n not in BLOCK_LENGTHS for n in lengths):
         raise UsageError(
-            f"--sweep-block-lengths: expected comma-separated positive whole numbers, "
-            f"got {args.sweep_block_lengths!r}"
+            f"--sweep-block-lengths: expected comma-separated block lengths, each one of "
+            f"{', '.join(map(str, BLOCK_LENGTHS))}; got {args.sweep_block_lengths!r}"
         )
     return [n for n in dict.fromkeys(lengths) if n != args.block_length]
 

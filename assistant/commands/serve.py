@@ -141,6 +141,7 @@ def make_loader(config: Config) -> Loader:
             max_context=config.max_context,
             length_buckets=config.length_buckets,
             batch_buckets=config.batch_buckets,
+            max_programs=config.max_programs,
         )
 
     return load

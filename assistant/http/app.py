@@ -282,6 +282,8 @@ class HttpApp:
                 "chat_defaults": self._loaded_chat_defaults(),
                 "mesh": rt.mesh_info if rt else None,
                 "buckets": [list(b) for b in rt.buckets] if rt else [],
+                # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
+                "programs": rt.program_cache if rt else None,
                 "engine": sched.status.to_dict(),
                 "queue": sched.queue_info(),
                 "counters": dict(sched.counters),

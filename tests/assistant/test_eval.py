@@ -260,6 +260,7 @@ def test_the_sweep_covers_thresholds_and_block_lengths():
         (["--sweep-block-lengths", "16"], "--sweep-block-lengths goes with --sweep"),
         (["--sweep", "--sweep-block-lengths", "16,x"], "--sweep-block-lengths: expected"),
         (["--sweep", "--sweep-block-lengths", "0"], "--sweep-block-lengths: expected"),
+        (["--sweep", "--sweep-block-lengths", "24"], "each one of 1, 2, 4, 8, 16, 32, 64, 128, 256"),
     ],
 )
 def test_bad_sweep_block_lengths_are_one_line_and_exit_2(args, message, capsys):

@@ -81,8 +81,10 @@ def test_the_warm_route_compiles_a_clients_shapes_ahead(tmp_path: Path) -> None:
             assert first.status_code == 202  # answered at once, compiled in the background
             assert first.json()["queued"] == 1 and first.json()["compiled"] == []
             assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
-            again = c.post("/v1/diffu/warm", json={"shapes": [shape, {**shape, "top_k": 5}]}).json()
-            assert again["queued"] == 1 and again["compiled"] == [0]  # another top_k is another program
+            # Top-p on is another program; another top_k is not (a traced value, issue #17).
+            shapes = [shape, {**shape, "top_k": 5}, {**shape, "top_p": 0.9}]
+            again = c.post("/v1/diffu/warm", json={"shapes": shapes}).json()
+            assert again["queued"] == 1 and again["compiled"] == [0, 1]
             assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
             # A request of the warmed shape runs at once: no compile waited for, none done.
             events = stream(

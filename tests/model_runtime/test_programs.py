@@ -1,0 +1,71 @@
+"""The runtime's program cache (issue #17): bounded, least recently used out; and a seeded row's samples
+depend on its seed alone, not on what it is batched with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model_runtime.interface import BatchDone
+from model_runtime.kernels import Knobs, StepInputs, row_keys, step_keys
+from model_runtime.params import SamplingParams
+from model_runtime.programs import ProgramCache
+from model_runtime.sampling import SamplerSpec
+
+
+def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -> None:
+    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=2)
+    entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
+    kept = cache.reference("step", (1, 32), entropy).program
+    cache.reference("step", (1, 32), maskgit)
+    assert cache.reference("step", (1, 32), entropy).compiled == 0  # in memory: now the most recent
+    cache.reference("step", (1, 32), margin)  # the third: maskgit, least recently used, makes room
+    assert [key[2] for key, _ in cache.items()] == [entropy, margin]
+    info = cache.info()
+    assert (info["held"], info["max_programs"], info["compiled"], info["evicted"]) == (2, 2, 3, 1)
+    assert cache.reference("step", (1, 32), entropy).program is kept
+    # A kept program still runs after the eviction cleared JAX's own caches.
+    params = SamplingParams(steps=4)
+    inputs = StepInputs(
+        attn=jnp.ones((1, 32), bool),
+        ratio=jnp.float32(0.5),
+        is_last=jnp.bool_(False),
+        key=step_keys(row_keys([0], 1), 0),
+        index=jnp.int32(0),
+        knobs=Knobs.of(params),
+    )
+    x = np.full((1, 32), runtime.config.mask_token_id, np.int32)
+    assert np.asarray(kept(runtime.state, jnp.asarray(x), inputs)).shape == (1, 32)
+    with pytest.raises(ValueError, match="max_programs: must be >= 2"):
+        ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
+
+
+@pytest.mark.parametrize("decoder", ["reference", "fast"])
+def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: str) -> None:
+    """Alone it runs in the (1, 32) bucket; batched, second of three in (4, 64), left-padded by a longer
+    prompt beside it, next to rows with other seeds."""
+    params = SamplingParams(
+        max_new_tokens=16,
+        steps=8,
+        temperature=1.0,
+        decoder=decoder,
+        alg_temp=0.5 if decoder == "reference" else None,
+    )
+    tok = runtime.tokenizer
+
+    def row(text: str, seed: int):
+        return dataclasses.replace(runtime.make_row(tok.encode(text), 16, chat=False), seed=seed)
+
+    def texts(rows) -> list[str]:
+        done = [e for e in runtime.run(rows, params, stream=False) if isinstance(e, BatchDone)][-1]
+        return done.texts
+
+    mine = row("def add(a, b):", 7)
+    alone = texts([mine])
+    batched = texts([row("x = 1\n" * 12, 3), mine, row("import os", 11)])
+    assert batched[1] == alone[0]
+    assert batched[0] != batched[2]  # other seeds, other prompts: other samples
+    assert texts([dataclasses.replace(mine, seed=8)]) != alone  # another seed, another sample
