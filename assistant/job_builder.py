@@ -15,7 +15,8 @@ from typing import Any
 
 from assistant.config import Config
 from assistant.job import Job
-from assistant.protocol import GenSpec, RequestError
+from assistant.protocol import GenSpec
+from assistant.request_fields import RequestError
 from assistant.warmup import Shape, WarmTask, shape_rows
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol

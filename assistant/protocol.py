@@ -10,56 +10,32 @@ features we cannot honour (``n > 1``, logprobs, tools) rather than silently doin
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# Re-exported: the routes read bodies and raise errors through this module.
+from assistant.request_fields import (
+    RequestError,
+    bad_field,
+    get_bool,
+    get_float,
+    get_int,
+    get_str,
+    reject_unknown,
+)
 from assistant.warmup import Shape
 from model_runtime.params import ParamError, SamplingParams
 
 # Sampling fields a request may set directly: every SamplingParams field but max_new_tokens, which each
 # route names its own way (max_new_tokens / canvas_tokens / max_tokens / n_predict). Taken from the
 # dataclass, so a knob the runtime gains is served without a change here.
-_SAMPLING_TYPES = {f.name: str(f.type) for f in dataclasses.fields(SamplingParams)
-                   if f.name != "max_new_tokens"}
+_SAMPLING_TYPES = {
+    f.name: str(f.type) for f in dataclasses.fields(SamplingParams) if f.name != "max_new_tokens"
+}
 SAMPLING_FIELDS = tuple(_SAMPLING_TYPES)
 MAX_STOP_STRINGS = 16
 MAX_EXTRA_CHUNKS = 256
 MAX_MESSAGES = 1024
-
-
-class RequestError(Exception):
-    """A request that cannot be served as sent; rendered as an OpenAI-style error object.
-
-    ``details`` holds the facts of the message as fields (``prompt_tokens``, ``context_length``, ...);
-    the body carries them as ``error.details`` when there are any.
-    """
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None,
-                 details: dict[str, object] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.kind = kind
-        self.code = code
-        self.details = dict(details or {})
-
-    def to_dict(self) -> dict[str, Any]:
-        return error_body(str(self), self.kind, param=self.param, code=self.code, details=self.details)
-
-
-def error_body(message: str, kind: str, *, param: str | None = None, code: str | int | None = None,
-               details: dict[str, object] | None = None) -> dict[str, Any]:
-    """The daemon's one error shape: OpenAI's ``{"error": {message, type, param, code}}``, plus
-    ``details`` (the facts as fields) when there are any. In SSE ``error`` events ``code`` is the
-    HTTP status the request would have had."""
-    error: dict[str, Any] = {"message": message, "type": kind, "param": param, "code": code}
-    if details:
-        error["details"] = details
-    return {"error": error}
 
 
 @dataclass
@@ -82,128 +58,6 @@ class GenSpec:
     session: str | None = None
     n_indent: int = 0
     return_ids: bool = False  # the native routes' done body then carries the token ids too
-
-
-def parse_json(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why not."""
-    if not body.strip():
-        raise RequestError("the request body is empty; send a JSON object")
-    try:
-        text = body.decode("utf-8-sig")  # JSON bodies are UTF-8 (RFC 8259); tolerate a BOM
-    except UnicodeDecodeError:
-        raise RequestError("the request body is not UTF-8 text") from None
-    try:
-        data = json.loads(text, parse_int=_parse_int)
-    except json.JSONDecodeError as exc:
-        raise RequestError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except RecursionError:
-        raise RequestError("malformed JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_type(data)}")
-    _check_text(data, "")
-    return data
-
-
-MAX_INT_DIGITS = 40
-
-
-def _parse_int(digits: str) -> int:
-    # No field takes a number this long, and Python refuses to parse one of more than 4,300 digits
-    # with a ValueError the JSON decoder does not turn into a decode error.
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise RequestError(f"malformed JSON: an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
-    return int(digits)
-
-
-def _check_text(value: Any, where: str) -> None:
-    """Refuse lone UTF-16 surrogates (``"\\ud800"``): valid JSON escapes, but no text the tokenizer can
-    encode. The error names the field."""
-    if isinstance(value, str):
-        if _SURROGATE.search(value):
-            raise RequestError(f"{where or 'body'}: holds a lone UTF-16 surrogate, which is not text",
-                               param=where.split("[", 1)[0].split(".", 1)[0] or None)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, f"{where}.{key}" if where else "a key")
-            _check_text(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_text(item, f"{where}[{i}]")
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-# -- field readers ------------------------------------------------------------------------------------
-def _type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _bad(name: str, expected: str, value: Any) -> RequestError:
-    short = isinstance(value, str | int | float | bool) and len(repr(value)) < 60
-    shown = repr(value) if short else _type(value)
-    return RequestError(f"{name}: expected {expected}, got {shown}", param=name)
-
-
-def get_int(data: dict[str, Any], name: str, default: int | None = None, *, lo: int | None = None,
-            hi: int | None = None) -> int | None:
-    value = data.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _bad(name, "an integer", value)
-    if lo is not None and value < lo:
-        raise RequestError(f"{name}: must be >= {lo}, got {value}", param=name)
-    if hi is not None and value > hi:
-        raise RequestError(f"{name}: must be <= {hi}, got {value}", param=name)
-    return value
-
-
-def get_float(data: dict[str, Any], name: str, default: float | None = None, *, lo: float | None = None,
-              hi: float | None = None) -> float | None:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise _bad(name, "a finite number", value)
-    if lo is not None and value < lo:
-        raise RequestError(f"{name}: must be >= {lo}, got {value}", param=name)
-    if hi is not None and value > hi:
-        raise RequestError(f"{name}: must be <= {hi}, got {value}", param=name)
-    return float(value)
-
-
-def get_bool(data: dict[str, Any], name: str, default: bool) -> bool:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(name, "true or false", value)
-    return value
-
-
-def get_str(data: dict[str, Any], name: str, default: str | None = None, *, required: bool = False,
-            max_len: int | None = None) -> str | None:
-    value = data.get(name)
-    if value is None:
-        if required:
-            raise RequestError(f"{name}: required", param=name)
-        return default
-    if not isinstance(value, str):
-        raise _bad(name, "a string", value)
-    if max_len is not None and len(value) > max_len:
-        raise RequestError(f"{name}: at most {max_len} characters, got {len(value)}", param=name)
-    return value
-
-
-def reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise RequestError(f"{unknown[0]}: unknown field for {where} (known: {', '.join(sorted(known))})",
-                           param=unknown[0])
 
 
 def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> dict[str, Any]:
@@ -250,35 +104,42 @@ def _messages(value: Any) -> list[dict[str, str]]:
     name for ``system``.
     """
     if not isinstance(value, list) or not value:
-        raise RequestError("messages: expected a non-empty array of {role, content} objects",
-                           param="messages")
+        raise RequestError(
+            "messages: expected a non-empty array of {role, content} objects", param="messages"
+        )
     if len(value) > MAX_MESSAGES:
         raise RequestError(f"messages: at most {MAX_MESSAGES} messages, got {len(value)}", param="messages")
     out = []
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise _bad(where, "an object with role and content", msg)
+            raise bad_field(where, "an object with role and content", msg)
         role = msg.get("role")
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant"):
-            raise RequestError(f"{where}.role: expected 'system', 'user' or 'assistant', got {role!r}",
-                               param=f"{where}.role")
+            raise RequestError(
+                f"{where}.role: expected 'system', 'user' or 'assistant', got {role!r}", param=f"{where}.role"
+            )
         if role == "system" and i != 0:
             raise RequestError(f"{where}.role: a system message is only allowed first", param=f"{where}.role")
         content = msg.get("content")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
-                if not (isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str)):
-                    raise RequestError(f"{where}.content[{j}]: only text parts ({{type: 'text', text}}) are "
-                                       "supported", param=f"{where}.content")
+                if not (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise RequestError(
+                        f"{where}.content[{j}]: only text parts ({{type: 'text', text}}) are supported",
+                        param=f"{where}.content",
+                    )
                 texts.append(part["text"])
             content = "".join(texts)
         if not isinstance(content, str):
-            raise _bad(f"{where}.content", "a string", content)
+            raise bad_field(f"{where}.content", "a string", content)
         out.append({"role": role, "content": content})
     if out[-1]["role"] != "user":
         raise RequestError("messages: the last message must come from the user", param="messages")
@@ -291,7 +152,7 @@ def _stop(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-        raise _bad("stop", "a non-empty string or an array of them", value)
+        raise bad_field("stop", "a non-empty string or an array of them", value)
     if len(value) > MAX_STOP_STRINGS:
         raise RequestError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop")
     return value
@@ -325,8 +186,10 @@ def parse_native_generate(data: dict[str, Any], *, default_tokens: int) -> GenSp
     tokens = get_int(data, "max_new_tokens", default_tokens, lo=0)
     assert tokens is not None
     if tokens == 0 and has_messages:
-        raise RequestError("max_new_tokens: 0 is only for a raw prompt whose <|mask|> holes are to be filled",
-                           param="max_new_tokens")
+        raise RequestError(
+            "max_new_tokens: 0 is only for a raw prompt whose <|mask|> holes are to be filled",
+            param="max_new_tokens",
+        )
     spec = GenSpec(mode="chat" if has_messages else "prompt", canvas_tokens=tokens, sampling=_sampling(data))
     if has_messages:
         spec.messages = _messages(data["messages"])
@@ -340,9 +203,13 @@ def parse_native_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec
     reject_unknown(data, _NATIVE_COMMON | {"prefix", "suffix", "canvas_tokens"}, "/v1/diffu/infill")
     tokens = get_int(data, "canvas_tokens", default_tokens, lo=1)
     assert tokens is not None
-    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data),
-                   prefix=get_str(data, "prefix", required=True) or "",
-                   suffix=get_str(data, "suffix", "") or "")
+    spec = GenSpec(
+        mode="infill",
+        canvas_tokens=tokens,
+        sampling=_sampling(data),
+        prefix=get_str(data, "prefix", required=True) or "",
+        suffix=get_str(data, "suffix", "") or "",
+    )
     return _native_common(data, spec)
 
 
@@ -356,11 +223,14 @@ def parse_warm(data: dict[str, Any]) -> list[Shape]:
     reject_unknown(data, {"shapes"}, "/v1/diffu/warm")
     shapes = data.get("shapes")
     if not isinstance(shapes, list) or not shapes:
-        raise RequestError("shapes: expected a non-empty array of {prompt_tokens, max_new_tokens, ...} "
-                           "objects", param="shapes")
+        raise RequestError(
+            "shapes: expected a non-empty array of {prompt_tokens, max_new_tokens, ...} objects",
+            param="shapes",
+        )
     if len(shapes) > MAX_WARM_SHAPES:
-        raise RequestError(f"shapes: at most {MAX_WARM_SHAPES} per request, got {len(shapes)}",
-                           param="shapes")
+        raise RequestError(
+            f"shapes: at most {MAX_WARM_SHAPES} per request, got {len(shapes)}", param="shapes"
+        )
     out = []
     for i, item in enumerate(shapes):
         try:
@@ -373,13 +243,19 @@ def parse_warm(data: dict[str, Any]) -> list[Shape]:
 def in_shape(exc: RequestError, index: int) -> RequestError:
     """``exc`` about ``shapes[index]`` of a warm request."""
     where = f"shapes[{index}]"
-    return RequestError(f"{where}.{exc}", status=exc.status, kind=exc.kind, code=exc.code,
-                        details=exc.details, param=f"{where}.{exc.param}" if exc.param else where)
+    return RequestError(
+        f"{where}.{exc}",
+        status=exc.status,
+        kind=exc.kind,
+        code=exc.code,
+        details=exc.details,
+        param=f"{where}.{exc.param}" if exc.param else where,
+    )
 
 
 def _warm_shape(item: Any) -> Shape:
     if not isinstance(item, dict):
-        raise _bad("shape", "an object with prompt_tokens and max_new_tokens", item)
+        raise bad_field("shape", "an object with prompt_tokens and max_new_tokens", item)
     reject_unknown(item, _WARM_FIELDS, "a warm shape")
     for name in ("prompt_tokens", "max_new_tokens"):
         if item.get(name) is None:
@@ -389,8 +265,13 @@ def _warm_shape(item: Any) -> Shape:
     spec = GenSpec(mode="prompt", canvas_tokens=tokens, sampling=_sampling(item))
     check_sampling(spec)  # the same checks and defaults a request of this shape gets
     sampling = {k: v for k, v in spec.sampling.items() if k in item}
-    return Shape(prompt_tokens, tokens, infill=get_bool(item, "infill", False),
-                 batch=get_int(item, "batch", 1, lo=1) or 1, sampling=sampling)
+    return Shape(
+        prompt_tokens,
+        tokens,
+        infill=get_bool(item, "infill", False),
+        batch=get_int(item, "batch", 1, lo=1) or 1,
+        sampling=sampling,
+    )
 
 
 # -- OpenAI routes ------------------------------------------------------------------------------------
@@ -404,18 +285,23 @@ def _openai_common(data: dict[str, Any], spec: GenSpec) -> GenSpec:
     _refuse(data, "functions", None, "function calling is not supported by this server")
     for name in ("presence_penalty", "frequency_penalty"):
         if get_float(data, name, 0.0) != 0.0:
-            raise RequestError(f"{name}: penalties are not supported (a diffusion model has no token history "
-                               "to penalise); leave it 0", param=name, code="unsupported")
+            raise RequestError(
+                f"{name}: penalties are not supported (a diffusion model has no token history "
+                "to penalise); leave it 0",
+                param=name,
+                code="unsupported",
+            )
     fmt = data.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise RequestError("response_format: only {\"type\": \"text\"} is supported", param="response_format",
-                           code="unsupported")
+        raise RequestError(
+            'response_format: only {"type": "text"} is supported', param="response_format", code="unsupported"
+        )
     get_str(data, "model")  # any name is accepted (clients insist on one), but it must be a string
     spec.stream = get_bool(data, "stream", False)
     options = data.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            raise _bad("stream_options", "an object", options)
+            raise bad_field("stream_options", "an object", options)
         spec.include_usage = get_bool(options, "include_usage", False)
     spec.stop = _stop(data.get("stop"))
     # A diffusion-specific time budget, like llama.cpp's t_max_predict_ms.
@@ -436,8 +322,12 @@ def parse_chat_completions(data: dict[str, Any], *, default_tokens: int) -> GenS
     """``POST /v1/chat/completions``."""
     if "messages" not in data:
         raise RequestError("messages: required", param="messages")
-    spec = GenSpec(mode="chat", canvas_tokens=_max_tokens(data, default_tokens),
-                   sampling=_sampling(data, temperature_default=0.0), messages=_messages(data["messages"]))
+    spec = GenSpec(
+        mode="chat",
+        canvas_tokens=_max_tokens(data, default_tokens),
+        sampling=_sampling(data, temperature_default=0.0),
+        messages=_messages(data["messages"]),
+    )
     return _openai_common(data, spec)
 
 
@@ -447,20 +337,25 @@ def parse_completions(data: dict[str, Any], *, default_tokens: int, infill_token
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     suffix = get_str(data, "suffix")
-    spec = GenSpec(mode="prompt" if suffix is None else "infill",
-                   canvas_tokens=_max_tokens(data, default_tokens if suffix is None else infill_tokens),
-                   sampling=_sampling(data, temperature_default=0.0))
+    spec = GenSpec(
+        mode="prompt" if suffix is None else "infill",
+        canvas_tokens=_max_tokens(data, default_tokens if suffix is None else infill_tokens),
+        sampling=_sampling(data, temperature_default=0.0),
+    )
     if isinstance(prompt, str):
         spec.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                     for t in prompt):
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         if suffix is not None:
             raise RequestError("prompt: token ids cannot be combined with suffix; send text", param="prompt")
         spec.prompt_ids = prompt
     elif prompt is None:
         raise RequestError("prompt: required", param="prompt")
     else:
-        raise _bad("prompt", "a string, an array of one string, or an array of token ids", prompt)
+        raise bad_field("prompt", "a string, an array of one string, or an array of token ids", prompt)
     if suffix is not None:
         spec.prefix, spec.suffix = spec.prompt or "", suffix
     return _openai_common(data, spec)
@@ -480,18 +375,20 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
     forced = get_str(data, "prompt", "") or ""
     extra_raw = data.get("input_extra") or []
     if not isinstance(extra_raw, list):
-        raise _bad("input_extra", "an array of {filename, text} objects", extra_raw)
+        raise bad_field("input_extra", "an array of {filename, text} objects", extra_raw)
     if len(extra_raw) > MAX_EXTRA_CHUNKS:
-        raise RequestError(f"input_extra: at most {MAX_EXTRA_CHUNKS} chunks, got {len(extra_raw)}",
-                           param="input_extra")
+        raise RequestError(
+            f"input_extra: at most {MAX_EXTRA_CHUNKS} chunks, got {len(extra_raw)}", param="input_extra"
+        )
     extra = []
     for i, chunk in enumerate(extra_raw):
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
-            raise RequestError(f"input_extra[{i}]: expected an object with a string text",
-                               param="input_extra")
+            raise RequestError(
+                f"input_extra[{i}]: expected an object with a string text", param="input_extra"
+            )
         filename = chunk.get("filename", "")
         if not isinstance(filename, str):
-            raise _bad(f"input_extra[{i}].filename", "a string", filename)
+            raise bad_field(f"input_extra[{i}].filename", "a string", filename)
         extra.append((filename, chunk["text"]))
     n_predict = get_int(data, "n_predict", -1, lo=-1)
     if n_predict == 0:
@@ -500,10 +397,17 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
     tokens = default_tokens if n_predict in (-1, None) else n_predict
     assert tokens is not None
     t_max = get_int(data, "t_max_predict_ms", lo=0)
-    spec = GenSpec(mode="infill", canvas_tokens=tokens, sampling=_sampling(data, temperature_default=0.0),
-                   prefix=prefix + forced, suffix=suffix, extra=extra, stream=get_bool(data, "stream", False),
-                   max_seconds=t_max / 1000 if t_max else None,
-                   n_indent=get_int(data, "n_indent", 0, lo=0) or 0)
+    spec = GenSpec(
+        mode="infill",
+        canvas_tokens=tokens,
+        sampling=_sampling(data, temperature_default=0.0),
+        prefix=prefix + forced,
+        suffix=suffix,
+        extra=extra,
+        stream=get_bool(data, "stream", False),
+        max_seconds=t_max / 1000 if t_max else None,
+        n_indent=get_int(data, "n_indent", 0, lo=0) or 0,
+    )
     spec.stop = _stop(data.get("stop"))
     check_sampling(spec)
     if n_predict is None:
@@ -515,7 +419,7 @@ def parse_llama_infill(data: dict[str, Any], *, default_tokens: int) -> GenSpec:
 def apply_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """Cut ``text`` at the earliest stop string; returns (text, whether it was cut)."""
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return (text[:min(cuts)], True) if cuts else (text, False)
+    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def apply_n_indent(text: str, n_indent: int) -> tuple[str, bool]:

@@ -26,12 +26,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from assistant import __version__, protocol, sse, warmup
+from assistant import __version__, protocol, request_fields, sse, warmup
 from assistant.config import Config
 from assistant.http.streaming import EventStream, HealthFeed, wait_disconnect
 from assistant.job import Job, JobDone, JobError
 from assistant.job_builder import build_job, warm_task
-from assistant.protocol import GenSpec, RequestError, error_body
+from assistant.protocol import GenSpec
+from assistant.request_fields import RequestError, error_body
 from assistant.scheduler import Loader, Scheduler
 from assistant.security import GuardMiddleware, is_loopback
 from assistant.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
@@ -301,9 +302,9 @@ class HttpApp:
         )
 
     async def cancel(self, request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
-        protocol.reject_unknown(data, {"id"}, "/v1/diffu/cancel")
-        job_id = protocol.get_str(data, "id", required=True, max_len=200) or ""
+        data = request_fields.parse_json(await request.body())
+        request_fields.reject_unknown(data, {"id"}, "/v1/diffu/cancel")
+        job_id = request_fields.get_str(data, "id", required=True, max_len=200) or ""
         for prefix in ("chatcmpl-", "cmpl-"):
             job_id = job_id.removeprefix(prefix)
         if not self.sched.cancel(job_id, "cancelled by the client"):

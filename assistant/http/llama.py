@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from assistant import protocol, sse
+from assistant import protocol, request_fields, sse
 from assistant.http.app import HttpApp, job_error_event
 from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
-from assistant.protocol import GenSpec, RequestError
+from assistant.protocol import GenSpec
+from assistant.request_fields import RequestError
 
 
 def _select_fields(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def _select_fields(body: dict[str, Any], fields: list[str] | None) -> dict[str, 
 
 def routes(app: HttpApp) -> list[Route]:
     async def infill(request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
+        data = request_fields.parse_json(await request.body())
         spec = protocol.parse_llama_infill(data, default_tokens=app.config.infill_tokens)
         fields = data.get("response_fields")
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):

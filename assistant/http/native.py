@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from assistant import protocol, sse
+from assistant import protocol, request_fields, sse
 from assistant.http.app import HttpApp, job_error_event, usage
 from assistant.job import Job, JobDone, JobStep, JobWaiting
 from assistant.protocol import GenSpec
@@ -67,17 +67,17 @@ def routes(app: HttpApp) -> list[Route]:
     pieces: list[Pieces] = []  # made once the runtime (and so its tokenizer) exists
 
     async def generate(request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
+        data = request_fields.parse_json(await request.body())
         spec = protocol.parse_native_generate(data, default_tokens=app.config.default_max_tokens)
         return await respond(request, spec)
 
     async def infill(request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
+        data = request_fields.parse_json(await request.body())
         spec = protocol.parse_native_infill(data, default_tokens=app.config.infill_tokens)
         return await respond(request, spec)
 
     async def warm(request: Request) -> Response:
-        shapes = protocol.parse_warm(protocol.parse_json(await request.body()))
+        shapes = protocol.parse_warm(request_fields.parse_json(await request.body()))
         return JSONResponse(app.warm(shapes), status_code=202)
 
     async def respond(request: Request, spec: GenSpec) -> Response:

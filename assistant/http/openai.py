@@ -15,10 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from assistant import protocol, sse
+from assistant import protocol, request_fields, sse
 from assistant.http.app import HttpApp, job_error_event, usage
 from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
-from assistant.protocol import GenSpec, RequestError
+from assistant.protocol import GenSpec
+from assistant.request_fields import RequestError
 from model_runtime.interface import RuntimeProtocol
 
 _FINISH_OPENAI = {"stop": "stop", "length": "length", "time": "length", "cancelled": "cancelled"}
@@ -59,12 +60,12 @@ def routes(app: HttpApp) -> list[Route]:
         return JSONResponse(model_entry(rt))
 
     async def chat_completions(request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
+        data = request_fields.parse_json(await request.body())
         spec = protocol.parse_chat_completions(data, default_tokens=app.config.default_max_tokens)
         return await respond(request, spec, chat=True)
 
     async def completions(request: Request) -> Response:
-        data = protocol.parse_json(await request.body())
+        data = request_fields.parse_json(await request.body())
         spec = protocol.parse_completions(
             data, default_tokens=app.config.default_max_tokens, infill_tokens=app.config.infill_tokens
         )

@@ -8,7 +8,7 @@ from assistant import protocol
 from assistant.config import Config
 from assistant.fake_runtime import FakeRuntime
 from assistant.job_builder import build_job
-from assistant.protocol import RequestError
+from assistant.request_fields import RequestError
 
 
 def spec_of(body: dict, *, default_tokens: int = 16) -> protocol.GenSpec:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from assistant import protocol, sse
-from assistant.protocol import RequestError
+from assistant import protocol, request_fields, sse
+from assistant.request_fields import RequestError
 
 
 def test_sse_round_trip_with_named_events_comments_and_multiline_data() -> None:
@@ -35,7 +35,7 @@ def test_sse_parser_handles_crlf_and_drops_an_unterminated_event() -> None:
 ])
 def test_parse_json_errors(body: bytes, message: str) -> None:
     with pytest.raises(RequestError, match=message) as info:
-        protocol.parse_json(body)
+        request_fields.parse_json(body)
     assert info.value.status == 400
 
 
