@@ -340,18 +340,18 @@ def test_bundled_model_writes_python_for_a_python_prompt():
     from model_runtime.bundled import bundled_model_dir
     from model_runtime.params import SamplingParams
 
-    # What `diffu generate --raw --prompt "def fibonacci(n):"` runs: 128 masks, greedy, the decoder the
-    # model recommends (the fast one: scripts/decoder_quality.py measured it writing better code).
+    # What the README's `diffu generate --raw --prompt "def is_prime(n):"` runs: 128 masks, greedy, the
+    # decoder the model recommends (the fast one: scripts/decoder_quality.py measured it writing better code).
     rt = model_runtime.load(bundled_model_dir(), length_buckets=(256,), batch_buckets=(1,))
     assert rt.default_decoder == "fast"
-    prompt = rt.tokenizer.encode("def fibonacci(n):")
+    prompt = rt.tokenizer.encode("def is_prime(n):")
     params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.default_decoder)
     done = list(rt.generate([prompt], params, chat=False))[-1]
     lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
     assert len(lines) >= 3, done.texts[0]
     # Python-looking: most lines are code that parses with the prompt as one program, and the body is
     # indented under the def.
-    assert python_share("def fibonacci(n):", done.texts[0]) >= 0.6, done.texts[0]
+    assert python_share("def is_prime(n):", done.texts[0]) >= 0.6, done.texts[0]
     assert any(ln.startswith((" ", "\t")) for ln in lines), done.texts[0]
 
 
