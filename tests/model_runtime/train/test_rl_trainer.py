@@ -184,3 +184,43 @@ def test_the_cli_refuses_bad_input_with_one_line(tiny_dir, tasks_file, tmp_path,
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+def _mesh_run(run_dir: str, tiny_dir: str, tasks_file: str, tp: int, dp: int) -> dict:
+    """Two steps on a tp x dp mesh; the subprocess of the sharding test runs this too."""
+    from model_runtime.train.rl.tasks import read_tasks
+
+    cfg = RLConfig(**SMALL, steps=2, learning_rate=3e-3)
+    opts = RLOptions(show_progress=False, log=lambda m: None)
+    rt = load_policy(tiny_dir, cfg, tp=tp, dp=dp)
+    t = RLTrainer(Path(run_dir), rt, read_tasks(tasks_file), [Reward("spaces", spaces, 1.0)], cfg, opts)
+    history = t.run()
+    t.close()
+    mesh = rt.mesh_info
+    keys = ("reward", "loss", "kl", "grad_norm")
+    return {"mesh": [mesh["dp"], mesh["tp"]], "steps": [[h.get(k) for k in keys] for h in history]}
+
+
+def test_data_and_tensor_parallel_training_matches_one_device(tiny_dir, tasks_file, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from tests.model_runtime.train.test_rl_trainer import _mesh_run; "
+        "print(json.dumps(_mesh_run(*sys.argv[1:4], 2, 2)))"
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    root = Path(__file__).resolve().parents[3]
+    args = [str(tmp_path / "mesh"), str(tiny_dir), str(tasks_file)]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, cwd=root, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    four = json.loads(proc.stdout.strip().splitlines()[-1])
+    one = _mesh_run(str(tmp_path / "one"), str(tiny_dir), str(tasks_file), 1, 1)
+    assert four["mesh"] == [2, 2] and one["mesh"] == [1, 1]
+    # The same rollouts (rewards equal) and updates; only the order of float reductions differs.
+    np.testing.assert_allclose(
+        np.array(four["steps"], float), np.array(one["steps"], float), rtol=1e-4, atol=1e-7
+    )
