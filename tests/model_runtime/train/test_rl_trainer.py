@@ -136,8 +136,9 @@ def _cli(tasks: Path, tiny_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
         "train", "--rl", "coupled-grpo", "--tasks", str(tasks), "--init-from", str(tiny_dir),
         "--out", str(out),
-        "--steps", "2", "--prompts-per-step", "2", "--num-generations", "2", "--chunk", "2",
-        "--max-completion-length", "8", "--generation-batch-size", "4", "--max-prompt-length", "32",
+        # The shapes of SMALL: the programs compiled by the tests above come from the compilation cache.
+        "--steps", "2", "--prompts-per-step", "2", "--num-generations", "4", "--chunk", "4",
+        "--max-completion-length", "16", "--generation-batch-size", "8", "--max-prompt-length", "32",
         "--export-dtype", "float32", "--quiet", *extra,
     ]  # fmt: skip
 
@@ -155,7 +156,7 @@ def test_the_cli_trains_exports_a_loadable_model_and_refuses_changed_settings(
                 "rollouts_per_s", "loss", "grad_norm", "lr"):  # fmt: skip
         assert key in first, key
     facts = json.loads((out / "model" / "metrics.json").read_text())
-    assert facts["rl"]["num_generations"] == 2 and facts["train"]["rollouts"] == 1
+    assert facts["rl"]["num_generations"] == 4 and facts["train"]["rollouts"] == 1
     rt = model_runtime.load(out / "model")
     ids = rt.encode_chat([{"role": "user", "content": "hi"}])
     done = list(rt.generate([ids], model_runtime.SamplingParams(max_new_tokens=4, steps=4), chat=True))[-1]
@@ -177,7 +178,7 @@ def test_the_cli_refuses_bad_input_with_one_line(tiny_dir, tasks_file, tmp_path,
         (_cli(bad, tiny_dir, tmp_path / "a"), "bad.jsonl:2 (task 'sum_two'): test 2 does not parse"),
         (_cli(good, tiny_dir, tmp_path / "b", "--reward", "no_such_pkg:fn"), "cannot import no_such_pkg"),
         (_cli(good, tiny_dir, tmp_path / "c", "--reward", "code=lots"), "after '=' must be a number"),
-        (_cli(good, tiny_dir, tmp_path / "d", "--chunk", "3"), "chunk: must divide the 4 completions"),
+        (_cli(good, tiny_dir, tmp_path / "d", "--chunk", "3"), "chunk: must divide the 8 completions"),
         (["train", "--rl", "coupled-grpo", "--init-from", str(tiny_dir), "--out", str(tmp_path)], "--tasks"),
     ]
     for argv, message in cases:
