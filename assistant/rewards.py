@@ -83,7 +83,7 @@ class CodeReward:
         self.sandbox = Sandbox(Limits(timeout=timeout), workers=workers)
 
     def __call__(
-        self, completions: Sequence[Any], test_cases: Sequence[Sequence[str]], **_: Any
+        self, completions: Sequence[Any], test_cases: Sequence[Sequence[str]], **columns: Any
     ) -> list[float]:
         texts = [content(c) for c in completions]
         jobs: list[tuple[int, str]] = []

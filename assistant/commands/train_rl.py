@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_rewards(specs: list[str] | None) -> list[tuple[str, float]]:
     """``["code=2", "pkg.mod:fn"]`` -> ``[("code", 2.0), ("pkg.mod:fn", 1.0)]``."""
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if not specs:
         from assistant.rewards import DEFAULT_REWARDS
@@ -83,7 +83,7 @@ def parse_rewards(specs: list[str] | None) -> list[tuple[str, float]]:
 def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]]:
     """(model_runtime Reward objects, things to close afterwards)."""
     from assistant import rewards
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
     from model_runtime.train.rl.trainer import Reward
 
     built, closers = [], []
@@ -99,7 +99,7 @@ def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    from assistant.cli import UsageError
+    from assistant.errors import UsageError
 
     if args.init_from is None:
         raise UsageError("--rl needs --init-from MODEL: the (instruction-tuned) model to improve")

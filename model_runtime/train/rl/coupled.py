@@ -126,6 +126,7 @@ def grpo_loss(
     m = completion_mask.astype(jnp.float32)
     metrics = {}
     if settings.beta != 0.0:
+        assert ref_logps is not None, "beta != 0 needs the reference log-probs"
         d = ref_logps - logps
         kl = jnp.exp(d) - d - 1  # k3: unbiased, always >= 0
         per_token = per_token + settings.beta * kl

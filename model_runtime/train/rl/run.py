@@ -32,7 +32,7 @@ from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTraine
 def load_policy(init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None) -> Any:
     """The starting model in float32 (the trained weights), on a tp x dp mesh when asked, with one batch
     bucket of ``generation_batch_size`` rows for the rollouts."""
-    from model_runtime.engine import load
+    from model_runtime.loader import load
 
     return load(init_from, dtype="float32", tp=tp, dp=dp, batch_buckets=(cfg.generation_batch_size,))
 

@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from model_runtime.train.rl.tasks import Task, write_tasks
 
@@ -176,7 +177,7 @@ def _task(family: Family, name_tpl: str, k: object, rng: random.Random, n_tests:
     solution = f"def {name}({family.params}):\n    {family.body.format(k=k)}\n"
     scope: dict[str, object] = {}
     exec(solution, scope)  # our own reference solution, never model output
-    fn = scope[name]
+    fn = cast(Callable[..., object], scope[name])
     tests, seen = [], set()
     for _ in range(50 * n_tests):
         args = family.inputs(rng, k)

@@ -125,7 +125,7 @@ class RLTrainer:
     def __init__(
         self,
         run_dir: Path,
-        rt: Any,  # model_runtime.engine.Runtime loaded in float32: its weights are the starting policy
+        rt: Any,  # model_runtime.runtime.Runtime loaded in float32: its weights are the starting policy
         tasks: Sequence[Task],
         rewards: Sequence[Reward],
         cfg: RLConfig,
@@ -311,6 +311,7 @@ class RLTrainer:
     def update(self) -> dict[str, float]:
         """One optimizer step on the current rollout with the masks of iteration ``step % I``."""
         cfg, buf = self.cfg, self.buffer
+        assert buf is not None, "update() needs a rollout (make_rollout or restore_latest)"
         k = self.step % cfg.num_iterations
         draw = self._draw(int(buf["mask_seeds"][k]), cfg.max_completion_length)
         r = coupled.tile_rows(draw.r, self.micro)

@@ -143,8 +143,8 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
             loss_j, m = ref_impl.compute_loss(th_cur, inputs)
             (loss_j / accumulation).backward()
             total += float(loss_j.detach()) / accumulation
-            kls.append(float(m["kl"]))
-            clips.append(float(m["clip_ratio"]))
+            kls.append(float(m["kl"].detach()))
+            clips.append(float(m["clip_ratio"].detach()))
 
         old_k = None if num_iterations == 1 else jnp.asarray(old_t[:, k].numpy())
 
