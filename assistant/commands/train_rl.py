@@ -53,6 +53,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-top-p", type=float, default=0.95, help="nucleus (0.95)")
     g.add_argument("--generation-batch-size", type=int, default=10, help="rows generated together (10)")
     g.add_argument(
+        "--rollout-decoder",
+        choices=("reference", "fast"),
+        default="reference",
+        help="reference (published: one token per step) or fast (block-wise; for small models whose "
+        "reference rollouts collapse); default reference",
+    )
+    g.add_argument("--rollout-block-length", type=int, default=32, help="fast rollouts: block (32)")
+    g.add_argument("--rollout-threshold", type=float, default=0.9, help="fast rollouts: threshold (0.9)")
+    g.add_argument(
         "--micro-batch", type=int, default=None, help="rows per forward/backward (default: the whole batch)"
     )
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel devices per model replica (1)")
@@ -148,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.rollout_temperature,
             top_p=args.rollout_top_p,
             generation_batch_size=args.generation_batch_size,
+            rollout_decoder=args.rollout_decoder,
+            block_length=args.rollout_block_length,
+            threshold=args.rollout_threshold,
             seed=args.seed,
         )
         rewards, closers = _build_rewards(reward_specs)

@@ -155,3 +155,16 @@ def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
     assert _sandbox_temp_entries() == temp_before
     assert threading.active_count() == threads_before
     assert _children() == children_before
+
+
+def test_the_cpu_run_rewards_read_an_answer_ending_at_its_fence_as_closed():
+    from scripts import rl_cpu_rewards
+
+    at_fence = "Here:\n```python\ndef f(x):\n    return x + 1\n```"
+    assert rewards.code_format([at_fence]) == [0.0]  # the published rule wants a final newline
+    assert rl_cpu_rewards.code_format([at_fence, at_fence + "\n", "```python\ndef f(x)\n```"]) == [
+        1.0,
+        1.0,
+        0.5,
+    ]
+    assert rl_cpu_rewards.code([at_fence], test_cases=[["assert f(1) == 2", "assert f(2) == 4"]]) == [0.5]

@@ -5,6 +5,11 @@ calls Dream's ``diffusion_generate`` (``max_new_tokens`` = ``steps``: one token 
 entropy, ``alg_temp`` 0, temperature 1.0 and ``top_p`` 0.95 in the recipe, ``top_k`` left unset, which
 the reference reads as 50). Here the runtime's reference decoder does that (``Runtime.run``), batched
 ``generation_batch_size`` rows at a time; ``<|im_end|>`` ends the completion mask.
+
+``decoder="fast"`` (not the published setting) samples with diffu's block-wise fast decoder instead, for
+small models whose reference-decoder rollouts collapse (a confident end-of-text committed first leaves an
+empty answer). The update does not depend on the sampler: old, reference and current log-probabilities
+all come from the coupled estimate of the completions as sampled.
 """
 
 from __future__ import annotations
@@ -38,8 +43,17 @@ class Rollout:
         return np.concatenate([self.prompt_ids, self.completion_ids], axis=1)
 
 
-def sampling(max_new_tokens: int, steps: int, temperature: float, top_p: float) -> SamplingParams:
-    """The published rollout settings for the reference decoder (``top_k`` unset: the reference's 50)."""
+def sampling(
+    max_new_tokens: int,
+    steps: int,
+    temperature: float,
+    top_p: float,
+    decoder: str = "reference",
+    block_length: int = 32,
+    threshold: float = 0.9,
+) -> SamplingParams:
+    """The published rollout settings for the reference decoder (``top_k`` unset: the reference's 50);
+    with ``decoder="fast"`` its blocks of ``block_length`` and confidence ``threshold``."""
     return SamplingParams(
         max_new_tokens=max_new_tokens,
         steps=steps,
@@ -47,7 +61,9 @@ def sampling(max_new_tokens: int, steps: int, temperature: float, top_p: float) 
         alg_temp=0.0,
         temperature=temperature,
         top_p=top_p if temperature > 0 else 1.0,
-        decoder="reference",
+        decoder=decoder,
+        block_length=block_length,
+        threshold=threshold,
     )
 
 

@@ -120,7 +120,8 @@ def test_a_raising_reward_counts_zero_is_logged_and_the_run_goes_on(tiny_dir, ta
         return [1.0]  # one value for a batch of eight
 
     rewards = [Reward("spaces", spaces, 1.0), Reward("broken", broken, 1.0), Reward("short", short, 1.0)]
-    t = _trainer(tmp_path, tiny_dir, tasks_file, rewards, steps=2)
+    # The fast decoder's rollouts too (--rollout-decoder fast).
+    t = _trainer(tmp_path, tiny_dir, tasks_file, rewards, steps=2, rollout_decoder="fast", block_length=8)
     t.options.log = messages.append
     history = t.run()
     t.close()
