@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--title", default="coupled-GRPO")
     p.add_argument("--window", type=int, default=5, help="moving-average window in rollouts (5)")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="scripts/rl_baseline.py's output: the starting model on the same rollouts, drawn in grey",
+    )
     args = p.parse_args(argv)
 
     import matplotlib
@@ -53,6 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     lo = [m - s for m, s in zip(reward, spread, strict=True)]
     hi = [m + s for m, s in zip(reward, spread, strict=True)]
     top.fill_between(steps, lo, hi, color="tab:blue", alpha=0.12, label="mean spread within a group")
+    if args.baseline is not None:
+        base = [json.loads(x) for x in args.baseline.read_text(encoding="utf-8").splitlines() if x.strip()]
+        base.sort(key=lambda r: r["step"])
+        b_steps, b_reward = [r["step"] for r in base], [r["reward"] for r in base]
+        top.plot(b_steps, b_reward, ".", color="grey", alpha=0.5)
+        top.plot(
+            b_steps, moving_average(b_reward, args.window), color="grey", label="starting model, same prompts"
+        )
+        for key, color in (("format_rate", "tab:orange"), ("pass_rate", "tab:green")):
+            if base and key in base[0]:
+                values = moving_average([r[key] for r in base], args.window)
+                label = "starting model (dotted)" if key == "format_rate" else None
+                bottom.plot(b_steps, values, color=color, linestyle=":", alpha=0.8, label=label)
     top.set_ylabel("reward (default rewards: at most 2.5)")
     top.legend(loc="upper left", fontsize=8)
     top.set_title(args.title, fontsize=10)

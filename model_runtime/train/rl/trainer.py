@@ -312,9 +312,7 @@ class RLTrainer:
         for j, reward in enumerate(self.rewards):
             col = np.nan_to_num(per_func[:, j])
             metrics[f"rewards/{reward.name}"] = float(col.mean())
-            # A function named code / code_format (built in, or pkg.mod:code) gives the pass / format rate.
-            short = reward.name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-            rate = {"code": "pass_rate", "code_format": "format_rate"}.get(short)
+            rate = rate_of(reward.name)
             if rate is not None:
                 metrics[rate] = float(np.mean(col >= 1.0))  # every assert passed / a well-formed block
         metrics["sample"] = {"task": rows[0].task_id, "completion": ro.texts[0][:400]}
@@ -472,6 +470,14 @@ class RLTrainer:
     def _log(self, record: dict[str, Any]) -> None:
         with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def rate_of(reward_name: str) -> str | None:
+    """``pass_rate`` for a reward function named ``code`` (built in, or ``pkg.mod:code``), ``format_rate``
+    for ``code_format``: the share of completions scoring 1.0 is then every assert passed / a well-formed
+    block."""
+    short = reward_name.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    return {"code": "pass_rate", "code_format": "format_rate"}.get(short)
 
 
 def _loss_and_grad(graphdef, mask_id, settings, params, ids, t, r, old, ref, adv, cmask):
