@@ -71,6 +71,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--log-every", type=int, default=10, help="steps between lines in OUT/metrics.jsonl (10)")
     g.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: end)")
     g.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="--rl: stop after STEP of the --steps schedule and export (a time-boxed run); the same "
+        "command without it continues towards --steps",
+    )
+    g.add_argument(
         "--eval-infill-cases", type=int, default=256, help="held-out lines for the final infill eval (256)"
     )
     g.add_argument(
@@ -93,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         return train_rl.run(args)
     if args.source is None:
         raise UsageError("SOURCE is required: a directory of source files (or --rl with --tasks)")
+    if args.stop_at is not None:
+        raise UsageError("--stop-at: only with --rl (a pre-training run stops with Ctrl-C or SIGTERM)")
     args.steps = 1000 if args.steps is None else args.steps
     args.lr = 1e-3 if args.lr is None else args.lr
     args.warmup = 100 if args.warmup is None else args.warmup

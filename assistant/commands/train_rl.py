@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--rl trains on --tasks only; leave out SOURCE and --sft")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise UsageError("--checkpoint-every: must be >= 1")
+    if args.stop_at is not None and args.stop_at < 1:
+        raise UsageError("--stop-at: must be >= 1")
     reward_specs = parse_rewards(args.reward)
 
     from rich.console import Console
@@ -168,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             micro_batch=args.micro_batch,
             show_progress=not args.quiet,
             log=log,
+            stop_at=args.stop_at,
         )
         facts = train_rl(
             args.out,

@@ -75,15 +75,18 @@ def train_rl(
         if trainer.restore_latest():
             log(f"resumed from the checkpoint at step {trainer.step}")
         devices = jax.devices()
+        stop_at = options.stop_at
+        until = f" (stopping after step {stop_at})" if stop_at is not None and stop_at < cfg.steps else ""
         log(
             f"coupled-GRPO: {rt.config.param_count() / 1e6:.2f}M parameters, {cfg.steps} steps, "
             f"{cfg.prompts_per_step} prompts x {cfg.num_generations} completions per rollout, "
-            f"{len(devices)} {devices[0].platform} device(s)"
+            f"{len(devices)} {devices[0].platform} device(s){until}"
         )
         trainer.run()
-        if trainer.step < cfg.steps:
+        # A time-boxed run (--stop-at) exports the policy where it stopped; the run stays resumable.
+        if trainer.step < cfg.steps and (stop_at is None or trainer.step < stop_at):
             return {"stopped_at": trainer.step}
-        facts = _facts(run_dir, rt, cfg, init_from, tasks_path)
+        facts = _facts(run_dir, cfg, init_from, tasks_path, trainer.step)
         out = export_model(
             run_dir / "model",
             cfg_dict,
@@ -127,7 +130,7 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: was {old!r}, now {new!r}"]
 
 
-def _facts(run_dir: Path, rt: Any, cfg: RLConfig, init_from: Any, tasks_path: Path) -> dict[str, Any]:
+def _facts(run_dir: Path, cfg: RLConfig, init_from: Any, tasks_path: Path, step: int) -> dict[str, Any]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     rollouts = [x for x in lines if "reward" in x]
     devices = jax.devices()
@@ -139,6 +142,7 @@ def _facts(run_dir: Path, rt: Any, cfg: RLConfig, init_from: Any, tasks_path: Pa
         "rl": asdict(cfg),
         "train": {
             "steps": cfg.steps,
+            "steps_done": step,  # below ``steps`` when the run was stopped early (--stop-at)
             "rollouts": len(rollouts),
             "seconds": round(sum(x.get("seconds", 0.0) for x in lines), 1),
             "first_reward": rollouts[0]["reward"] if rollouts else None,

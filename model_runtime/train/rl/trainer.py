@@ -124,6 +124,7 @@ class RLOptions:
     show_progress: bool = True
     log: Callable[[str], None] = print
     on_step: Callable[[int, dict[str, Any]], None] | None = None
+    stop_at: int | None = None  # end this invocation after this step (checkpointed), short of cfg.steps
 
 
 class RLTrainer:
@@ -417,9 +418,11 @@ class RLTrainer:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
-        """Train from ``self.step`` to ``cfg.steps``; one metrics.jsonl line per step. Ctrl-C or SIGTERM
-        checkpoints after the step in progress and stops (KeyboardInterrupt)."""
+        """Train from ``self.step`` to ``cfg.steps`` (or ``stop_at``); one metrics.jsonl line per step.
+        Ctrl-C or SIGTERM checkpoints after the step in progress and stops (KeyboardInterrupt)."""
         cfg, opts = self.cfg, self.options
+        # stop_at cuts this invocation short without touching the schedule (cfg.steps sets the LR decay).
+        last = cfg.steps if opts.stop_at is None else min(cfg.steps, opts.stop_at)
         history: list[dict[str, Any]] = []
         self._stop: int | None = None
         previous = {}
@@ -430,7 +433,7 @@ class RLTrainer:
                 pass
         try:
             with Progress(cfg.steps, self.step, enabled=opts.show_progress) as progress:
-                while self.step < cfg.steps:
+                while self.step < last:
                     t0 = time.perf_counter()
                     record: dict[str, Any] = {"step": self.step + 1}
                     if self.step % cfg.num_iterations == 0:
@@ -446,7 +449,7 @@ class RLTrainer:
                     progress.update(self.step, record)
                     if opts.on_step is not None:
                         opts.on_step(self.step, record)
-                    if self.step % opts.checkpoint_every == 0 or self.step == cfg.steps:
+                    if self.step % opts.checkpoint_every == 0 or self.step == last:
                         self.save()
                     if self._stop is not None:
                         self.save()

@@ -167,6 +167,38 @@ def test_the_cli_trains_exports_a_loadable_model_and_refuses_changed_settings(
     assert "rl.beta: was 0.01, now 0.02" in capsys.readouterr().err
 
 
+def _exported(out: Path) -> tuple[dict, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    weights = load_file(out / "model" / "model.safetensors")
+    return json.loads((out / "model" / "metrics.json").read_text())["train"], weights["lm_head.weight"]
+
+
+def test_stop_at_exports_where_it_stopped_and_the_same_command_goes_on(
+    tiny_dir, tasks_file, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    args = _cli(tasks_file, tiny_dir, out, "--steps", "4")
+    steps = lambda: [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert main([*args, "--stop-at", "1"]) == 0
+    assert "(stopping after step 1)" in capsys.readouterr().err
+    facts, head_1 = _exported(out)
+    assert (facts["steps"], facts["steps_done"], facts["rollouts"], steps()) == (4, 1, 1, [1])
+    # A run stopped by SIGTERM is exported the same way: resumed at its step, nothing more is trained.
+    (out / "model" / "metrics.json").unlink()
+    assert main([*args, "--stop-at", "1"]) == 0
+    assert "resumed from the checkpoint at step 1" in capsys.readouterr().err
+    facts, again = _exported(out)
+    assert facts["steps_done"] == 1 and steps() == [1]
+    np.testing.assert_array_equal(again, head_1)
+    assert main(args) == 0
+    facts, head_4 = _exported(out)
+    assert (facts["steps_done"], steps()) == (4, [1, 2, 3, 4])
+    assert not np.array_equal(head_4, head_1)
+    assert main([*args, "--stop-at", "0"]) == 2
+    assert "--stop-at: must be >= 1" in capsys.readouterr().err
+
+
 def test_the_cli_refuses_bad_input_with_one_line(tiny_dir, tasks_file, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     rows = [
@@ -181,6 +213,7 @@ def test_the_cli_refuses_bad_input_with_one_line(tiny_dir, tasks_file, tmp_path,
         (_cli(good, tiny_dir, tmp_path / "c", "--reward", "code=lots"), "after '=' must be a number"),
         (_cli(good, tiny_dir, tmp_path / "d", "--chunk", "3"), "chunk: must divide the 8 completions"),
         (["train", "--rl", "coupled-grpo", "--init-from", str(tiny_dir), "--out", str(tmp_path)], "--tasks"),
+        (["train", str(tmp_path), "--out", str(tmp_path / "e"), "--stop-at", "3"], "only with --rl"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
