@@ -27,6 +27,7 @@ from model_runtime.errors import InputError
 from model_runtime.train.export import export_model
 from model_runtime.train.rl.tasks import read_tasks
 from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.run import _diff  # the same settings comparison as pre-training's run.json
 
 
 def load_policy(init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None) -> Any:
@@ -119,15 +120,6 @@ def check_record(run_dir: Path, record: dict[str, Any]) -> None:
             f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
             "use a new --out directory or repeat the original flags"
         )
-
-
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')}: was {old!r}, now {new!r}"]
 
 
 def _facts(run_dir: Path, cfg: RLConfig, init_from: Any, tasks_path: Path, step: int) -> dict[str, Any]:
