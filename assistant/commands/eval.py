@@ -87,8 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch",
         type=int,
-        default=16,
-        help="answers generated together (default 16, the largest batch bucket)",
+        default=None,
+        help="answers generated together (default: the largest batch bucket, 4 on CPU, 16 on accelerators; "
+        "with --daemon, requests in flight, 16)",
     )
     p.add_argument(
         "--daemon",
@@ -130,7 +131,7 @@ def _check(args: argparse.Namespace) -> list[int]:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit: expected a positive number of tasks, got {args.limit}")
     for name in ("n", "batch"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name}: expected at least 1, got {getattr(args, name)}")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers: expected at least 1, got {args.workers}")
@@ -336,7 +337,7 @@ def _generators(args: argparse.Namespace, tokens: int):
                 {"decoder"} if args.decoder is None and not args.sweep else set()
             )
             knobs = {k: v for k, v in params.to_dict().items() if k not in skip}
-            return runner.DaemonGenerator(config, knobs, args.batch)
+            return runner.DaemonGenerator(config, knobs, args.batch or 16)
 
         return daemon
 
@@ -367,7 +368,8 @@ def _generators(args: argparse.Namespace, tokens: int):
     def local(params: Any) -> runner.Generator:
         if not args.sweep:
             params = model_decoder(args, params, rt)
-        return runner.LocalGenerator(rt, params, args.batch)
+        # The largest bucket by default: a daemon's buckets on CPU stop at 4 rows (model_runtime.loader).
+        return runner.LocalGenerator(rt, params, args.batch or max(rt.batch_buckets))
 
     return local
 

@@ -66,3 +66,14 @@ def test_a_bad_task_file_is_one_line_naming_the_task(tmp_path, capsys):
     assert main(["eval", "tasks", "--tasks", str(path), "--samples", str(path)]) == 2
     err = capsys.readouterr().err
     assert "t.jsonl:1 (task 'empty_one'): the task has no test cases" in err and "Traceback" not in err
+
+
+def test_a_model_answers_more_tasks_than_the_cpu_batch_bucket(heldout, tiny_dir, capsys):
+    """The CLI loads a model with the daemon's buckets (at most 4 rows on CPU): more tasks than that are
+    generated in batches the runtime has, not refused."""
+    path, _ = heldout
+    argv = ["eval", "tasks", "--tasks", str(path), "--model", str(tiny_dir), "--limit", "6"]
+    assert main([*argv, "--max-new-tokens", "8", "--steps", "8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["tasks"] == 6 and summary["samples_per_task"] == 1
+    assert summary["new_tokens"] == 6 * 8
