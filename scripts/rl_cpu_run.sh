@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CPU demonstration of coupled-GRPO (docs/training.md, "Reinforcement learning"): the instruction-tuned
 # bundled-size model, the generated tasks, held-out pass rates before and after, the control curve and the
-# plot. Usage: scripts/rl_cpu_run.sh INIT_MODEL [WORK_DIR]. Re-running resumes the training run.
+# plot. Usage: scripts/rl_cpu_run.sh INIT_MODEL [WORK_DIR]. Re-running resumes the training run; STOP_AT=N
+# in the environment time-boxes it (trained up to step N, then exported and evaluated; unset, it goes on;
+# the eval files of a finished step are kept: delete WORK/after_*.json to measure again).
 #
 # Two settings differ from the recipe, both for a 10M-parameter model (docs/training.md says why):
 # --rollout-decoder fast, and the rewards of scripts/rl_cpu_rewards.py (an answer ending at its fence counts
@@ -27,7 +29,7 @@ nice -n 19 $DIFFU train --rl coupled-grpo --tasks "$WORK/tasks/train.jsonl" --in
   --out "$WORK/run" --steps 96 --prompts-per-step 4 --num-generations 8 --chunk 4 \
   --max-completion-length 128 --generation-batch-size 16 --rollout-decoder fast --lr 3e-5 \
   --checkpoint-every 10 --reward scripts.rl_cpu_rewards:code=2.0 \
-  --reward scripts.rl_cpu_rewards:code_format=0.5
+  --reward scripts.rl_cpu_rewards:code_format=0.5 ${STOP_AT:+--stop-at "$STOP_AT"}
 [ -f "$WORK/baseline.jsonl" ] || nice -n 19 $PY scripts/rl_baseline.py "$WORK/run" "$WORK/baseline.jsonl"
 eval_tasks "$WORK/run/model" after
 $PY scripts/rl_plot.py "$WORK/run" "$WORK/reward.png" --baseline "$WORK/baseline.jsonl" \
