@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("humaneval", "humaneval-infill")
+BENCHMARKS = ("humaneval", "humaneval-infill", "tasks")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
 # infilling, the language server's empty-line canvas (32) for one line and room for a whole body.
-DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128}
+DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +36,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Score a model and decoder on HumanEval (164 problems) or its infilling variants. "
         "Every program runs in its own confined process (see docs/eval.md).",
     )
-    p.add_argument("benchmark", metavar="BENCHMARK", help="humaneval or humaneval-infill")
+    p.add_argument(
+        "benchmark",
+        metavar="BENCHMARK",
+        help="humaneval, humaneval-infill, or tasks (an AceCode-format --tasks file, as RL trains on)",
+    )
+    p.add_argument(
+        "--tasks",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="tasks: JSONL of {id, question, test_cases} (python -m model_runtime.train.rl.synthetic)",
+    )
     p.add_argument(
         "--style",
         default="instruct",
@@ -134,6 +145,8 @@ def _check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--k: expected numbers >= 1, got {args.k!r}")
     if args.n > 1 and args.temperature == 0 and not args.samples:
         raise UsageError("--n above 1 needs --temperature above 0: greedy samples are all the same")
+    if (args.benchmark == "tasks") != (args.tasks is not None):
+        raise UsageError("the tasks benchmark needs --tasks FILE, and --tasks only goes with it")
     if args.samples and (args.sweep or args.daemon):
         raise UsageError("--samples scores given completions; it takes no --sweep or --daemon")
     if args.sweep and args.decoder:
@@ -178,6 +191,17 @@ def run(args: argparse.Namespace) -> int:
         name = f"humaneval ({'samples' if args.samples else style})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS["humaneval"]
         tasks = runner.humaneval_tasks(problems, style, tokens)
+    elif args.benchmark == "tasks":
+        from model_runtime.errors import InputError
+        from model_runtime.train.rl.tasks import read_tasks
+
+        try:
+            items = read_tasks(args.tasks)
+        except InputError as exc:
+            raise UsageError(str(exc)) from None
+        name = f"tasks ({args.tasks.name})"
+        tokens = args.max_new_tokens or DEFAULT_TOKENS["tasks"]
+        tasks = runner.task_file_tasks(items, tokens)
     else:
         name = f"humaneval-infill ({args.variant})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS[args.variant]
@@ -239,6 +263,10 @@ def _all_ids(args: argparse.Namespace, problems: list) -> set[str]:
 
     if args.benchmark == "humaneval":
         return {p.task_id for p in problems}
+    if args.benchmark == "tasks":
+        from model_runtime.train.rl.tasks import read_tasks
+
+        return {t.task_id for t in read_tasks(args.tasks)}
     return {t.task_id for t in he.infill_tasks(problems, args.variant)}
 
 

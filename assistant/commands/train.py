@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from assistant.commands import train_rl
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -29,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "source",
         type=Path,
         nargs="?",
-        help="directory of source files (searched recursively); optional with --sft",
+        help="directory of source files (searched recursively); optional with --sft, not with --rl",
     )
     p.add_argument("--out", type=Path, required=True, help="run directory; the model lands in OUT/model")
     p.add_argument(
@@ -85,10 +87,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--kv-heads", type=int, default=2, help="num_key_value_heads (2)")
     g.add_argument("--max-position", type=int, default=1024, help="max_position_embeddings (1024)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=1000)
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (1000)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step, over all devices (16)")
     g.add_argument("--seq-len", type=int, default=256)
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (1e-3)")
     g.add_argument(
         "--warmup", type=int, default=None, help="linear warmup steps (10%% of --steps, at most 100)"
     )
@@ -97,7 +99,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--ema-decay", type=float, default=0.995)
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("run")
-    g.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (100)")
+    g.add_argument(
+        "--checkpoint-every", type=int, default=None, help="steps between checkpoints (100; --rl: 10)"
+    )
     g.add_argument("--log-every", type=int, default=10, help="steps between lines in OUT/metrics.jsonl (10)")
     g.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: end)")
     g.add_argument(
@@ -120,12 +124,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="build the tokenizer and the token shards in OUT, then stop (train later, or elsewhere)",
     )
+    train_rl.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from assistant.errors import UsageError
 
+    if args.rl is not None:
+        return train_rl.run(args)
     if args.sft is not None:
         if args.init_from is None:
             raise UsageError("--sft needs --init-from MODEL: the model to instruction-tune")
@@ -136,7 +143,14 @@ def run(args: argparse.Namespace) -> int:
         if args.mix_code and args.source is None:
             raise UsageError("--mix-code needs SOURCE: the directory whose code windows are mixed in")
     elif args.source is None:
-        raise UsageError("SOURCE is required: a directory of source files (or instruction-tune with --sft)")
+        raise UsageError(
+            "SOURCE is required: a directory of source files (or instruction-tune with --sft, "
+            "or --rl with --tasks)"
+        )
+    # Defaults that --rl sets its own way (the recipe's); pre-training's and SFT's.
+    args.steps = 1000 if args.steps is None else args.steps
+    args.lr = 1e-3 if args.lr is None else args.lr
+    args.checkpoint_every = 100 if args.checkpoint_every is None else args.checkpoint_every
     if args.source is not None and not args.source.is_dir():
         raise UsageError(f"SOURCE {args.source} is not a directory")
     if args.checkpoint_every < 1:

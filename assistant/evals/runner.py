@@ -211,6 +211,24 @@ def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> 
     return tasks
 
 
+def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
+    """Tasks of an AceCode-format file (``model_runtime.train.rl.tasks``), answered as in coupled-GRPO's
+    rollouts: the task's chat prompt; the first ```` ```python ```` block of the answer followed by
+    every test assert is the program, which passes when all of them hold."""
+    from assistant.rewards import extract_code
+    from model_runtime.tokenizer import chat_prompt
+
+    def program(tests: Sequence[str]) -> Callable[[str], str]:
+        return lambda code: "\n".join([code, *tests]) + "\n"
+
+    return [
+        Task(
+            t.task_id, Job(chat_prompt(t.messages()), tokens, chat=True), program(t.test_cases), extract_code
+        )
+        for t in items
+    ]
+
+
 def infill_tasks(items: Sequence[he.InfillTask], tokens: int) -> list[Task]:
     """Infill through the editor's path: the daemon's infill canvas, then the LSP's post-processing.
 

@@ -1,0 +1,150 @@
+"""One coupled-GRPO run end to end, resumable: tasks -> load the starting model -> train -> export.
+
+    RUN/run.json        the model config, RLConfig, task file digest and rewards; a resume must match
+    RUN/checkpoints/    orbax checkpoints: policy, optimizer, reference model and the current rollout
+    RUN/metrics.jsonl   one line per step (loss, KL, clip fraction; at rollout steps reward mean and
+                        spread, pass rate, format rate, completion length, rollouts/s)
+    RUN/model/          the trained policy in the published layout, with metrics.json
+
+Running the same command again resumes from the last checkpoint (or only re-exports a finished run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from model_runtime.errors import InputError
+from model_runtime.train.export import export_model
+from model_runtime.train.rl.tasks import read_tasks
+from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.run import _diff  # the same settings comparison as pre-training's run.json
+
+
+def load_policy(init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None) -> Any:
+    """The starting model in float32 (the trained weights), on a tp x dp mesh when asked, with one batch
+    bucket of ``generation_batch_size`` rows for the rollouts."""
+    from model_runtime.loader import load
+
+    return load(init_from, dtype="float32", tp=tp, dp=dp, batch_buckets=(cfg.generation_batch_size,))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def train_rl(
+    run_dir: str | os.PathLike,
+    tasks_path: str | os.PathLike,
+    *,
+    init_from: str | os.PathLike,
+    rewards: Sequence[Reward],
+    cfg: RLConfig | None = None,
+    options: RLOptions | None = None,
+    tp: int = 1,
+    dp: int | None = None,
+    export_dtype: str = "bfloat16",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train (or resume) in ``run_dir``; returns the facts written to ``RUN/model/metrics.json``."""
+    cfg = cfg or RLConfig()
+    options = options or RLOptions(log=log)
+    run_dir, tasks_path = Path(run_dir), Path(tasks_path)
+    tasks = read_tasks(tasks_path)
+    log(f"{len(tasks)} tasks from {tasks_path}; loading {init_from}")
+    rt = load_policy(init_from, cfg, tp=tp, dp=dp)
+    cfg_dict = json.loads((rt.model_dir / "config.json").read_text(encoding="utf-8"))
+    record = {
+        "model": cfg_dict,
+        "rl": asdict(cfg),
+        "init_from": str(init_from),
+        "tasks": {"path": str(tasks_path), "sha256": _digest(tasks_path), "count": len(tasks)},
+        "rewards": [[r.name, r.weight] for r in rewards],
+    }
+    check_record(run_dir, record)
+    trainer = RLTrainer(run_dir, rt, tasks, rewards, cfg, options)
+    try:
+        if trainer.restore_latest():
+            log(f"resumed from the checkpoint at step {trainer.step}")
+        devices = jax.devices()
+        stop_at = options.stop_at
+        until = f" (stopping after step {stop_at})" if stop_at is not None and stop_at < cfg.steps else ""
+        log(
+            f"coupled-GRPO: {rt.config.param_count() / 1e6:.2f}M parameters, {cfg.steps} steps, "
+            f"{cfg.prompts_per_step} prompts x {cfg.num_generations} completions per rollout, "
+            f"{len(devices)} {devices[0].platform} device(s){until}"
+        )
+        trainer.run()
+        # A time-boxed run (--stop-at) exports the policy where it stopped; the run stays resumable.
+        if trainer.step < cfg.steps and (stop_at is None or trainer.step < stop_at):
+            return {"stopped_at": trainer.step}
+        facts = _facts(run_dir, cfg, init_from, tasks_path, trainer.step)
+        out = export_model(
+            run_dir / "model",
+            cfg_dict,
+            trainer.state["params"],
+            rt.model_dir,
+            dtype=export_dtype,
+            extra_files={"metrics.json": facts},
+        )
+        # The starting model's generation defaults (decoder, chat settings) still describe this model.
+        if (rt.model_dir / "generation_config.json").is_file():
+            shutil.copyfile(rt.model_dir / "generation_config.json", out / "generation_config.json")
+        log(f"exported to {out}")
+        return facts
+    finally:
+        trainer.close()
+
+
+def check_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write RUN/run.json, or refuse a resume whose settings differ from it."""
+    record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
+    path = run_dir / "run.json"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return
+    old = json.loads(path.read_text(encoding="utf-8"))
+    diff = _diff(old, record)
+    if diff:
+        raise InputError(
+            f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
+            "use a new --out directory or repeat the original flags"
+        )
+
+
+def _facts(run_dir: Path, cfg: RLConfig, init_from: Any, tasks_path: Path, step: int) -> dict[str, Any]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    rollouts = [x for x in lines if "reward" in x]
+    devices = jax.devices()
+    return {
+        "weights": "the policy's weights after the last step (no EMA: the published trainer keeps none)",
+        "method": "coupled-GRPO (apple/ml-diffucoder DiffuGRPOTrainer), diffu train --rl coupled-grpo",
+        "init_from": str(init_from),
+        "tasks": str(tasks_path),
+        "rl": asdict(cfg),
+        "train": {
+            "steps": cfg.steps,
+            "steps_done": step,  # below ``steps`` when the run was stopped early (--stop-at)
+            "rollouts": len(rollouts),
+            "seconds": round(sum(x.get("seconds", 0.0) for x in lines), 1),
+            "first_reward": rollouts[0]["reward"] if rollouts else None,
+            "last_reward": rollouts[-1]["reward"] if rollouts else None,
+        },
+        "hardware": {
+            "devices": f"{len(devices)} x {devices[0].device_kind}",
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+        },
+    }
