@@ -82,15 +82,20 @@ def generate(
     seed: int,
 ) -> Rollout:
     """Completions of ``prompts`` (one row each, repeats included) by ``rt``'s reference decoder run with
-    ``params`` (the policy's weights, same tree as ``rt.state``); batch ``i`` uses seed ``seed + i``."""
+    ``params`` (the policy's weights, same tree as ``rt.state``); row ``b`` samples with seed ``seed + b``.
+
+    One seed per row, not per batch: the runtime draws each row's noise from its own seed alone (a row
+    samples the same in any batch), so the G repeats of a prompt under one seed would be G copies of one
+    completion, every advantage 0. Per-row seeds also make a rollout independent of the batch size."""
     rt.state = params  # the compiled programs take the weights as an argument: nothing recompiles
     tok = rt.tokenizer
     start = time.perf_counter()
     completions: list[list[int]] = []
-    for i, lo in enumerate(range(0, len(prompts), batch_size)):
+    for lo in range(0, len(prompts), batch_size):
         rows = [rt.make_row(p, settings.max_new_tokens, chat=True) for p in prompts[lo : lo + batch_size]]
+        rows = [dataclasses.replace(row, seed=(seed + lo + j) % 2**32) for j, row in enumerate(rows)]
         done = None
-        for event in rt.run(rows, dataclasses.replace(settings, seed=seed + i), stream=False):
+        for event in rt.run(rows, dataclasses.replace(settings, seed=seed), stream=False):
             done = event
         completions += done.generated
     seconds = time.perf_counter() - start
