@@ -109,8 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="STEP",
-        help="stop after STEP of the --steps schedule, then evaluate and export (a time-boxed run); "
-        "the same command without it continues towards --steps",
+        help="stop after STEP of the --steps schedule, then evaluate (not with --rl) and export (a time-boxed"
+        " run); the same command without it continues towards --steps",
     )
     g.add_argument(
         "--eval-infill-cases", type=int, default=256, help="held-out lines for the final infill eval (256)"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -23,11 +22,10 @@ from typing import Any
 
 import jax
 
-from model_runtime.errors import InputError
 from model_runtime.train.export import export_model
 from model_runtime.train.rl.tasks import read_tasks
 from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
-from model_runtime.train.run import _diff  # the same settings comparison as pre-training's run.json
+from model_runtime.train.run import check_run_record, hardware_facts
 
 
 def load_policy(init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None) -> Any:
@@ -70,7 +68,8 @@ def train_rl(
         "tasks": {"path": str(tasks_path), "sha256": _digest(tasks_path), "count": len(tasks)},
         "rewards": [[r.name, r.weight] for r in rewards],
     }
-    check_record(run_dir, record)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_record(run_dir, record)
     trainer = RLTrainer(run_dir, rt, tasks, rewards, cfg, options)
     try:
         if trainer.restore_latest():
@@ -105,27 +104,9 @@ def train_rl(
         trainer.close()
 
 
-def check_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write RUN/run.json, or refuse a resume whose settings differ from it."""
-    record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
-    path = run_dir / "run.json"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not path.is_file():
-        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        return
-    old = json.loads(path.read_text(encoding="utf-8"))
-    diff = _diff(old, record)
-    if diff:
-        raise InputError(
-            f"{run_dir} holds a run with other settings ({'; '.join(diff[:3])}); "
-            "use a new --out directory or repeat the original flags"
-        )
-
-
 def _facts(run_dir: Path, cfg: RLConfig, init_from: Any, tasks_path: Path, step: int) -> dict[str, Any]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     rollouts = [x for x in lines if "reward" in x]
-    devices = jax.devices()
     return {
         "weights": "the policy's weights after the last step (no EMA: the published trainer keeps none)",
         "method": "coupled-GRPO (apple/ml-diffucoder DiffuGRPOTrainer), diffu train --rl coupled-grpo",
@@ -140,11 +121,5 @@ def _facts(run_dir: Path, cfg: RLConfig, init_from: Any, tasks_path: Path, step:
             "first_reward": rollouts[0]["reward"] if rollouts else None,
             "last_reward": rollouts[-1]["reward"] if rollouts else None,
         },
-        "hardware": {
-            "devices": f"{len(devices)} x {devices[0].device_kind}",
-            "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
-            "python": platform.python_version(),
-            "jax": jax.__version__,
-        },
+        "hardware": hardware_facts(),
     }
