@@ -13,6 +13,7 @@ by this client; the server's own split (daemon round trip, engine) comes from ``
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import re
@@ -139,8 +140,12 @@ def main() -> int:
         # The first suggestion after connecting, as when the editor has just started the server and the
         # user starts typing once the daemon has compiled what the server asked it to warm on connecting.
         t0 = time.perf_counter()
-        while not server.request("warm?", "workspace/executeCommand", PING)["result"]["warm_request"]:
-            time.sleep(0.05)
+        for i in itertools.count():
+            state = server.request(f"warm{i}", "workspace/executeCommand", PING)["result"]
+            if state["warm_request"] or time.perf_counter() - t0 > 60:
+                break
+            time.sleep(0.1)
+        assert state["warm_request"], f"the server did not ask the daemon to warm: {state}"
         while daemon.health()["stage"] != "ready":
             time.sleep(0.05)
         warm_s = time.perf_counter() - t0
