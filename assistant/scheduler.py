@@ -3,12 +3,12 @@
 The scheduler thread (logged and reported as "the engine") loads the model and from then on serves: it
 waits on a condition for queued jobs or programs to warm up. Jobs come first: it takes the oldest job
 and every other queued job with the same sampling parameters whose rows fit one bucket together,
-compiles their programs if they are not compiled yet (that one compile only, telling the jobs so), runs
-them as one canvas batch and hands each job its own step and done events. When no job waits it compiles
-the next program of the warm-up (``assistant.warmup``): /health says "warming (k of n)" until the last
-one, then "ready". Between denoising steps it drops jobs that were cancelled (client gone, explicit
-cancel, superseded by a newer request of the same session) or ran out of their time budget; when no job
-of the batch is left it closes the runtime's generator, which stops the device work before the next step.
+compiles their programs if they are not compiled yet (that one compile only, telling the jobs so) and
+runs them as one canvas batch (``assistant.batch_run``), which hands each job its own events. When no
+job waits it compiles the next program of the warm-up (``assistant.warmup``): /health says "warming (k
+of n)" until the last one, then "ready". Between denoising steps the batch drops jobs that were
+cancelled (client gone, explicit cancel, superseded by a newer request of the same session) or ran out
+of their time budget.
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
 the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``notify``. Loading and XLA
@@ -28,8 +28,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from assistant.batch_run import finish_cancelled, run_batch
 from assistant.batching import take_batch
-from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
+from assistant.job import Job, JobError, JobWaiting
 from assistant.status import (
     FAILED,
     LOADING,
@@ -44,7 +45,7 @@ from assistant.status import (
 )
 from assistant.warmup import WarmQueue, WarmTask
 from model_runtime.errors import DiffuError, InputError
-from model_runtime.interface import BatchDone, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
 log = logging.getLogger("diffu.engine")
@@ -59,6 +60,7 @@ Planner = Callable[[RuntimeProtocol], list[WarmTask]]
 # never waits, because nothing is in preparation when it is taken.
 COALESCE_SECONDS = 0.02
 
+
 class Scheduler:
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
@@ -66,8 +68,9 @@ class Scheduler:
     reports loading. ``planner(runtime)`` gives the programs to warm up once it is loaded (None: none).
     """
 
-    def __init__(self, loader: Loader, *, queue_size: int, max_batch: int,
-                 planner: Planner | None = None) -> None:
+    def __init__(
+        self, loader: Loader, *, queue_size: int, max_batch: int, planner: Planner | None = None
+    ) -> None:
         self._loader = loader
         self.queue_size = queue_size
         self.max_batch = max_batch
@@ -89,9 +92,19 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
-        self.counters = {"requests": 0, "completed": 0, "cancelled": 0, "timed_out": 0, "failed": 0,
-                         "rejected": 0, "batches": 0, "rows": 0, "batched_rows": 0, "largest_batch": 0,
-                         "generated_tokens": 0}
+        self.counters = {
+            "requests": 0,
+            "completed": 0,
+            "cancelled": 0,
+            "timed_out": 0,
+            "failed": 0,
+            "rejected": 0,
+            "batches": 0,
+            "rows": 0,
+            "batched_rows": 0,
+            "largest_batch": 0,
+            "generated_tokens": 0,
+        }
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[SchedulerStatus], None]) -> None:
@@ -143,12 +156,14 @@ class Scheduler:
     def runtime(self) -> RuntimeProtocol:
         """The loaded runtime (its loader runs in the scheduler thread)."""
         if self._runtime is None:
-            raise NotReady(f"the model is not ready ({self.status.stage} {self.status.progress:.0%})",
-                           retry_after=2)
+            raise NotReady(
+                f"the model is not ready ({self.status.stage} {self.status.progress:.0%})", retry_after=2
+            )
         return self._runtime
 
-    def _set_status(self, stage: str, progress: float, detail: str = "", error: str | None = None,
-                    **warm: Any) -> None:
+    def _set_status(
+        self, stage: str, progress: float, detail: str = "", error: str | None = None, **warm: Any
+    ) -> None:
         self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
         self._listen()
 
@@ -171,14 +186,17 @@ class Scheduler:
             if self._stopping:
                 raise ShuttingDown("the daemon is shutting down")
             if not self.ready:
-                raise NotReady(f"the model is not ready ({self.status.stage} "
-                               f"{self.status.progress:.0%})", retry_after=2)
+                raise NotReady(
+                    f"the model is not ready ({self.status.stage} {self.status.progress:.0%})", retry_after=2
+                )
             busy = self._busy
             if len(self._pending) >= self.queue_size:
                 self.counters["rejected"] += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
-                raise QueueFull(f"the queue is full ({self.queue_size} requests waiting); retry later",
-                                retry_after=max(1, math.ceil(waits * self._batch_seconds)))
+                raise QueueFull(
+                    f"the queue is full ({self.queue_size} requests waiting); retry later",
+                    retry_after=max(1, math.ceil(waits * self._batch_seconds)),
+                )
             job.id = job.id or f"gen-{next(self._ids)}"
             self.counters["requests"] += 1
             if job.session:
@@ -190,8 +208,9 @@ class Scheduler:
             self._cond.notify()
         if busy is not None:
             # The device thread is compiling a warm-up program; the job runs right after it.
-            job.emit(JobWaiting("warm-up", f"the warm-up is compiling a program ({busy.label})",
-                                self._warm.one()))
+            job.emit(
+                JobWaiting("warm-up", f"the warm-up is compiling a program ({busy.label})", self._warm.one())
+            )
         return job
 
     def warm(self, tasks: Sequence[WarmTask]) -> int:
@@ -203,8 +222,10 @@ class Scheduler:
             if self._stopping:
                 raise ShuttingDown("the daemon is shutting down")
             if tasks and len(self._warm.tasks) >= self._warm.limit:
-                raise QueueFull(f"{self._warm.limit} shapes are waiting to be warmed up; retry later",
-                                retry_after=max(1, math.ceil(self._warm.estimate() or 1)))
+                raise QueueFull(
+                    f"{self._warm.limit} shapes are waiting to be warmed up; retry later",
+                    retry_after=max(1, math.ceil(self._warm.estimate() or 1)),
+                )
             queued = self._warm.add(tasks, first=True)
             if queued:
                 self._publish_warming()
@@ -231,7 +252,7 @@ class Scheduler:
         if job in self._pending:
             # Never reached the device: answer right away.
             self._pending.remove(job)
-            self._finish_cancelled(job, [], 0)
+            finish_cancelled(self.counters, job, [], 0)
             self._forget(job)
 
     def _forget(self, job: Job) -> None:
@@ -241,8 +262,12 @@ class Scheduler:
 
     def queue_info(self) -> dict[str, int]:
         with self._cond:
-            return {"pending": len(self._pending), "running": len(self._running), "capacity": self.queue_size,
-                    "max_batch": self.max_batch}
+            return {
+                "pending": len(self._pending),
+                "running": len(self._running),
+                "capacity": self.queue_size,
+                "max_batch": self.max_batch,
+            }
 
     # -- the scheduler thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -275,8 +300,14 @@ class Scheduler:
                 return
             self._warm.add(plan)
             self._publish_warming()
-        log.info("engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up",
-                 runtime.model_name, runtime.device, runtime.dtype, runtime.buckets, len(plan))
+        log.info(
+            "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up",
+            runtime.model_name,
+            runtime.device,
+            runtime.dtype,
+            runtime.buckets,
+            len(plan),
+        )
         while True:
             task = None
             with self._cond:
@@ -307,8 +338,9 @@ class Scheduler:
                 for job in batch:
                     if not job.finished:
                         self.counters["failed"] += 1
-                        job.emit(JobError(500, "internal error in the engine (see the daemon log)",
-                                          "server_error"))
+                        job.emit(
+                            JobError(500, "internal error in the engine (see the daemon log)", "server_error")
+                        )
             finally:
                 with self._cond:
                     self._running = []
@@ -348,8 +380,13 @@ class Scheduler:
             if not self.runtime.compiled(task.rows, task.params):
                 report = self._compile(task.rows, task.params, f"warm-up: {task.label}")
                 seconds = report.seconds
-                log.info("warmed up %s in %.1fs (%d compiled, %d from the cache)", task.label, report.seconds,
-                         report.compiled, report.cache_hits)
+                log.info(
+                    "warmed up %s in %.1fs (%d compiled, %d from the cache)",
+                    task.label,
+                    report.seconds,
+                    report.compiled,
+                    report.cache_hits,
+                )
         except InputError as exc:  # a shape this runtime cannot run: nothing to warm
             log.warning("warm-up skipped %s: %s", task.label, exc)
         except Exception:
@@ -366,8 +403,13 @@ class Scheduler:
         warm = self._warm
         if warm.tasks or self._busy is not None:
             detail = f"warming ({warm.done} of {warm.total})"
-            self._set_status(WARMING, warm.done / max(warm.total, 1), detail, compiling=self.status.compiling,
-                             **warm.counts(busy=self._busy is not None))
+            self._set_status(
+                WARMING,
+                warm.done / max(warm.total, 1),
+                detail,
+                compiling=self.status.compiling,
+                **warm.counts(busy=self._busy is not None),
+            )
         elif self.status.stage != READY:
             self._set_status(READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
             log.info("engine ready: %d shapes warmed up", warm.total)
@@ -380,112 +422,12 @@ class Scheduler:
                 log.exception("engine status listener failed")
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        self.counters["batches"] += 1
-        self.counters["rows"] += len(jobs)
-        if len(jobs) > 1:
-            self.counters["batched_rows"] += len(jobs)
-        self.counters["largest_batch"] = max(self.counters["largest_batch"], len(jobs))
-        rows, params = [j.row for j in jobs], jobs[0].params
-        compiled = CompileReport()
-        try:
-            if not self.runtime.compiled(rows, params):
-                # Only this batch's programs, now: the warm-up may come to them much later.
-                what = f"{len(rows)} x {max(j.row_length for j in jobs)} tokens, {params.decoder} decoder"
-                for job in jobs:
-                    job.emit(JobWaiting("compiling", f"compiling the program for {what}", self._warm.one()))
-                compiled = self._compile(rows, params, f"{', '.join(j.id for j in jobs)}: {what}")
-                with self._cond:
-                    self._warm.seconds.append(compiled.seconds)  # for the next estimates
-            t0 = time.monotonic()
-            for job in jobs:
-                job.started = t0
-                job.compiled = compiled
-            # Per-forward events only for a client that reads them; the others get one per block.
-            gen = self.runtime.run(rows, params, every_forward=any(j.want_steps for j in jobs))
-        except InputError as exc:
-            if len(jobs) > 1:
-                # One bad row must not fail its neighbours: run each alone so only it gets the error.
-                for job in jobs:
-                    self._run_batch([job])
-                return
-            self.counters["failed"] += 1
-            jobs[0].emit(JobError(400, str(exc), "invalid_request_error", param=exc.field,
-                                  details=exc.details))
-            return
-        mask_id = self.runtime.tokenizer.mask_id
-        active = dict(enumerate(jobs))
-        last: dict[int, JobStep] = {}
-        try:
-            for event in gen:
-                if isinstance(event, BatchStep):
-                    now = time.monotonic()
-                    for i, job in list(active.items()):
-                        step = JobStep(event.step, event.steps, list(event.canvas[i]),
-                                       list(event.unmasked[i]), _masks_left(event, i, mask_id),
-                                       event.seconds, event.block, event.blocks)
-                        last[i] = step
-                        if job.cancelled:
-                            self._finish_cancelled(job, step.ids, event.step + 1)
-                            del active[i]
-                        elif now - t0 > job.max_seconds and event.step + 1 < event.steps:
-                            self._finish_partial(job, step, batch_size=len(jobs))
-                            del active[i]
-                        else:
-                            if job.want_steps:
-                                job.emit(step)
-                    if not active:
-                        break  # everyone left: closing the generator stops the device work
-                elif isinstance(event, BatchDone):
-                    for i, job in active.items():
-                        self._finish_done(job, event, i, len(jobs))
-                    active.clear()
-        finally:
-            gen.close()
-            elapsed = time.monotonic() - t0
+        elapsed = run_batch(self.runtime, jobs, self.counters, self._compile_batch, self._warm.one)
+        if elapsed is not None:
             self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * elapsed
-        for job in active.values():
-            # The runtime ended without a BatchDone: report it rather than leave the client waiting.
-            self.counters["failed"] += 1
-            job.emit(JobError(500, f"the runtime stopped after {len(last)} steps without a result",
-                              "server_error"))
 
-    # -- endings ---------------------------------------------------------------------------------------
-    def _stop_ids(self, chat: bool) -> set[int]:
-        return set(self.runtime.tokenizer.stop_ids(chat=chat))
-
-    def _finish_done(self, job: Job, event: BatchDone, i: int, batch_size: int) -> None:
-        ids = list(event.generated[i])
-        stops = self._stop_ids(job.chat)
-        cut = next((k for k, t in enumerate(ids) if t in stops), None)
-        new_tokens = len(ids) if cut is None else cut
-        self.counters["completed"] += 1
-        self.counters["generated_tokens"] += new_tokens
-        stats = job.stats(steps=event.stats.steps, new_tokens=new_tokens, batch_size=batch_size,
-                          done=event.stats)
-        job.emit(JobDone(event.texts[i], ids, "length" if cut is None else "stop", new_tokens,
-                         event.stats.steps, stats))
-
-    def _finish_partial(self, job: Job, step: JobStep, *, batch_size: int) -> None:
-        """Out of time: answer with the text committed so far, left to right up to the first mask."""
-        tok = self.runtime.tokenizer
-        stops = self._stop_ids(job.chat) | {tok.mask_id}
-        cut = next((k for k, t in enumerate(step.ids) if t in stops), len(step.ids))
-        self.counters["timed_out"] += 1
-        self.counters["generated_tokens"] += cut
-        stats = job.stats(steps=step.step + 1, new_tokens=cut, batch_size=batch_size)
-        log.info("job %s hit its time budget (%.1fs) after %d/%d steps", job.id, job.max_seconds,
-                 step.step + 1, step.steps)
-        job.emit(JobDone(tok.decode(step.ids[:cut]), step.ids, "time", cut, step.step + 1, stats))
-
-    def _finish_cancelled(self, job: Job, ids: list[int], steps_run: int) -> None:
-        self.counters["cancelled"] += 1
-        log.info("job %s cancelled (%s) after %d steps", job.id, job.cancel_reason, steps_run)
-        stats = job.stats(steps=steps_run, new_tokens=0, batch_size=0)
-        stats["cancel_reason"] = job.cancel_reason
-        job.emit(JobDone("", ids, "cancelled", 0, steps_run, stats))
-
-
-def _masks_left(event: BatchStep, i: int, mask_id: int) -> int:
-    if event.masks_left:
-        return int(event.masks_left[i])
-    return sum(1 for t in event.canvas[i] if t == mask_id)
+    def _compile_batch(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
+        report = self._compile(rows, params, what)
+        with self._cond:
+            self._warm.seconds.append(report.seconds)  # for the next estimates
+        return report

@@ -13,14 +13,8 @@ import sys
 import tempfile
 import time
 
-from assistant.commands.generate import (
-    add_generation_options,
-    add_quantize_option,
-    build_rows,
-    check_prompt_args,
-    model_decoder,
-    sampling_params,
-)
+from assistant.commands.generate import add_generation_options, build_rows, check_prompt_args
+from assistant.commands.model_options import add_quantize_option, model_decoder, sampling_params
 
 
 def _ints(text: str) -> list[int]:
@@ -91,7 +85,7 @@ def _fresh_cache(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from assistant.commands.generate import init_multihost, load_with_progress, quantize_of
+    from assistant.commands.model_options import init_multihost, load_with_progress, quantize_of
 
     if hasattr(args, "coordinator"):  # bench generate takes the generate options, several hosts included
         init_multihost(args)

@@ -28,7 +28,7 @@ DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from assistant.commands.generate import add_multihost_options, add_sampling_options
+    from assistant.commands.model_options import add_multihost_options, add_sampling_options
 
     p = subparsers.add_parser(
         "eval",
@@ -295,7 +295,7 @@ def _score_samples(tasks, rows, ks, limits, workers, progress):
 
 def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
     """(label, SamplingParams) per run: the flags as given, or the sweep's decoders."""
-    from assistant.commands.generate import sampling_params
+    from assistant.commands.model_options import sampling_params
 
     params = sampling_params(args, tokens)
     if not args.sweep:
@@ -343,7 +343,12 @@ def _generators(args: argparse.Namespace, tokens: int):
 
         return daemon
 
-    from assistant.commands.generate import init_multihost, load_with_progress, model_decoder, quantize_of
+    from assistant.commands.model_options import (
+        init_multihost,
+        load_with_progress,
+        model_decoder,
+        quantize_of,
+    )
     from assistant.config import ConfigError, load_config
     from model_runtime.errors import DiffuError
 

@@ -104,7 +104,7 @@ def register(subparsers: Any) -> None:
         description="Run the diffu daemon (HTTP API over the model) in the foreground.",
     )
     add_server_flags(parser)
-    from assistant.commands.generate import add_multihost_options
+    from assistant.commands.model_options import add_multihost_options
 
     add_multihost_options(parser)
     # Set by 'diffu daemon start' / client auto-start: where to report "listening" and run without a terminal.
@@ -326,7 +326,7 @@ def _multihost_loader(
     followers (kept in ``leaders`` to release them at the end), elsewhere None."""
     import jax
 
-    from assistant.commands.generate import init_multihost
+    from assistant.commands.model_options import init_multihost
     from model_runtime import distributed
     from model_runtime.errors import DiffuError
 

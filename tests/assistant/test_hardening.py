@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-from assistant.client import _port_free
+from assistant.locate import _port_free
 
 
 def _time_wait_port() -> int:
