@@ -39,8 +39,10 @@ class DaemonError(UsageError):
 
 class AlreadyRunning(DaemonError):
     def __init__(self, info: DaemonInfo) -> None:
-        super().__init__(f"a diffu daemon for {info.model} is already running at {info.url} "
-                         f"(pid {info.pid}); stop it with 'diffu daemon stop'")
+        super().__init__(
+            f"a diffu daemon for {info.model} is already running at {info.url} "
+            f"(pid {info.pid}); stop it with 'diffu daemon stop'"
+        )
         self.info = info
 
 
@@ -157,8 +159,9 @@ class DaemonLock:
             os.close(fd)
             info = DaemonInfo.from_file(discovery_path(self.key))
             if info is None:  # the holder has not written its discovery file yet
-                raise DaemonError(f"a diffu daemon for {self.model} is starting; try again in a moment") \
-                    from None
+                raise DaemonError(
+                    f"a diffu daemon for {self.model} is starting; try again in a moment"
+                ) from None
             raise AlreadyRunning(info) from None
         os.set_inheritable(fd, False)
         self._fd = fd
@@ -228,8 +231,15 @@ def find_daemon(model: str | None) -> DaemonInfo | None:
     return daemons[0] if daemons else None
 
 
-def start_background(model: str, *, host: str, port: int, extra_args: Sequence[str] = (),
-                     env: dict[str, str] | None = None, timeout: float = START_TIMEOUT) -> DaemonInfo:
+def start_background(
+    model: str,
+    *,
+    host: str,
+    port: int,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = START_TIMEOUT,
+) -> DaemonInfo:
     """Spawn ``diffu serve`` detached, and return once it listens (the model then loads in the background).
 
     The child reports its URL through an inherited pipe as soon as its socket is bound, so we wait on a
@@ -239,13 +249,34 @@ def start_background(model: str, *, host: str, port: int, extra_args: Sequence[s
     key = model_key(model)
     paths.ensure_private_dir(paths.log_dir())
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "assistant.cli", "serve", "--model", model, "--host", host,
-           "--port", str(port), "--notify-fd", str(w), *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "assistant.cli",
+        "serve",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--notify-fd",
+        str(w),
+        *extra_args,
+    ]
     # Only this user may read the daemon's output (it can hold prompts); handed to the child, closed here.
     out = os.fdopen(os.open(output_path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(w,),
-                                start_new_session=True, env=env, close_fds=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            pass_fds=(w,),
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
     finally:
         out.close()
         os.close(w)
@@ -264,8 +295,9 @@ def start_background(model: str, *, host: str, port: int, extra_args: Sequence[s
         code = proc.wait(timeout=5 if ready else 0.5)
     except subprocess.TimeoutExpired:
         proc.terminate()
-        raise DaemonError(f"the daemon did not start listening within {timeout:.0f}s; "
-                          f"see {output_path(key)}") from None
+        raise DaemonError(
+            f"the daemon did not start listening within {timeout:.0f}s; see {output_path(key)}"
+        ) from None
     winner = find_daemon(model)
     if winner is not None:
         return winner

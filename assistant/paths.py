@@ -90,8 +90,10 @@ def ensure_private_dir(path: Path) -> Path:
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory; point the DIFFU_*_DIR variable at a directory")
     if st.st_uid != os.getuid():
-        raise UnsafeDirectory(f"{path} belongs to another user (uid {st.st_uid}); refusing to use it "
-                              "(set DIFFU_RUNTIME_DIR / DIFFU_CONFIG_DIR to a directory of yours)")
+        raise UnsafeDirectory(
+            f"{path} belongs to another user (uid {st.st_uid}); refusing to use it "
+            "(set DIFFU_RUNTIME_DIR / DIFFU_CONFIG_DIR to a directory of yours)"
+        )
     if st.st_mode & 0o077:
         path.chmod(0o700)
     return path

@@ -119,21 +119,43 @@ def bearer_token(headers: dict[bytes, bytes]) -> str | None:
 
 
 # -- the middleware -----------------------------------------------------------------------------------
-async def send_json_error(send: Send, status: int, message: str, kind: str,
-                          headers: list[tuple[bytes, bytes]] | None = None, code: str | None = None) -> None:
+async def send_json_error(
+    send: Send,
+    status: int,
+    message: str,
+    kind: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    code: str | None = None,
+) -> None:
     """An OpenAI-shaped error response, sent straight through ASGI."""
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 class GuardMiddleware:
     """Host allowlist, CORS/origin check, Bearer auth and body limit in front of the app."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, check_host: bool, allowed_hosts: tuple[str, ...],
-                 cors_origins: tuple[str, ...], max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        check_host: bool,
+        allowed_hosts: tuple[str, ...],
+        cors_origins: tuple[str, ...],
+        max_body_bytes: int,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.check_host = check_host
@@ -149,23 +171,41 @@ class GuardMiddleware:
         host = headers.get(b"host", b"").decode("latin-1")
         if self.check_host and not host_allowed(host, self.allowed_hosts):
             log.warning("refused request with Host %r (not on the loopback allowlist)", host)
-            await send_json_error(send, 403, f"Host {host!r} is not allowed: this daemon only answers "
-                                  "requests addressed to localhost (add the name to allowed_hosts to permit "
-                                  "it)", "permission_error")
+            await send_json_error(
+                send,
+                403,
+                f"Host {host!r} is not allowed: this daemon only answers "
+                "requests addressed to localhost (add the name to allowed_hosts to permit "
+                "it)",
+                "permission_error",
+            )
             return
         origin = headers.get(b"origin", b"").decode("latin-1")
         cors: list[tuple[bytes, bytes]] = []
         if origin:
             if not origin_allowed(origin, self.cors_origins):
-                await send_json_error(send, 403, f"origin {origin!r} is not allowed (only localhost origins "
-                                      "and configured cors_origins)", "permission_error")
+                await send_json_error(
+                    send,
+                    403,
+                    f"origin {origin!r} is not allowed (only localhost origins and configured cors_origins)",
+                    "permission_error",
+                )
                 return
             cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-                await send({"type": "http.response.start", "status": 204, "headers": [
-                    *cors, (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                    (b"access-control-allow-headers", b"authorization, content-type"),
-                    (b"access-control-max-age", b"600"), (b"content-length", b"0")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 204,
+                        "headers": [
+                            *cors,
+                            (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                            (b"access-control-allow-headers", b"authorization, content-type"),
+                            (b"access-control-max-age", b"600"),
+                            (b"content-length", b"0"),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": b""})
                 return
         if cors:
@@ -173,10 +213,18 @@ class GuardMiddleware:
         if self.api_key is not None and scope["path"] not in PUBLIC_PATHS:
             token = bearer_token(headers)
             if token is None or not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                message = ("missing or invalid API key: send 'Authorization: Bearer <token>' (the token is "
-                           f"in {paths.token_file()}, or set with --api-key / DIFFU_API_KEY)")
-                await send_json_error(send, 401, message, "authentication_error",
-                                      [(b"www-authenticate", b"Bearer")], code="invalid_api_key")
+                message = (
+                    "missing or invalid API key: send 'Authorization: Bearer <token>' (the token is "
+                    f"in {paths.token_file()}, or set with --api-key / DIFFU_API_KEY)"
+                )
+                await send_json_error(
+                    send,
+                    401,
+                    message,
+                    "authentication_error",
+                    [(b"www-authenticate", b"Bearer")],
+                    code="invalid_api_key",
+                )
                 return
         length = headers.get(b"content-length")
         if length is not None:
@@ -204,8 +252,12 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
     async def _too_large(self, send: Send) -> None:
-        await send_json_error(send, 413, f"request body too large (limit {self.max_body_bytes} bytes, "
-                              "max_body_bytes in the config)", "invalid_request_error")
+        await send_json_error(
+            send,
+            413,
+            f"request body too large (limit {self.max_body_bytes} bytes, max_body_bytes in the config)",
+            "invalid_request_error",
+        )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -7,8 +7,9 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("config", help="show the configuration or the API token",
-                                   description="Inspect diffu's configuration.")
+    parser = subparsers.add_parser(
+        "config", help="show the configuration or the API token", description="Inspect diffu's configuration."
+    )
     sub = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print the effective settings and where each one comes from")
     show.set_defaults(func=cmd_show)

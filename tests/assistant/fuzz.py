@@ -8,22 +8,72 @@ from collections.abc import Iterator
 
 # One valid body per POST route; the fuzzer breaks them.
 VALID: dict[str, dict] = {
-    "/v1/diffu/generate": {"prompt": "def f(x):", "max_new_tokens": 8, "steps": 8, "temperature": 0.0,
-                           "top_p": 0.9, "top_k": 10, "alg": "entropy", "alg_temp": 0.1, "eps": 0.001,
-                           "seed": 1, "stream": False, "session": "s", "max_seconds": 5.0},
-    "/v1/diffu/infill": {"prefix": "def f(x):\n    return ", "suffix": "\n", "canvas_tokens": 4, "steps": 4,
-                         "stream": False},
-    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                             "temperature": 0.0, "stream": False, "stop": ["\n\n"]},
+    "/v1/diffu/generate": {
+        "prompt": "def f(x):",
+        "max_new_tokens": 8,
+        "steps": 8,
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": 10,
+        "alg": "entropy",
+        "alg_temp": 0.1,
+        "eps": 0.001,
+        "seed": 1,
+        "stream": False,
+        "session": "s",
+        "max_seconds": 5.0,
+    },
+    "/v1/diffu/infill": {
+        "prefix": "def f(x):\n    return ",
+        "suffix": "\n",
+        "canvas_tokens": 4,
+        "steps": 4,
+        "stream": False,
+    },
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "stream": False,
+        "stop": ["\n\n"],
+    },
     "/v1/completions": {"prompt": "def f(x):", "max_tokens": 8, "suffix": "\n", "stream": False},
-    "/infill": {"input_prefix": "def f(x):\n    return ", "input_suffix": "\n", "n_predict": 4,
-                "input_extra": [{"filename": "a.py", "text": "x = 1\n"}], "stream": False},
+    "/infill": {
+        "input_prefix": "def f(x):\n    return ",
+        "input_suffix": "\n",
+        "n_predict": 4,
+        "input_extra": [{"filename": "a.py", "text": "x = 1\n"}],
+        "stream": False,
+    },
     "/v1/diffu/cancel": {"id": "nope"},
 }
 
 BAD_VALUES = [
-    "HUGE_INT", "\ud800", "a\udc00b", None, True, [], {}, [1, [2, [3]]], -1, -10**30, 10**30, 1e308, -1e308,
-    0, 0.5, "", " ", "x" * 100_000, "NaN", {"a": "DEEP"}, [None], "<|im_start|>", 3.5e-320, 2**63, "1e999",
+    "HUGE_INT",
+    "\ud800",
+    "a\udc00b",
+    None,
+    True,
+    [],
+    {},
+    [1, [2, [3]]],
+    -1,
+    -(10**30),
+    10**30,
+    1e308,
+    -1e308,
+    0,
+    0.5,
+    "",
+    " ",
+    "x" * 100_000,
+    "NaN",
+    {"a": "DEEP"},
+    [None],
+    "<|im_start|>",
+    3.5e-320,
+    2**63,
+    "1e999",
 ]
 
 
@@ -58,8 +108,22 @@ def malformed_requests(seed: int, count: int) -> Iterator[tuple[str, bytes]]:
         body = json.loads(json.dumps(VALID[path]))
         kind = rng.random()
         if kind < 0.08:
-            yield path, rng.choice([b"", b"{", b"[1,2]", b'"text"', b"\xff\xfe", b"{\"a\": NaN}",
-                                    b"null", b"{}{}", b"[" * 30_000 + b"]" * 30_000])
+            yield (
+                path,
+                rng.choice(
+                    [
+                        b"",
+                        b"{",
+                        b"[1,2]",
+                        b'"text"',
+                        b"\xff\xfe",
+                        b'{"a": NaN}',
+                        b"null",
+                        b"{}{}",
+                        b"[" * 30_000 + b"]" * 30_000,
+                    ]
+                ),
+            )
             continue
         fields = list(body)
         for _ in range(rng.choice([1, 1, 2])):

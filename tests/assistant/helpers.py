@@ -27,16 +27,29 @@ TINY_ENV = {"DIFFU_LENGTH_BUCKETS": "128", "DIFFU_BATCH_BUCKETS": "1,4,16", "DIF
 # An even smaller model than the runtime tests' tiny one: on a 2-core CPU a denoising step of the
 # 64-wide model is compute-bound, so a batch of 16 costs nearly 16 single steps and batching could not
 # show; at this size a step is mostly fixed overhead, as it is for a real model on an accelerator.
-MICRO_MODEL = {"vocab": 300, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
-               "num_key_value_heads": 1, "num_hidden_layers": 1}
+MICRO_MODEL = {
+    "vocab": 300,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+}
 
 
 def isolated_env(root: Path, **extra: str) -> dict[str, str]:
     """Environment for a daemon or client confined to ``root``; no inherited DIFFU_* settings leak in."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("DIFFU_") or k in ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER")}
-    env.update(DIFFU_CONFIG_DIR=str(root / "config"), DIFFU_RUNTIME_DIR=str(root / "run"),
-               DIFFU_LOG_DIR=str(root / "log"), PYTHONUNBUFFERED="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DIFFU_") or k in ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER")
+    }
+    env.update(
+        DIFFU_CONFIG_DIR=str(root / "config"),
+        DIFFU_RUNTIME_DIR=str(root / "run"),
+        DIFFU_LOG_DIR=str(root / "log"),
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra)
     return env
 
@@ -96,14 +109,20 @@ class DaemonProcess:
         return "\n".join(p.read_text(errors="replace") for p in (self.root / "log").glob("*.log"))
 
 
-def start_daemon(root: Path, model: str, *args: str, env: dict[str, str] | None = None,
-                 wait: bool = True) -> DaemonProcess:
+def start_daemon(
+    root: Path, model: str, *args: str, env: dict[str, str] | None = None, wait: bool = True
+) -> DaemonProcess:
     """Run ``diffu serve --model MODEL --port 0 ARGS`` and return once it prints its URL (and is ready)."""
     root.mkdir(parents=True, exist_ok=True)
     env = env or isolated_env(root)
-    proc = subprocess.Popen([sys.executable, "-m", "assistant.cli", "serve", "--model", model, "--port", "0",
-                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=open(root / "stderr.txt", "w"), text=True)  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "assistant.cli", "serve", "--model", model, "--port", "0", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=open(root / "stderr.txt", "w"),
+        text=True,
+    )  # noqa: SIM115
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:

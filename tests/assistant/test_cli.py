@@ -33,4 +33,3 @@ def test_an_empty_prompt_is_refused_before_any_model_loads(prompt, capsys):
     assert main(["generate", "--model", "/nonexistent/model", "--prompt", prompt]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "diffu: error: --prompt: empty prompt (give the text to continue or answer)"
-

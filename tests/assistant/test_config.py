@@ -30,8 +30,11 @@ def test_defaults_without_file_or_env(tmp_path: Path) -> None:
 
 
 def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
-    path = write(tmp_path / "config.toml", 'model = "/from/file"\nport = 9000\nqueue_size = 3\n'
-                 'cors_origins = ["https://app.example"]\nlength_buckets = [128, 256]\n')
+    path = write(
+        tmp_path / "config.toml",
+        'model = "/from/file"\nport = 9000\nqueue_size = 3\n'
+        'cors_origins = ["https://app.example"]\nlength_buckets = [128, 256]\n',
+    )
     env = {"DIFFU_PORT": "9100", "DIFFU_QUEUE_SIZE": "5", "DIFFU_AUTH": "false", "DIFFU_CONFIG_DIR": "/x"}
     config, sources = load_config({"port": 9200, "model": None}, env=env, path=path)
     assert config.port == 9200 and sources["port"] == "flag"
@@ -42,25 +45,32 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
 
 
 def test_env_lists_and_optional_values(tmp_path: Path) -> None:
-    env = {"DIFFU_BATCH_BUCKETS": "1, 4,16", "DIFFU_ALLOWED_HOSTS": "devbox,devbox.lan",
-           "DIFFU_MAX_CONTEXT": "", "DIFFU_API_KEY": "secret-key"}
+    env = {
+        "DIFFU_BATCH_BUCKETS": "1, 4,16",
+        "DIFFU_ALLOWED_HOSTS": "devbox,devbox.lan",
+        "DIFFU_MAX_CONTEXT": "",
+        "DIFFU_API_KEY": "secret-key",
+    }
     config, _ = load_config(env=env, path=tmp_path / "none.toml")
     assert config.batch_buckets == (1, 4, 16)
     assert config.allowed_hosts == ("devbox", "devbox.lan")
     assert config.max_context is None and config.api_key == "secret-key"
 
 
-@pytest.mark.parametrize(("toml", "env", "message"), [
-    ("prot = 1\n", {}, "prot: unknown key"),
-    ('port = "high"\n', {}, "port: must be an integer, got 'high'"),
-    ("port = 70000\n", {}, "port: must be in 0..65535, got 70000"),
-    ("", {"DIFFU_PORT": "eighty"}, "DIFFU_PORT: port: must be an integer, got 'eighty'"),
-    ("", {"DIFFU_AUTH": "maybe"}, "DIFFU_AUTH: auth: must be a boolean"),
-    ("", {"DIFFU_QUEUE_SIZE": "0"}, "DIFFU_QUEUE_SIZE: queue_size: must be >= 1, got 0"),
-    ("batch_buckets = []\n", {}, "batch_buckets: must be a non-empty list"),
-    ('log_level = "loud"\n', {}, "log_level: must be one of debug, info, warning, error"),
-    ("port = \n", {}, "invalid TOML"),
-])
+@pytest.mark.parametrize(
+    ("toml", "env", "message"),
+    [
+        ("prot = 1\n", {}, "prot: unknown key"),
+        ('port = "high"\n', {}, "port: must be an integer, got 'high'"),
+        ("port = 70000\n", {}, "port: must be in 0..65535, got 70000"),
+        ("", {"DIFFU_PORT": "eighty"}, "DIFFU_PORT: port: must be an integer, got 'eighty'"),
+        ("", {"DIFFU_AUTH": "maybe"}, "DIFFU_AUTH: auth: must be a boolean"),
+        ("", {"DIFFU_QUEUE_SIZE": "0"}, "DIFFU_QUEUE_SIZE: queue_size: must be >= 1, got 0"),
+        ("batch_buckets = []\n", {}, "batch_buckets: must be a non-empty list"),
+        ('log_level = "loud"\n', {}, "log_level: must be one of debug, info, warning, error"),
+        ("port = \n", {}, "invalid TOML"),
+    ],
+)
 def test_bad_values_name_key_and_source(tmp_path: Path, toml: str, env: dict[str, str], message: str) -> None:
     path = write(tmp_path / "config.toml", toml)
     with pytest.raises(ConfigError) as info:
@@ -82,16 +92,31 @@ def test_render_masks_the_api_key() -> None:
 
 def test_config_show_command(tmp_path: Path) -> None:
     write(tmp_path / "config" / "config.toml", 'model = "/models/DiffuCoder"\nqueue_size = 7\n')
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DIFFU_")},
-           "DIFFU_CONFIG_DIR": str(tmp_path / "config"), "DIFFU_PORT": "8123"}
-    out = subprocess.run([sys.executable, "-m", "assistant.cli", "config", "show"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DIFFU_")},
+        "DIFFU_CONFIG_DIR": str(tmp_path / "config"),
+        "DIFFU_PORT": "8123",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant.cli", "config", "show"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any(line.startswith('model = "/models/DiffuCoder"') and "config.toml" in line for line in lines)
     assert any(line.startswith("port = 8123") and "# DIFFU_PORT" in line for line in lines)
     assert any(line.startswith("queue_size = 7") for line in lines)
-    bad = subprocess.run([sys.executable, "-m", "assistant.cli", "config", "show"], cwd=REPO,
-                         env={**env, "DIFFU_PORT": "x"}, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "assistant.cli", "config", "show"],
+        cwd=REPO,
+        env={**env, "DIFFU_PORT": "x"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "DIFFU_PORT: port: must be an integer" in bad.stderr
     assert "Traceback" not in bad.stderr

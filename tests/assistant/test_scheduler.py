@@ -69,6 +69,7 @@ async def started_engine(rt: FakeRuntime, **kwargs: Any) -> Scheduler:
     )
     ready = asyncio.Event()
     loop = asyncio.get_running_loop()
+
     def listen(status: Any) -> None:
         if status.stage in ("warming", "ready", "failed"):
             with contextlib.suppress(RuntimeError):  # a compile that outlives the test's event loop

@@ -36,20 +36,39 @@ def test_a_token_file_others_can_read_is_tightened(diffu_dirs: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize(("host", "ok"), [
-    ("127.0.0.1:8012", True), ("localhost:8012", True), ("[::1]:8012", True), ("app.localhost", False),
-    ("LOCALHOST", True), ("127.0.0.2", False), ("evil.example:8012", False), ("192.168.1.10", False),
-    ("", False), ("localhost.evil.example", False), ("devbox", True),
-])
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("127.0.0.1:8012", True),
+        ("localhost:8012", True),
+        ("[::1]:8012", True),
+        ("app.localhost", False),
+        ("LOCALHOST", True),
+        ("127.0.0.2", False),
+        ("evil.example:8012", False),
+        ("192.168.1.10", False),
+        ("", False),
+        ("localhost.evil.example", False),
+        ("devbox", True),
+    ],
+)
 def test_host_allowlist(host: str, ok: bool) -> None:
     assert security.host_allowed(host, ("devbox",)) is ok
 
 
-@pytest.mark.parametrize(("origin", "ok"), [
-    ("http://localhost:3000", True), ("https://127.0.0.1", True), ("http://[::1]:8080", True),
-    ("vscode-webview://abc", True), ("https://evil.example", False), ("http://localhost.evil.example", False),
-    ("null", False), ("https://app.example", True),
-])
+@pytest.mark.parametrize(
+    ("origin", "ok"),
+    [
+        ("http://localhost:3000", True),
+        ("https://127.0.0.1", True),
+        ("http://[::1]:8080", True),
+        ("vscode-webview://abc", True),
+        ("https://evil.example", False),
+        ("http://localhost.evil.example", False),
+        ("null", False),
+        ("https://app.example", True),
+    ],
+)
 def test_cors_origins(origin: str, ok: bool) -> None:
     assert security.origin_allowed(origin, ("https://app.example",)) is ok
 
@@ -74,8 +93,14 @@ HOLDER = textwrap.dedent("""
 
 
 def _holder(model: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, model], cwd=REPO, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, model],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -125,9 +150,11 @@ def test_garbage_discovery_files_are_ignored(diffu_dirs: Path) -> None:
 
 
 def test_importing_the_client_loads_no_jax() -> None:
-    code = ("import sys, assistant.client, assistant.discovery, assistant.config; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'numpy', "
-            "'starlette', 'uvicorn')))")
+    code = (
+        "import sys, assistant.client, assistant.discovery, assistant.config; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'numpy', "
+        "'starlette', 'uvicorn')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -138,9 +165,20 @@ def test_discovery_files_planted_by_another_user_are_ignored(diffu_dirs: Path) -
         pytest.skip("needs root to create a file owned by another user")
     run = paths.ensure_private_dir(paths.runtime_dir())
     planted = run / "evil.json"
-    planted.write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": os.getpid(), "model": "m",
-                                   "key": "evil", "host": "127.0.0.1", "port": 9, "started": 0.0,
-                                   "log_file": ""}))
+    planted.write_text(
+        json.dumps(
+            {
+                "url": "http://127.0.0.1:9",
+                "pid": os.getpid(),
+                "model": "m",
+                "key": "evil",
+                "host": "127.0.0.1",
+                "port": 9,
+                "started": 0.0,
+                "log_file": "",
+            }
+        )
+    )
     os.chown(planted, 12345, 12345)
     assert discovery.DaemonInfo.from_file(planted) is None
     foreign = diffu_dirs / "foreign"
