@@ -22,13 +22,20 @@ NOT_RUNNING = 3
 def register(subparsers: Any) -> None:
     from assistant.commands.serve import add_server_flags
 
-    parser = subparsers.add_parser("daemon", help="start, stop or inspect the background daemon",
-                                   description="Manage the background diffu daemon.")
+    parser = subparsers.add_parser(
+        "daemon",
+        help="start, stop or inspect the background daemon",
+        description="Manage the background diffu daemon.",
+    )
     sub = parser.add_subparsers(dest="daemon_command", metavar="ACTION", required=True)
     start = sub.add_parser("start", help="start a background daemon and wait until it serves")
     add_server_flags(start)
-    start.add_argument("--no-wait", dest="wait", action="store_false",
-                       help="return once it listens, without waiting for the model to load")
+    start.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="return once it listens, without waiting for the model to load",
+    )
     start.set_defaults(func=cmd_start)
     stop = sub.add_parser("stop", help="stop the daemon(s) (all of them unless --model is given)")
     stop.add_argument("--model", help="only the daemon serving this model")
@@ -60,11 +67,16 @@ def cmd_start(args: argparse.Namespace) -> int:
         endpoint = client.start_daemon(config.replace(url=None), exact_port=args.port is not None)
         info = endpoint.info
         assert info is not None
-        print(f"diffu daemon: started pid {info.pid} at {info.url} (model {info.model}); "
-              f"log: {info.log_file}", flush=True)
+        print(
+            f"diffu daemon: started pid {info.pid} at {info.url} (model {info.model}); log: {info.log_file}",
+            flush=True,
+        )
         if args.wait:
-            with client.Client(config=config.replace(url=info.url), autostart=False,
-                               progress=client.stderr_progress("diffu daemon")) as c:
+            with client.Client(
+                config=config.replace(url=info.url),
+                autostart=False,
+                progress=client.stderr_progress("diffu daemon"),
+            ) as c:
                 c.wait_ready(endpoint)
                 engine = c.status().get("engine", {})
             print(f"diffu daemon: ready to serve{_warming(engine, ', ')}", flush=True)
@@ -92,8 +104,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
             failed.append(info)
     if failed:
         pids = ", ".join(str(i.pid) for i in failed)
-        raise UsageError(f"daemon(s) {pids} did not exit within {args.timeout:.0f}s after SIGTERM; "
-                         "see 'diffu daemon logs'")
+        raise UsageError(
+            f"daemon(s) {pids} did not exit within {args.timeout:.0f}s after SIGTERM; see 'diffu daemon logs'"
+        )
     return 0
 
 
@@ -110,9 +123,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("diffu daemon: not running")
     for row in rows if not args.json else []:
         server = row["server"]
-        print(f"{row['model']}\n  url:     {row['url']}\n  pid:     {row['pid']}\n"
-              f"  started: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row['started']))}\n"
-              f"  log:     {row['log_file']}")
+        print(
+            f"{row['model']}\n  url:     {row['url']}\n  pid:     {row['pid']}\n"
+            f"  started: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row['started']))}\n"
+            f"  log:     {row['log_file']}"
+        )
         if "error" in server:
             print(f"  state:   not answering ({server['error']})")
             continue
@@ -124,13 +139,29 @@ def cmd_status(args: argparse.Namespace) -> int:
             state = stage if detail in ("", stage) else f"{stage} ({detail})"
         if engine.get("compiling"):
             state += f"\n  compiling: {engine['compiling']}"
-        print(f"  state:   {state}\n"
-              f"  device:  {server.get('device')} ({server.get('dtype')}), "
-              f"context {server.get('max_context')}\n"
-              f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
-              f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
-              f"up {server.get('uptime_seconds', 0):.0f}s")
+        print(
+            f"  state:   {state}\n"
+            f"  device:  {server.get('device')} ({server.get('dtype')}), "
+            f"context {server.get('max_context')}\n"
+            f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
+            f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
+            f"up {server.get('uptime_seconds', 0):.0f}s"
+        )
+        if server.get("programs"):
+            print(f"  programs: {_programs(server['programs'])}")
     return 0 if rows else NOT_RUNNING
+
+
+def _programs(info: dict[str, Any]) -> str:
+    """``12 of at most 64 compiled programs held (15 built, 3 evicted); memory 1.2 GiB, at most 3.4 GiB``."""
+    text = (
+        f"{info.get('held', 0)} of at most {info.get('max_programs')} compiled programs held "
+        f"({info.get('compiled', 0)} built, {info.get('evicted', 0)} evicted)"
+    )
+    resident, ceiling = info.get("resident_bytes"), info.get("memory_ceiling_bytes")
+    if resident is not None and ceiling is not None:
+        text += f"; memory {resident / 2**30:.1f} GiB, at most {ceiling / 2**30:.1f} GiB"
+    return text
 
 
 def _warming(engine: dict[str, Any], sep: str) -> str:
@@ -151,8 +182,9 @@ def _query_status(info: Any) -> dict[str, Any]:
 
     key = client_api_key(load_config()[0])
     try:
-        response = httpx.get(info.url + "/v1/diffu/status",
-                             headers={"authorization": f"Bearer {key or 'none'}"}, timeout=5.0)
+        response = httpx.get(
+            info.url + "/v1/diffu/status", headers={"authorization": f"Bearer {key or 'none'}"}, timeout=5.0
+        )
     except httpx.HTTPError as exc:
         return {"error": str(exc) or type(exc).__name__}
     if response.status_code != 200:
@@ -170,8 +202,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if running:
             path = discovery.log_path(running[0].key)
         else:
-            logs = sorted(paths.log_dir().glob("*.log"), key=lambda p: p.stat().st_mtime) \
-                if paths.log_dir().is_dir() else []
+            logs = (
+                sorted(paths.log_dir().glob("*.log"), key=lambda p: p.stat().st_mtime)
+                if paths.log_dir().is_dir()
+                else []
+            )
             if not logs:
                 raise UsageError(f"no daemon logs in {paths.log_dir()}")
             path = logs[-1]

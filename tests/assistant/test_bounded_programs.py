@@ -5,6 +5,8 @@ same alone or batched with anything."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -56,6 +58,18 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
     free = after["max_programs"] - after["held"]
     assert after["memory_ceiling_bytes"] == after["resident_bytes"] + free * after["largest_program_bytes"]
     assert after["largest_program_bytes"] > 0
+    # `diffu daemon status` tells the user the same bound and ceiling.
+    cli = subprocess.run(
+        [sys.executable, "-m", "assistant.cli", "daemon", "status"],
+        env=tiny_daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    line = next(x for x in cli.stdout.splitlines() if x.strip().startswith("programs:"))
+    assert f"{after['held']} of at most 64 compiled programs held ({after['compiled']} built" in line
+    assert f"at most {after['memory_ceiling_bytes'] / 2**30:.1f} GiB" in line
 
 
 @pytest.mark.parametrize(
