@@ -14,7 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+ENV = {
+    "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+    "JAX_PLATFORMS": "cpu",
+}
 
 
 def free_port() -> int:

@@ -13,7 +13,10 @@ import pytest
 from model_runtime.sharding import MeshSpec, logical_to_spec
 
 HERE = Path(__file__).parent
-EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+EIGHT = {
+    "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+}
 
 
 @pytest.fixture(scope="module")

@@ -265,7 +265,11 @@ def test_data_parallel_training_over_two_devices_matches_one_device(smoke_run, t
         "import json, sys; from tests.model_runtime.train.test_train import _short_run; "
         "print(json.dumps(_short_run(sys.argv[1], sys.argv[2])))"
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+        "JAX_PLATFORMS": "cpu",
+    }
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "dp"), str(smoke_run / "corpus")],
