@@ -173,7 +173,7 @@ def suite(
         "environment": environment(),
         "model": rt.model_name,
         "dtype": rt.dtype,
-        "quantize": getattr(getattr(rt, "quantize", None), "mode", None),
+        "quantize": rt.quantize_mode,
         "config": {k: v for k, v in rt.config.to_dict().items() if isinstance(v, int | float)},
     }
     if load_seconds is not None:

@@ -213,7 +213,7 @@ def run_generate(args: argparse.Namespace) -> int:
         load_seconds=load_seconds,
         model=rt.model_name,
         dtype=rt.dtype,
-        quantize=getattr(rt.quantize, "mode", None),
+        quantize=rt.quantize_mode,
         environment=bench.environment(),
     )
     if args.json:
