@@ -33,11 +33,12 @@ def run_batch(
     counters: dict[str, int],
     compile: Compile,
     waiting_estimate: Callable[[], float | None],
-) -> float | None:
+    ran: Callable[[float], None],
+) -> None:
     """Run ``jobs`` (same sampling parameters, rows that fit one bucket) as one canvas batch.
 
-    Returns the seconds the batch ran, compiling not included (None when it could not start), for the
-    scheduler's Retry-After estimate. ``waiting_estimate()`` is the seconds one compile is expected to take.
+    ``waiting_estimate()`` is the seconds one compile is expected to take; ``ran(seconds)`` is told how long
+    each batch that started ran, compiling not included (for the scheduler's Retry-After estimate).
     """
     counters["batches"] += 1
     counters["rows"] += len(jobs)
@@ -63,11 +64,11 @@ def run_batch(
         if len(jobs) > 1:
             # One bad row must not fail its neighbours: run each alone so only it gets the error.
             for job in jobs:
-                run_batch(runtime, [job], counters, compile, waiting_estimate)
-            return None
+                run_batch(runtime, [job], counters, compile, waiting_estimate, ran)
+            return
         counters["failed"] += 1
         jobs[0].emit(JobError(400, str(exc), "invalid_request_error", param=exc.field, details=exc.details))
-        return None
+        return
     mask_id = runtime.tokenizer.mask_id
     active = dict(enumerate(jobs))
     last: dict[int, JobStep] = {}
@@ -103,14 +104,13 @@ def run_batch(
                 active.clear()
     finally:
         gen.close()
-        elapsed = time.monotonic() - t0
+        ran(time.monotonic() - t0)
     for job in active.values():
         # The runtime ended without a BatchDone: report it rather than leave the client waiting.
         counters["failed"] += 1
         job.emit(
             JobError(500, f"the runtime stopped after {len(last)} steps without a result", "server_error")
         )
-    return elapsed
 
 
 # -- endings -------------------------------------------------------------------------------------------

@@ -422,9 +422,10 @@ class Scheduler:
                 log.exception("engine status listener failed")
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        elapsed = run_batch(self.runtime, jobs, self.counters, self._compile_batch, self._warm.one)
-        if elapsed is not None:
-            self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * elapsed
+        run_batch(self.runtime, jobs, self.counters, self._compile_batch, self._warm.one, self._ran)
+
+    def _ran(self, seconds: float) -> None:
+        self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * seconds
 
     def _compile_batch(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
         report = self._compile(rows, params, what)
