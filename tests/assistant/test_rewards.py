@@ -4,13 +4,13 @@ thousands of sandboxed executions that leave no process and no temporary file be
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import threading
 
 import pytest
 
 from assistant import rewards
+from tests.assistant.helpers import sandbox_processes
 
 # ml-diffucoder tests/test_code_reward.py: (answer, tests, code reward, format reward).
 PUBLISHED = {
@@ -106,11 +106,6 @@ def test_reward_callables_load_by_import_path_and_bad_paths_say_why(tmp_path, mo
     assert rewards.load_reward("assistant.rewards:code_format") is rewards.code_format
 
 
-def _sandbox_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "sandbox_child.py" in line]
-
-
 def _sandbox_temp_entries() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("diffu-sandbox")}
 
@@ -130,7 +125,7 @@ def _children() -> set[int]:
 
 def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
     """2,000 programs, among them ones that fork sleepers, write files and exhaust their time."""
-    procs_before, temp_before = _sandbox_processes(), _sandbox_temp_entries()
+    procs_before, temp_before = sandbox_processes(), _sandbox_temp_entries()
     threads_before, children_before = threading.active_count(), _children()
     bodies = [
         "    return x + 1",
@@ -151,7 +146,7 @@ def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
     finally:
         reward.close()
     assert len(scores) == 501 and sum(1 for s in scores if s == 1.0) == 400 and scores[-1] == 0.0
-    assert _sandbox_processes() == procs_before
+    assert sandbox_processes() == procs_before
     assert _sandbox_temp_entries() == temp_before
     assert threading.active_count() == threads_before
     assert _children() == children_before

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import textwrap
 
 import pytest
 
 from assistant.sandbox import Limits, Sandbox
+from tests.assistant.helpers import sandbox_processes
 
 SECRET = "diffu-secret-token-7f3a"
 
@@ -28,11 +28,6 @@ def sandbox():
 @pytest.fixture(scope="module")
 def isolation(sandbox) -> dict:
     return sandbox.run("pass").isolation
-
-
-def _leftovers() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "sandbox_child.py" in line]
 
 
 def _need(isolation: dict, *keys: str) -> None:
@@ -82,7 +77,7 @@ def test_hostile_programs_end_as_one_failed_run(sandbox, program, statuses):
     outcome = sandbox.run(program)
     assert outcome.status in statuses, (outcome.status, outcome.error, outcome.stderr[-500:])
     assert outcome.seconds < sandbox.limits.timeout + 5
-    assert _leftovers() == []
+    assert sandbox_processes() == []
     # The evaluator still works: the next program runs normally.
     assert sandbox.run("assert True\n").passed
 
