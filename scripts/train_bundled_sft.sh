@@ -8,21 +8,23 @@
 # 2. Stage 1, conversations only (DiffuCoder's recipe, model_runtime/train/sft.py): from BASE, a 2000-step
 #    schedule of 16 conversations x 256 tokens, AdamW (peak 1e-3, 100 warmup steps, cosine to 1e-4), EMA
 #    0.998, stopped after step STAGE1_STOP (400 for the shipped weights: the time a shared 2-core CPU gave).
-# 3. Optional stage 2 (STAGE2_STEPS > 0), with code replay: from stage 1's model, 12 conversations and 4
-#    code windows of the corpus per batch (--mix-code 0.25), peak 5e-4 after 50 warmup steps, cosine to
-#    5e-5. Conversations alone make the model forget raw code (exact held-out line infill: 9.4% -> 4.7% of
-#    64 lines at step 400; 14.5% -> 10.5% of 256 at step 604); replay recovers it (12.1% of 256 after 240
-#    steps from the step-400 model, EMA 0.99) but cost the chat what it had learned (held-out requests:
-#    good block 44.0% -> 22.0%, repeats 27.5% -> 52.0%), so the shipped weights are stage 1's at step 400
-#    (STAGE2_STEPS=0, the default).
+# 3. Stage 2, the anneal: from stage 1's model, the conversations that fit 192 tokens (prompt, answer and
+#    end of turn; the 4,703 longer ones are skipped: --seq-len 192 --on-bad-line skip), a 700-step schedule
+#    of 16 x 192 tokens, peak 3e-4 after 20 warmup steps, cosine to 1.5e-5, EMA 0.99 (18 minutes on 2
+#    idle cores). Stage 1 had stopped near its peak learning rate; letting it decay on answers short
+#    enough for the model to finish is what made it stop where its answer ends (docs/training.md).
 # 4. scripts/sft_heldout.py --record measures the 200 held-out requests and writes the chat defaults it
 #    measured best into generation_config.json.
-# Both stages pass the corpus, so each model's metrics.json also holds the held-out code evaluation.
+# Stage 1 passes the corpus, so its metrics.json also holds the held-out code evaluation.
+#
+# Code replay (--mix-code 0.25 with the corpus, 12 conversations and 4 code windows a batch) was tried as
+# a second stage instead and kept raw infill but undid the chat gains (docs/training.md); add it to stage 2
+# through the extra flags (with the corpus as SOURCE) to try it again.
 #
 # Usage: scripts/train_bundled_sft.sh BASE [RUN_DIR] [extra diffu train flags for stage 2]   (re-run to resume)
 #   CORPUS=DIR        the corpus of scripts/bundled_corpus.py (default: RUN_DIR.corpus, built if missing)
 #   STAGE1_STOP=N     stage 1 stops after step N of its 2000 (default 400)
-#   STAGE2_STEPS=N    stage 2 steps (default 0: no stage 2)
+#   STAGE2_STEPS=N    stage 2 steps (default 700; 0: ship stage 1's model)
 #   INSTALL=0         leave the package alone (default: copy RUN_DIR/model into model_runtime/bundled/model)
 #   RECORD=0          skip the held-out measurement and the chat defaults
 set -euo pipefail
@@ -49,9 +51,11 @@ if [ ! -f "$STAGE1/model/config.json" ]; then
     --steps 2000 --lr 1e-3 --warmup 100 --eval-every 250 --stop-at "${STAGE1_STOP:-400}" "${COMMON[@]}"
 fi
 FINAL="$STAGE1"
-if [ "${STAGE2_STEPS:-0}" -gt 0 ]; then
-  "$PY" -m assistant.cli train "$CORPUS" --sft "$DATA/train.jsonl" --init-from "$STAGE1/model" --out "$RUN_DIR" \
-    --mix-code 0.25 --steps "$STAGE2_STEPS" --lr 5e-4 --warmup 50 --eval-every 200 "${COMMON[@]}" "${@:3}"
+if [ "${STAGE2_STEPS:-700}" -gt 0 ]; then
+  "$PY" -m assistant.cli train --sft "$DATA/train.jsonl" --init-from "$STAGE1/model" --out "$RUN_DIR" \
+    --steps "${STAGE2_STEPS:-700}" --lr 3e-4 --warmup 20 --min-lr-ratio 0.05 --weight-decay 0.1 \
+    --ema-decay 0.99 --seed 0 --batch-size 16 --seq-len 192 --on-bad-line skip --checkpoint-every 100 \
+    --export-dtype bfloat16 --quiet "${@:3}"
   FINAL="$RUN_DIR"
 fi
 

@@ -344,18 +344,18 @@ def test_bundled_model_writes_python_for_a_python_prompt():
     from model_runtime.bundled import bundled_model_dir
     from model_runtime.params import SamplingParams
 
-    # What the README's `diffu generate --raw --prompt "def is_prime(n):"` runs: 128 masks, greedy, the
+    # What the README's `diffu generate --raw --prompt "def parse_date(text):"` runs: 128 masks, greedy, the
     # decoder the model recommends (the fast one: scripts/decoder_quality.py measured it writing better code).
     rt = model_runtime.load(bundled_model_dir(), length_buckets=(256,), batch_buckets=(1,))
     assert rt.default_decoder == "fast"
-    prompt = rt.tokenizer.encode("def is_prime(n):")
+    prompt = rt.tokenizer.encode("def parse_date(text):")
     params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.default_decoder)
     done = list(rt.generate([prompt], params, chat=False))[-1]
     lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
     assert len(lines) >= 3, done.texts[0]
     # Python-looking: most lines are code that parses with the prompt as one program, and the body is
     # indented under the def.
-    assert python_share("def is_prime(n):", done.texts[0]) >= 0.6, done.texts[0]
+    assert python_share("def parse_date(text):", done.texts[0]) >= 0.6, done.texts[0]
     assert any(ln.startswith((" ", "\t")) for ln in lines), done.texts[0]
 
 
@@ -378,3 +378,23 @@ def test_generate_without_a_model_uses_the_bundled_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["text"][0].strip() and len(out["sequences"][0]) > len(out["prompt_ids"][0])
+
+
+def test_chat_once_on_the_bundled_model_answers_a_request_with_a_python_block_that_parses(tmp_path):
+    # Issue #18's check as a newcomer runs it: no model named anywhere, so `diffu chat --once` starts a
+    # daemon on the bundled instruction-tuned model and prints its answer with the model's chat defaults.
+    from assistant.evals.instructions import has_good_block
+    from tests.assistant.helpers import REPO, isolated_env, stop_background_daemons
+
+    request = "Write a Python function that returns the sum of a list"
+    env = isolated_env(tmp_path, DIFFU_DATA_DIR=str(tmp_path / "data"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "assistant.cli", "chat", "--once", request],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        stop_background_daemons(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # A closed fenced block that parses and defines a function (the held-out measure of the issue).
+    assert "```python\n" in proc.stdout and has_good_block(proc.stdout), proc.stdout
