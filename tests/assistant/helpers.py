@@ -172,3 +172,10 @@ def sandbox_processes() -> list[str]:
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
     mine = tempfile.gettempdir()
     return [line for line in out.splitlines() if "sandbox_child.py" in line and mine in line]
+
+
+def virtual_devices_env(n: int) -> dict[str, str]:
+    """Environment entries for a subprocess whose JAX sees ``n`` virtual CPU devices; the suite's own
+    XLA_FLAGS (tests/conftest.py) stay in front."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}

@@ -14,10 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-ENV = {
-    "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
-    "JAX_PLATFORMS": "cpu",
-}
+from tests.assistant.helpers import isolated_env, virtual_devices_env
+
+ENV = virtual_devices_env(4)
 
 
 def free_port() -> int:
@@ -70,8 +69,6 @@ def test_two_hosts_generate_what_one_device_generates(generate_argv, single):
 
 
 def test_a_daemon_over_two_hosts_serves_from_process_0_and_the_other_follows(shard_dir, single, tmp_path):
-    from tests.assistant.helpers import isolated_env
-
     # One bucket: its one warm-up shape (an editor's infill, greedy) is the program the requests below run.
     buckets = {"DIFFU_LENGTH_BUCKETS": "64", "DIFFU_MAX_CONTEXT": "64", "DIFFU_BATCH_BUCKETS": "2"}
     env = {**isolated_env(tmp_path), **ENV, **buckets}

@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 
 from model_runtime.sharding import MeshSpec, logical_to_spec
+from tests.assistant.helpers import virtual_devices_env
 
 HERE = Path(__file__).parent
-EIGHT = {
-    "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
-    "JAX_PLATFORMS": "cpu",
-}
+EIGHT = virtual_devices_env(8)
 
 
 @pytest.fixture(scope="module")

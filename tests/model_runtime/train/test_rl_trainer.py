@@ -15,6 +15,7 @@ from model_runtime.train.rl import synthetic
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import write_tasks
 from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from tests.assistant.helpers import virtual_devices_env
 
 
 def spaces(completions, **_):
@@ -261,11 +262,7 @@ def test_data_and_tensor_parallel_training_matches_one_device(tiny_dir, tasks_fi
         "import json, sys; from tests.model_runtime.train.test_rl_trainer import _mesh_run; "
         "print(json.dumps(_mesh_run(*sys.argv[1:4], 2, 2)))"
     )
-    env = {
-        **os.environ,
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = {**os.environ, **virtual_devices_env(4)}
     root = Path(__file__).resolve().parents[3]
     args = [str(tmp_path / "mesh"), str(tiny_dir), str(tasks_file)]
     proc = subprocess.run(

@@ -21,6 +21,7 @@ from model_runtime.tiny import tiny_config
 from model_runtime.train import corpus as corpus_lib
 from model_runtime.train.evaluate import python_share
 from model_runtime.train.objective import add_noise, diffusion_loss
+from tests.assistant.helpers import REPO, isolated_env, stop_background_daemons, virtual_devices_env
 
 # A model small enough to train in seconds on two cores, big enough to learn something from 10 files.
 SMOKE_FLAGS = [
@@ -265,11 +266,7 @@ def test_data_parallel_training_over_two_devices_matches_one_device(smoke_run, t
         "import json, sys; from tests.model_runtime.train.test_train import _short_run; "
         "print(json.dumps(_short_run(sys.argv[1], sys.argv[2])))"
     )
-    env = {
-        **os.environ,
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = {**os.environ, **virtual_devices_env(2)}
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "dp"), str(smoke_run / "corpus")],
@@ -384,7 +381,6 @@ def test_chat_once_on_the_bundled_model_answers_a_request_with_a_python_block_th
     # Issue #18's check as a newcomer runs it: no model named anywhere, so `diffu chat --once` starts a
     # daemon on the bundled instruction-tuned model and prints its answer with the model's chat defaults.
     from assistant.evals.instructions import has_good_block
-    from tests.assistant.helpers import REPO, isolated_env, stop_background_daemons
 
     request = "Write a Python function that returns the sum of a list"
     env = isolated_env(tmp_path, DIFFU_DATA_DIR=str(tmp_path / "data"))
