@@ -15,6 +15,7 @@
 #    enough for the model to finish is what made it stop where its answer ends (docs/training.md).
 # 4. scripts/sft_heldout.py --record measures the 200 held-out requests and writes the chat defaults it
 #    measured best into generation_config.json.
+# 5. scripts/bundled_metrics.py puts the shipped metrics.json together from both stages.
 # Stage 1 passes the corpus, so its metrics.json also holds the held-out code evaluation.
 #
 # Code replay (--mix-code 0.25 with the corpus, 12 conversations and 4 code windows a batch) was tried as
@@ -69,10 +70,15 @@ if [ -f "$FINAL/model/config.json" ] && [ "${RECORD:-1}" = 1 ]; then
     --json "$FINAL/heldout_requests.json"
 fi
 
-# The shipped metrics.json was put together from both stages' metrics.json, the --record results and
-# the held-out code evaluation of the final weights (stage 2 passes no corpus, so its own metrics.json
-# has no "heldout" code figures, which tests/model_runtime/train/test_train.py reads): this step copies
-# stage 2's as it is, and that merge is still done by hand.
+# Stage 2 passes no corpus, so its metrics.json has no held-out code figures (which
+# tests/model_runtime/train/test_train.py reads): scripts/bundled_metrics.py evaluates the final weights on
+# stage 1's tokenized corpus and writes one metrics.json with both stages, the held-out requests (with the
+# figures of the model being replaced) and the pre-training's facts.
+if [ "$FINAL" = "$RUN_DIR" ] && [ -f "$FINAL/heldout_requests.json" ]; then
+  "$PY" scripts/bundled_metrics.py "$RUN_DIR" --stage1 "$STAGE1" --pretraining "$BASE" --corpus "$STAGE1/corpus" \
+    --record "$FINAL/heldout_requests.json" --before model_runtime/bundled/model
+fi
+
 if [ "${INSTALL:-1}" = 1 ] && [ -f "$FINAL/model/config.json" ]; then
   DEST=model_runtime/bundled/model
   rm -rf "$DEST" && mkdir -p "$DEST"

@@ -1,0 +1,147 @@
+"""Put together the bundled chat model's metrics.json from the runs that made it.
+
+    python scripts/bundled_metrics.py STAGE2_RUN --stage1 STAGE1_RUN --pretraining BASE_MODEL \\
+        --corpus STAGE1_RUN/corpus --record HELDOUT_REQUESTS.json [--before OLD_MODEL] [--out DIR]
+
+``scripts/train_bundled_sft.sh`` calls this before it installs the model. Each stage's own
+``RUN/model/metrics.json`` only knows its stage, and stage 2 passes no corpus, so the weights that ship
+would have no held-out code figures (tests/model_runtime/train/test_train.py reads them). This writes
+``STAGE2_RUN/model/metrics.json`` (or ``--out``) with:
+
+- ``heldout``: the held-out code evaluation of the final weights (what ``diffu train SOURCE`` reports at
+  its end: masked-token accuracy at three mask rates, line infill) on the pre-training's held-out files;
+- ``sft``: stage 1 and stage 2, their schedules, data and held-out conversation figures;
+- ``heldout_requests`` (the chat defaults ``sft_heldout.py --record`` chose), ``heldout_requests_grid``
+  (every setting it tried) and ``heldout_requests_before`` (the model being replaced, from ``--before``);
+- ``pretraining``: the pre-trained model's metrics.json, as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+CODE_WINDOWS = CODE_CASES = 256
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _last_train_line(run: Path) -> dict[str, Any]:
+    """The last logged training step of RUN/metrics.jsonl (where a stopped schedule stood)."""
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return next((x for x in reversed(lines) if "loss" in x and "final_eval" not in x), {})
+
+
+def stage(run: Path, init_from: str) -> dict[str, Any]:
+    facts = _read(run / "model" / "metrics.json")
+    t = facts["train"]
+    out = {
+        "init_from": init_from,
+        "steps_done": t["steps_done"],
+        "schedule_steps": t["steps"],
+        "batch": f"{t['batch_size']} conversations x {t['seq_len']} tokens",
+        "lr": (
+            f"AdamW, peak {t['learning_rate']:g} after {t['warmup_steps']} warmup steps, cosine to "
+            f"{t['learning_rate'] * t['min_lr_ratio']:g}"
+        ),
+        "ema_decay": t["ema_decay"],
+        "seed": t["seed"],
+        "seconds": t["seconds"],
+        "data": facts["sft_data"],
+        "train_metrics_at_stop": _last_train_line(run),
+    }
+    if "sft_heldout" in facts:
+        out["sft_heldout"] = facts["sft_heldout"]
+    out["hardware"] = facts["hardware"]
+    return out
+
+
+def best_setting(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule of ``sft_heldout.py --record``: the highest good_block - repeats_line."""
+    return max(results, key=lambda r: r["good_block"] - r["repeats_line"])
+
+
+def code_eval(model: Path, corpus: Path) -> dict[str, Any]:
+    from model_runtime.config import DreamConfig
+    from model_runtime.loader import load
+    from model_runtime.train.evaluate import evaluate
+    from model_runtime.train.loop import TrainConfig
+    from model_runtime.train.run import CodeEval, _load_tok
+
+    loaded = load(model, dtype="float32")
+    model_cfg = DreamConfig.from_dict(_read(model / "config.json"))
+    cfg = TrainConfig(seq_len=256)
+    code = CodeEval(corpus, _load_tok(model, model_cfg), model_cfg, cfg)
+    out = evaluate(
+        loaded.graphdef,
+        loaded.state,
+        code.eval_set(CODE_WINDOWS, CODE_CASES),
+        code.tok,
+        eps=cfg.eps,
+        return_samples=8,
+    )
+    out["method"] = (
+        f"diffu train's final code evaluation on the pre-training's {len(code.texts)} held-out files: "
+        f"{CODE_WINDOWS} windows of {cfg.seq_len} tokens, {CODE_CASES} line-infill cases"
+    )
+    return out
+
+
+def merge(
+    stage2: Path, stage1: Path, pretraining: Path, corpus: Path, record: Path, before: Path | None
+) -> dict[str, Any]:
+    results = [{k: v for k, v in r.items() if k != "samples"} for r in _read(record)["results"]]
+    s1 = stage(stage1, "the pre-trained demo model")
+    s2 = stage(stage2, "stage 1's model")
+    out: dict[str, Any] = {
+        "model": (
+            "diffu-demo, instruction-tuned: the pre-trained demo model (under 'pretraining') after "
+            f"scripts/train_bundled_sft.sh: stage 1, {s1['steps_done']} steps on conversations (under "
+            f"'sft.stage1'), then stage 2, a {s2['steps_done']}-step anneal on the conversations that fit "
+            f"{_read(stage2 / 'model' / 'metrics.json')['train']['seq_len']} tokens (under 'sft.stage2'); "
+            "EMA weights"
+        ),
+        "heldout": code_eval(stage2 / "model", corpus),
+        "sft": {"stage1": s1, "stage2": s2},
+        "heldout_requests": best_setting(results),
+        "heldout_requests_grid": results,
+    }
+    if before is not None and (before / "metrics.json").is_file():
+        old = _read(before / "metrics.json").get("heldout_requests")
+        if old:
+            out["heldout_requests_before"] = old | {"model": "the bundled model this one replaced"}
+    out["pretraining"] = _read(pretraining / "metrics.json")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("stage2", type=Path, help="stage 2's run directory (its model/ ships)")
+    parser.add_argument("--stage1", type=Path, required=True, help="stage 1's run directory")
+    parser.add_argument("--pretraining", type=Path, required=True, help="the pre-trained model directory")
+    parser.add_argument("--corpus", type=Path, required=True, help="STAGE1_RUN/corpus (tokenized)")
+    parser.add_argument("--record", type=Path, required=True, help="sft_heldout.py --record --json's file")
+    parser.add_argument("--before", type=Path, default=None, help="the bundled model being replaced")
+    parser.add_argument("--out", type=Path, default=None, help="where metrics.json goes (STAGE2/model)")
+    args = parser.parse_args()
+    facts = merge(args.stage2, args.stage1, args.pretraining, args.corpus, args.record, args.before)
+    out = (args.out or args.stage2 / "model") / "metrics.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")
+    print(
+        f"{out}: held-out code acc@0.5 {facts['heldout']['acc@0.5']:.3f}, held-out requests "
+        f"{facts['heldout_requests']['good_block']:.1%} good blocks",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
