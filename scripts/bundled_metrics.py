@@ -1,12 +1,12 @@
 """Put together the bundled chat model's metrics.json from the runs that made it.
 
     python scripts/bundled_metrics.py STAGE2_RUN --stage1 STAGE1_RUN --pretraining BASE_MODEL \\
-        --corpus STAGE1_RUN/corpus --record HELDOUT_REQUESTS.json [--before OLD_MODEL] [--out DIR]
+        --corpus STAGE1_RUN/corpus --record HELDOUT_REQUESTS.json [--before OLD_MODEL] --out FILE
 
-``scripts/train_bundled_sft.sh`` calls this before it installs the model. Each stage's own
-``RUN/model/metrics.json`` only knows its stage, and stage 2 passes no corpus, so the weights that ship
-would have no held-out code figures (tests/model_runtime/train/test_train.py reads them). This writes
-``STAGE2_RUN/model/metrics.json`` (or ``--out``) with:
+``scripts/train_bundled_sft.sh`` calls this and installs FILE as the model's metrics.json. Each stage's
+own ``RUN/model/metrics.json`` only knows its stage (and is left as it is), and stage 2 passes no corpus,
+so the weights that ship would have no held-out code figures (tests/model_runtime/train/test_train.py
+reads them). FILE gets:
 
 - ``heldout``: the held-out code evaluation of the final weights (what ``diffu train SOURCE`` reports at
   its end: masked-token accuracy at three mask rates, line infill) on the pre-training's held-out files;
@@ -23,8 +23,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-CODE_WINDOWS = CODE_CASES = 256
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -66,7 +64,8 @@ def best_setting(results: list[dict[str, Any]]) -> dict[str, Any]:
     return max(results, key=lambda r: r["good_block"] - r["repeats_line"])
 
 
-def code_eval(model: Path, corpus: Path) -> dict[str, Any]:
+def code_eval(model: Path, corpus: Path, seq_len: int, windows: int, cases: int) -> dict[str, Any]:
+    """The held-out code evaluation ``diffu train SOURCE`` ends with, of ``model`` on ``corpus``."""
     from model_runtime.config import DreamConfig
     from model_runtime.loader import load
     from model_runtime.train.evaluate import evaluate
@@ -75,19 +74,19 @@ def code_eval(model: Path, corpus: Path) -> dict[str, Any]:
 
     loaded = load(model, dtype="float32")
     model_cfg = DreamConfig.from_dict(_read(model / "config.json"))
-    cfg = TrainConfig(seq_len=256)
+    cfg = TrainConfig(seq_len=seq_len)
     code = CodeEval(corpus, _load_tok(model, model_cfg), model_cfg, cfg)
     out = evaluate(
         loaded.graphdef,
         loaded.state,
-        code.eval_set(CODE_WINDOWS, CODE_CASES),
+        code.eval_set(windows, cases),
         code.tok,
         eps=cfg.eps,
         return_samples=8,
     )
     out["method"] = (
         f"diffu train's final code evaluation on the pre-training's {len(code.texts)} held-out files: "
-        f"{CODE_WINDOWS} windows of {cfg.seq_len} tokens, {CODE_CASES} line-infill cases"
+        f"{out['heldout_windows']} windows of {seq_len} tokens, {out['infill_cases']} line-infill cases"
     )
     return out
 
@@ -96,6 +95,7 @@ def merge(
     stage2: Path, stage1: Path, pretraining: Path, corpus: Path, record: Path, before: Path | None
 ) -> dict[str, Any]:
     results = [{k: v for k, v in r.items() if k != "samples"} for r in _read(record)["results"]]
+    stage1_facts = _read(stage1 / "model" / "metrics.json")
     s1 = stage(stage1, "the pre-trained demo model")
     s2 = stage(stage2, "stage 1's model")
     out: dict[str, Any] = {
@@ -106,7 +106,14 @@ def merge(
             f"{_read(stage2 / 'model' / 'metrics.json')['train']['seq_len']} tokens (under 'sft.stage2'); "
             "EMA weights"
         ),
-        "heldout": code_eval(stage2 / "model", corpus),
+        # Stage 1's evaluation (its context, window and case counts), of the final weights.
+        "heldout": code_eval(
+            stage2 / "model",
+            corpus,
+            stage1_facts["train"]["seq_len"],
+            stage1_facts["heldout"]["heldout_windows"],
+            stage1_facts["heldout"]["infill_cases"],
+        ),
         "sft": {"stage1": s1, "stage2": s2},
         "heldout_requests": best_setting(results),
         "heldout_requests_grid": results,
@@ -129,10 +136,10 @@ def main() -> int:
     parser.add_argument("--corpus", type=Path, required=True, help="STAGE1_RUN/corpus (tokenized)")
     parser.add_argument("--record", type=Path, required=True, help="sft_heldout.py --record --json's file")
     parser.add_argument("--before", type=Path, default=None, help="the bundled model being replaced")
-    parser.add_argument("--out", type=Path, default=None, help="where metrics.json goes (STAGE2/model)")
+    parser.add_argument("--out", type=Path, required=True, help="the metrics.json to write")
     args = parser.parse_args()
     facts = merge(args.stage2, args.stage1, args.pretraining, args.corpus, args.record, args.before)
-    out = (args.out or args.stage2 / "model") / "metrics.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")
     print(

@@ -73,15 +73,18 @@ fi
 # Stage 2 passes no corpus, so its metrics.json has no held-out code figures (which
 # tests/model_runtime/train/test_train.py reads): scripts/bundled_metrics.py evaluates the final weights on
 # stage 1's tokenized corpus and writes one metrics.json with both stages, the held-out requests (with the
-# figures of the model being replaced) and the pre-training's facts.
-if [ "$FINAL" = "$RUN_DIR" ] && [ -f "$FINAL/heldout_requests.json" ]; then
+# figures of the model being replaced, measured once: a re-run keeps them) and the pre-training's facts.
+if [ "$FINAL" = "$RUN_DIR" ] && [ -f "$FINAL/heldout_requests.json" ] && [ ! -f "$RUN_DIR/bundled-metrics.json" ]; then
   "$PY" scripts/bundled_metrics.py "$RUN_DIR" --stage1 "$STAGE1" --pretraining "$BASE" --corpus "$STAGE1/corpus" \
-    --record "$FINAL/heldout_requests.json" --before model_runtime/bundled/model
+    --record "$FINAL/heldout_requests.json" --before model_runtime/bundled/model --out "$RUN_DIR/bundled-metrics.json"
 fi
 
 if [ "${INSTALL:-1}" = 1 ] && [ -f "$FINAL/model/config.json" ]; then
   DEST=model_runtime/bundled/model
   rm -rf "$DEST" && mkdir -p "$DEST"
   cp "$FINAL"/model/*.json "$FINAL"/model/merges.txt "$FINAL"/model/*.safetensors "$DEST"/
+  if [ "$FINAL" = "$RUN_DIR" ] && [ -f "$RUN_DIR/bundled-metrics.json" ]; then
+    cp "$RUN_DIR/bundled-metrics.json" "$DEST/metrics.json"
+  fi
   echo "bundled model updated in $DEST"
 fi

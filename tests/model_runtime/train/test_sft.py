@@ -343,3 +343,60 @@ def test_mix_code_puts_pretraining_windows_with_no_prompt_in_every_batch(
     assert main(["train", "--sft", str(sft_file), "--init-from", str(tiny_dir), "--out", str(tmp_path / "x"),
                  "--mix-code", "0.25"]) == 2  # fmt: skip
     assert "--mix-code needs SOURCE" in capsys.readouterr().err
+
+
+def test_the_bundled_models_metrics_hold_both_stages_and_stage_ones_code_evaluation_of_the_final_weights(
+    sft_file, source_dir, tiny_dir, tmp_path, capsys
+):
+    """scripts/bundled_metrics.py, the last step of scripts/train_bundled_sft.sh before it installs."""
+    import subprocess
+    import sys
+
+    s1, s2 = tmp_path / "stage1", tmp_path / "stage2"
+    common = ["--batch-size", "8", "--seq-len", str(SEQ), "--heldout-permille", "200", "--quiet"]
+    common += ["--export-dtype", "float32"]  # the weights diffu train evaluated, bit for bit
+    assert main(["train", str(source_dir), "--sft", str(sft_file), "--init-from", str(tiny_dir), "--out",
+                 str(s1), "--steps", "3", "--eval-infill-cases", "4", *common]) == 0  # fmt: skip
+    assert main(["train", "--sft", str(sft_file), "--init-from", str(s1 / "model"), "--out", str(s2),
+                 "--steps", "2", "--lr", "1e-2", *common]) == 0  # fmt: skip
+    capsys.readouterr()
+    base, before = tmp_path / "base", tmp_path / "before"
+    base.mkdir(), before.mkdir()
+    (base / "metrics.json").write_text(json.dumps({"heldout": {"acc@0.5": 0.25}}))
+    (before / "metrics.json").write_text(json.dumps({"heldout_requests": {"good_block": 0.3}}))
+    grid = [
+        {"good_block": 0.7, "repeats_line": 0.3, "settings": {"block_length": 32}, "samples": [{}]},
+        {"good_block": 0.6, "repeats_line": 0.0, "settings": {"block_length": 64}, "samples": [{}]},
+    ]
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"model": "m", "results": grid}))
+
+    def merged(stage2: Path, out: Path) -> dict:
+        cmd = [sys.executable, "scripts/bundled_metrics.py", str(stage2), "--stage1", str(s1),
+               "--pretraining", str(base), "--corpus", str(s1 / "corpus"), "--record", str(record),
+               "--before", str(before), "--out", str(out / "metrics.json")]  # fmt: skip
+        root = Path(__file__).resolve().parents[3]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads((out / "metrics.json").read_text())
+
+    stage1 = json.loads((s1 / "model" / "metrics.json").read_text())
+    stage2_own = json.loads((s2 / "model" / "metrics.json").read_text())
+    facts = merged(s2, tmp_path / "merged")
+    assert json.loads((s2 / "model" / "metrics.json").read_text()) == stage2_own  # inputs left alone
+    assert facts["sft"]["stage1"]["steps_done"] == 3 and facts["sft"]["stage2"]["steps_done"] == 2
+    assert facts["sft"]["stage2"]["sft_heldout"] == stage2_own["sft_heldout"]
+    assert "-step anneal" in facts["model"] and facts["pretraining"] == {"heldout": {"acc@0.5": 0.25}}
+    # The chat defaults --record chose (highest good_block - repeats_line), the grid without its answers,
+    # and the figures of the model being replaced.
+    assert facts["heldout_requests"]["settings"] == {"block_length": 64}
+    assert len(facts["heldout_requests_grid"]) == 2 and "samples" not in facts["heldout_requests_grid"][0]
+    assert facts["heldout_requests_before"]["good_block"] == 0.3
+    # The final weights get stage 1's code evaluation: the same windows and cases, and the same numbers
+    # as diffu train's own when the weights are stage 1's.
+    held = facts["heldout"]
+    assert (held["heldout_windows"], held["infill_cases"]) == (stage1["heldout"]["heldout_windows"], 4)
+    assert held["loss"] != pytest.approx(stage1["heldout"]["loss"], rel=1e-3)  # stage 2 moved the weights
+    again = merged(s1, tmp_path / "same")["heldout"]
+    for key in ("loss", "acc@0.15", "acc@0.5", "acc@0.9", "infill_exact_match"):
+        assert again[key] == pytest.approx(stage1["heldout"][key], rel=1e-5, abs=1e-6), key
