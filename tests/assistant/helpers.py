@@ -176,6 +176,13 @@ def sandbox_processes() -> list[str]:
 
 def virtual_devices_env(n: int) -> dict[str, str]:
     """Environment entries for a subprocess whose JAX sees ``n`` virtual CPU devices; the suite's own
-    XLA_FLAGS (tests/conftest.py) stay in front."""
+    XLA_FLAGS (tests/conftest.py) stay in front.
+
+    The n devices' programs share this machine's two cores with the other test worker, so one can reach
+    a collective long after the others: XLA:CPU ends the process when a participant is 40 s late (seen
+    once in CI, an all-reduce of the dp x tp RL test), so the wait is allowed five minutes."""
     flags = os.environ.get("XLA_FLAGS", "")
-    return {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    flags += f" --xla_force_host_platform_device_count={n}"
+    flags += " --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    flags += " --xla_cpu_collective_call_warn_stuck_timeout_seconds=60"
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
