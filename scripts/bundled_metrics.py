@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from assistant.evals import instructions as ins
+
 
 def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
@@ -35,8 +37,8 @@ def _last_train_line(run: Path) -> dict[str, Any]:
     return next((x for x in reversed(lines) if "loss" in x and "final_eval" not in x), {})
 
 
-def stage(run: Path, init_from: str) -> dict[str, Any]:
-    facts = _read(run / "model" / "metrics.json")
+def stage(run: Path, facts: dict[str, Any], init_from: str) -> dict[str, Any]:
+    """One stage's entry under ``sft``, from its run directory and its own metrics.json ``facts``."""
     t = facts["train"]
     out = {
         "init_from": init_from,
@@ -57,11 +59,6 @@ def stage(run: Path, init_from: str) -> dict[str, Any]:
         out["sft_heldout"] = facts["sft_heldout"]
     out["hardware"] = facts["hardware"]
     return out
-
-
-def best_setting(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rule of ``sft_heldout.py --record``: the highest good_block - repeats_line."""
-    return max(results, key=lambda r: r["good_block"] - r["repeats_line"])
 
 
 def code_eval(model: Path, corpus: Path, seq_len: int, windows: int, cases: int) -> dict[str, Any]:
@@ -96,14 +93,15 @@ def merge(
 ) -> dict[str, Any]:
     results = [{k: v for k, v in r.items() if k != "samples"} for r in _read(record)["results"]]
     stage1_facts = _read(stage1 / "model" / "metrics.json")
-    s1 = stage(stage1, "the pre-trained demo model")
-    s2 = stage(stage2, "stage 1's model")
+    stage2_facts = _read(stage2 / "model" / "metrics.json")
+    s1 = stage(stage1, stage1_facts, "the pre-trained demo model")
+    s2 = stage(stage2, stage2_facts, "stage 1's model")
     out: dict[str, Any] = {
         "model": (
             "diffu-demo, instruction-tuned: the pre-trained demo model (under 'pretraining') after "
             f"scripts/train_bundled_sft.sh: stage 1, {s1['steps_done']} steps on conversations (under "
             f"'sft.stage1'), then stage 2, a {s2['steps_done']}-step anneal on the conversations that fit "
-            f"{_read(stage2 / 'model' / 'metrics.json')['train']['seq_len']} tokens (under 'sft.stage2'); "
+            f"{stage2_facts['train']['seq_len']} tokens (under 'sft.stage2'); "
             "EMA weights"
         ),
         # Stage 1's evaluation (its context, window and case counts), of the final weights.
@@ -115,7 +113,7 @@ def merge(
             stage1_facts["heldout"]["infill_cases"],
         ),
         "sft": {"stage1": s1, "stage2": s2},
-        "heldout_requests": best_setting(results),
+        "heldout_requests": ins.best_setting(results),
         "heldout_requests_grid": results,
     }
     if before is not None and (before / "metrics.json").is_file():

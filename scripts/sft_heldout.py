@@ -128,7 +128,7 @@ def main() -> int:
             f"stops after its block {r['stops_after_block']:.1%} ({r['requests']} requests, {r['seconds']} s)"
         )
     if args.record:
-        best = max(results, key=lambda r: r["good_block"] - r["repeats_line"])
+        best = ins.best_setting(results)
         path = args.model / "generation_config.json"
         config = json.loads(path.read_text(encoding="utf-8"))
         s = best["settings"]

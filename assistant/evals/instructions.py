@@ -35,6 +35,7 @@ import tokenize
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from assistant.evals import humaneval as he
 
@@ -403,3 +404,9 @@ def repeats_a_line(text: str, more_than: int = 3) -> bool:
         if line.strip():
             counts[line.rstrip()] = counts.get(line.rstrip(), 0) + 1
     return any(n > more_than for n in counts.values())
+
+
+def best_setting(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Of several settings' scores (``good_block`` and ``repeats_line`` shares of the same requests), the
+    chat defaults to record: the highest ``good_block - repeats_line``."""
+    return max(results, key=lambda r: r["good_block"] - r["repeats_line"])

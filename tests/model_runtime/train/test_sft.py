@@ -352,6 +352,8 @@ def test_the_bundled_models_metrics_hold_both_stages_and_stage_ones_code_evaluat
     import subprocess
     import sys
 
+    from tests.assistant.helpers import REPO
+
     s1, s2 = tmp_path / "stage1", tmp_path / "stage2"
     common = ["--batch-size", "8", "--seq-len", str(SEQ), "--heldout-permille", "200", "--quiet"]
     common += ["--export-dtype", "float32"]  # the weights diffu train evaluated, bit for bit
@@ -375,8 +377,7 @@ def test_the_bundled_models_metrics_hold_both_stages_and_stage_ones_code_evaluat
         cmd = [sys.executable, "scripts/bundled_metrics.py", str(stage2), "--stage1", str(s1),
                "--pretraining", str(base), "--corpus", str(s1 / "corpus"), "--record", str(record),
                "--before", str(before), "--out", str(out / "metrics.json")]  # fmt: skip
-        root = Path(__file__).resolve().parents[3]
-        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         return json.loads((out / "metrics.json").read_text())
 
