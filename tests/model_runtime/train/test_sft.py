@@ -401,3 +401,26 @@ def test_the_bundled_models_metrics_hold_both_stages_and_stage_ones_code_evaluat
     again = merged(s1, tmp_path / "same")["heldout"]
     for key in ("loss", "acc@0.15", "acc@0.5", "acc@0.9", "infill_exact_match"):
         assert again[key] == pytest.approx(stage1["heldout"][key], rel=1e-5, abs=1e-6), key
+
+
+def test_sft_heldout_with_held_out_of_sends_only_the_lines_training_kept_out(sft_file, tiny_dir, tmp_path):
+    """scripts/sft_heldout.py --held-out-of: validation requests from a training file, for choosing runs."""
+    import subprocess
+    import sys
+
+    from tests.assistant.helpers import REPO
+
+    lines = [line for line in sft_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept_out = [
+        json.loads(line)["messages"][0]["content"] for line in lines if sft_data.is_heldout_line(line, 200)
+    ]
+    assert 0 < len(kept_out) < len(lines)
+    out = tmp_path / "val.json"
+    cmd = [sys.executable, "scripts/sft_heldout.py", str(tiny_dir), str(sft_file), "--held-out-of", "200",
+           "--json", str(out), "--decoder", "fast", "--max-new-tokens", "16", "--steps", "16",
+           "--block-length", "16", "--batch", "4"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    assert [s["request"] for s in result["samples"]] == kept_out
+    assert result["requests"] == len(kept_out) and f"({len(kept_out)} requests" in proc.stdout
