@@ -33,7 +33,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _last_train_line(run: Path) -> dict[str, Any]:
     """The last logged training step of RUN/metrics.jsonl (where a stopped schedule stood)."""
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    text = (run / "metrics.jsonl").read_text(encoding="utf-8")
+    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
     return next((x for x in reversed(lines) if "loss" in x and "final_eval" not in x), {})
 
 
@@ -63,16 +64,14 @@ def stage(run: Path, facts: dict[str, Any], init_from: str) -> dict[str, Any]:
 
 def code_eval(model: Path, corpus: Path, seq_len: int, windows: int, cases: int) -> dict[str, Any]:
     """The held-out code evaluation ``diffu train SOURCE`` ends with, of ``model`` on ``corpus``."""
-    from model_runtime.config import DreamConfig
     from model_runtime.loader import load
     from model_runtime.train.evaluate import evaluate
     from model_runtime.train.loop import TrainConfig
-    from model_runtime.train.run import CodeEval, _load_tok
+    from model_runtime.train.run import CodeEval
 
-    loaded = load(model, dtype="float32")
-    model_cfg = DreamConfig.from_dict(_read(model / "config.json"))
+    loaded = load(model, dtype="float32")  # its config and tokenizer are the ones diffu train evaluates with
     cfg = TrainConfig(seq_len=seq_len)
-    code = CodeEval(corpus, _load_tok(model, model_cfg), model_cfg, cfg)
+    code = CodeEval(corpus, loaded.tokenizer, loaded.config, cfg)
     out = evaluate(
         loaded.graphdef,
         loaded.state,
