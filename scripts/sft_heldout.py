@@ -124,7 +124,10 @@ def main() -> int:
     from model_runtime.generation_config import chat_defaults
     from model_runtime.train.sft_data import is_heldout_line
 
-    lines = [line for line in args.heldout.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # Lines as diffu train reads them (file lines, not str.splitlines, which also splits at \u2028 and
+    # the like), so --held-out-of picks the very lines training kept out.
+    with args.heldout.open(encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
     if args.held_out_of is not None:
         lines = [line for line in lines if is_heldout_line(line, args.held_out_of)]
     requests = [json.loads(line) for line in lines]
