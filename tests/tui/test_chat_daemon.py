@@ -104,7 +104,10 @@ async def test_a_model_that_fails_to_load_is_reported_inline(
 async def test_auto_starts_a_daemon_with_visible_progress(
     diffu_home: Path, monkeypatch: pytest.MonkeyPatch, make_app: Callable[..., ChatApp]
 ) -> None:
-    monkeypatch.setenv("DIFFU_MODEL", "fake:load_delay=0.5,warmup_delay=0.1")
+    # A load long enough to be seen: the chat's health stream opens once the daemon has announced itself,
+    # and on two cores busy with the rest of the suite that can take longer than half a second, after
+    # which a 0.5 s load is over and the first state shown is "ok" (seen in a fresh-clone CI run).
+    monkeypatch.setenv("DIFFU_MODEL", "fake:load_delay=3,warmup_delay=0.1")
     monkeypatch.setenv("DIFFU_PORT", "0")
     shown: list[tuple[str, float, str]] = []
     original = ConnectPanel.report
@@ -119,7 +122,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
-            assert stages[1] == "starting" and "fake:load_delay=0.5" in shown[1][2]
+            assert stages[1] == "starting" and "fake:load_delay=3" in shown[1][2]
             assert "loading" in stages and stages[-1] == "ok"  # served once loaded: no compile waited for
             await answered(pilot, PROMPT)
     finally:
