@@ -4,8 +4,10 @@ A new daemon answers as soon as its weights are loaded. Its device thread then c
 request is waiting, the programs that requests are most likely to need, in this order:
 
 1. the chat's: ``diffu chat`` with its built-in settings (:data:`CHAT_REQUEST`, the same fields the chat
-   sends; ``tests/tui/test_parts.py`` holds the two together) on the model's default decoder, one row,
-   the smallest length bucket that holds a short question and its answer;
+   sends; ``tests/tui/test_parts.py`` holds the two together) under the model's chat defaults, on the
+   model's default decoder, one row, the smallest length bucket that holds a short question and its
+   answer; then, where the model sets ``retry_block``, the chat's second decode of an answer whose
+   code does not parse (the same question on the rounded-up canvas, fast decoder, those blocks);
 2. the editor's: an infill of the daemon's ``infill_tokens`` with the request defaults, the smallest
    bucket first;
 3. the same two on the longer buckets, then (off CPU) on the batch buckets above one row.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assistant.config import Config
+from model_runtime.generation_config import RETRY_KEY, retry_canvas
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
@@ -97,9 +100,14 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
     chat_rows = [first, *fits[1:]] if fits else []
     editor_rows = [n for n in lengths if n > config.infill_tokens]
     plan: list[Shape] = []
+    retry = rt.chat_defaults.get(RETRY_KEY) or 0
     for i in range(max(len(chat_rows), len(editor_rows))):
         if i < len(chat_rows):
             plan.append(Shape(chat_rows[i] - chat_new, chat_new, sampling=chat))
+        if i == 0 and chat_rows and retry:
+            canvas, steps = retry_canvas(chat_new, chat.get("steps"), retry)
+            again = chat | {"decoder": "fast", "block_length": retry} | ({"steps": steps} if steps else {})
+            plan.append(Shape(chat_rows[0] - chat_new, canvas, sampling=again))
         if i < len(editor_rows):
             plan.append(Shape(editor_rows[i] - config.infill_tokens, config.infill_tokens, infill=True))
     if accelerator:  # batched buckets: a CPU serves few requests at once, and every bucket is a compile
@@ -109,8 +117,9 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
 
 
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
-    """The model's own chat defaults (its generation_config.json) as request fields: the decoder aside."""
-    return {k: v for k, v in rt.chat_defaults.items() if k != "decoder"}
+    """The model's own chat defaults (its generation_config.json) as request fields: the decoder and the
+    chat's retry aside."""
+    return {k: v for k, v in rt.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
 
 
 @dataclass

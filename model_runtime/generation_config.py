@@ -9,6 +9,9 @@ Two things are read, both checked and both optional:
   Dream ``generation_config.json`` names (``max_new_tokens``, ``steps``, ``temperature``, ``top_p``,
   ``top_k``, ``alg``, ``alg_temp``) and diffu's fast-decoder ones (``block_length``, ``threshold``).
   ``diffu chat`` layers them under the user's own settings (config.toml, the settings screen).
+  Among them the chat's own ``retry_block`` (0 or absent: never): when an answer's python block
+  does not parse, the chat decodes it once more with the fast decoder in blocks this long, on the canvas
+  rounded up to whole blocks (:func:`retry_canvas`). ``scripts/sft_heldout.py`` measures it.
 
 A value that SamplingParams would refuse is an error naming the key: a model should not start with
 settings that every request would then fail on.
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from model_runtime.errors import ModelError
-from model_runtime.params import DECODERS, ParamError, SamplingParams
+from model_runtime.params import BLOCK_LENGTHS, DECODERS, ParamError, SamplingParams
 
 CHAT_KEYS = (
     "max_new_tokens",
@@ -34,6 +37,7 @@ CHAT_KEYS = (
     "block_length",
     "threshold",
 )
+RETRY_KEY = "retry_block"
 
 
 def _read(model_dir: str | Path) -> dict[str, Any]:
@@ -69,4 +73,21 @@ def chat_defaults(model_dir: str | Path) -> dict[str, Any]:
         SamplingParams(**{"max_new_tokens": tokens, "steps": knobs.get("steps", tokens)} | knobs)
     except (ParamError, TypeError) as exc:
         raise ModelError(f"generation_config.json: {exc}") from None
+    retry = data.get(RETRY_KEY)
+    if retry is not None:
+        if isinstance(retry, bool) or not isinstance(retry, int) or (retry and retry not in BLOCK_LENGTHS):
+            allowed = ", ".join(map(str, BLOCK_LENGTHS))
+            raise ModelError(
+                f"generation_config.json: {RETRY_KEY} must be 0 (never) or one of {allowed}; got {retry!r}"
+            )
+        knobs[RETRY_KEY] = retry
     return knobs
+
+
+def retry_canvas(max_new_tokens: int, steps: int | None, block_length: int) -> tuple[int, int | None]:
+    """The canvas and steps of the chat's second decode in blocks of ``block_length``: ``max_new_tokens``
+    rounded up to whole blocks, and ``steps`` (None: one per token) scaled with it."""
+    canvas = -(-max_new_tokens // block_length) * block_length
+    if steps is None:
+        return canvas, None
+    return canvas, min(canvas, max(1, round(steps * canvas / max_new_tokens)))

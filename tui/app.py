@@ -25,7 +25,7 @@ from assistant.client import DaemonUnavailable, Done, Step, Waiting
 from tui import keys
 from tui.backend import Backend
 from tui.errors import describe_error, is_settings_error
-from tui.render import Trace
+from tui.render import Trace, retried_stats, retry_label
 from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
 from tui.settings import ChatSettings, apply_saved
 from tui.store import ChatStore
@@ -202,17 +202,15 @@ class ChatApp(App[None]):
         try:
             if not await self._ensure_connected():
                 raise DaemonUnavailable("not connected to the diffu daemon (see the error above)")
-            done: Done | None = None
-            async for event in self.backend.generate(messages, settings, session=self.conversation_id):
-                if self.live_answer is not answer:
-                    return  # cancelled from the UI meanwhile
-                if isinstance(event, Step):
-                    answer.push(event)
-                elif isinstance(event, Waiting):
-                    answer.wait(event)
-                else:
-                    done = event
-                    break
+            done = await self._stream(answer, messages, settings)
+            retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
+            if done is not None and retry is not None:
+                # The answer becomes the second decode's (see ChatSettings.retry_settings).
+                first = done
+                await answer.restart(retry.max_new_tokens, retry_label(retry))
+                done = await self._stream(answer, messages, retry)
+                if done is not None:
+                    done.stats["retried"] = retried_stats(first.stats, retry_block=settings.retry_block)
             if self.live_answer is not answer:
                 return
             if done is None:
@@ -243,6 +241,22 @@ class ChatApp(App[None]):
                 settings_button=is_settings_error(exc),
             )
             await answer.fail(notice)
+
+    async def _stream(
+        self, answer: AnswerView, messages: list[dict[str, str]], settings: ChatSettings
+    ) -> Done | None:
+        """One decode into ``answer``'s live canvas: its Done, or None when the stream ended without one
+        or the answer was cancelled from the UI meanwhile."""
+        async for event in self.backend.generate(messages, settings, session=self.conversation_id):
+            if self.live_answer is not answer:
+                return None
+            if isinstance(event, Step):
+                answer.push(event)
+            elif isinstance(event, Waiting):
+                answer.wait(event)
+            else:
+                return event
+        return None
 
     def _save_answer(self, answer: AnswerView) -> None:
         if self.conversation_id is None:

@@ -18,7 +18,7 @@ from rich.live import Live
 from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, Waiting, stderr_progress
 from assistant.config import Config
 from assistant.errors import UsageError
-from tui.render import Trace, canvas_text, header_text, summary
+from tui.render import Trace, canvas_text, header_text, retried_note, retried_stats, retry_label, summary
 from tui.settings import ChatSettings
 
 _NOTES = {
@@ -59,6 +59,7 @@ def run_once(
     out = out or sys.stdout
     console = console or Console(stderr=True, soft_wrap=True)
     done: Done | None = None
+    first: Done | None = None
     messages = [{"role": "user", "content": prompt}]
     try:
         with (
@@ -67,31 +68,18 @@ def run_once(
         ):
             if for_model is not None:
                 settings = for_model(client.status().get("chat_defaults") or {})
-            trace = Trace(settings.max_new_tokens)
-            tokens, sampling = settings.max_new_tokens, settings.sampling()
-            if not console.is_terminal:
-                # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host
-                # round trip per step (the fast decoder then runs each block as one program).
-                done = client.generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
-            events = (
-                ()
-                if done
-                else client.stream_generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
-            )
-            for event in events:
-                if isinstance(event, Step):
-                    trace.add(event)
-                    # Live redraws on its own clock (30 Hz); update() only swaps what it draws.
-                    live.update(Group(header_text(trace), canvas_text(event)), refresh=False)
-                elif isinstance(event, Waiting):
-                    trace.waiting = event
-                    live.update(header_text(trace), refresh=False)
-                else:
-                    done = event
+            trace, done = _answer(client, live, console, messages, settings)
+            retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
+            if done is not None and retry is not None:
+                # The chat's answer is the second decode's (see ChatSettings.retry_settings).
+                first = done
+                trace, done = _answer(client, live, console, messages, retry, label=retry_label(retry))
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
     if done is None:
         raise UsageError("the daemon ended the stream without an answer")
+    if first is not None:
+        done.stats["retried"] = retried_stats(first.stats, retry_block=settings.retry_block)
     out.write(done.text if done.text.endswith("\n") else done.text + "\n")
     out.flush()
     stats = done.stats
@@ -99,4 +87,37 @@ def run_once(
         console.print(f"[dim]{summary(stats, len(trace))}[/]")
     if done.finish_reason in _NOTES:
         console.print(f"diffu: note: {_NOTES[done.finish_reason]}", style="yellow", highlight=False)
+    if first is not None and not console.is_terminal:  # a terminal saw it in the summary line
+        console.print(f"diffu: note: {retried_note(stats['retried'])}", style="yellow", highlight=False)
     return 0
+
+
+def _answer(
+    client: Client,
+    live: Live,
+    console: Console,
+    messages: list[dict[str, str]],
+    settings: ChatSettings,
+    *,
+    label: str = "",
+) -> tuple[Trace, Done | None]:
+    """One decode of the answer, drawn live (under ``label``) when someone watches; its trace and final
+    event."""
+    trace = Trace(settings.max_new_tokens)
+    tokens, sampling = settings.max_new_tokens, settings.sampling()
+    if not console.is_terminal:
+        # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host
+        # round trip per step (the fast decoder then runs each block as one program).
+        return trace, client.generate(messages=messages, max_new_tokens=tokens, sampling=sampling)
+    done: Done | None = None
+    for event in client.stream_generate(messages=messages, max_new_tokens=tokens, sampling=sampling):
+        if isinstance(event, Step):
+            trace.add(event)
+            # Live redraws on its own clock (30 Hz); update() only swaps what it draws.
+            live.update(Group(header_text(trace, label=label), canvas_text(event)), refresh=False)
+        elif isinstance(event, Waiting):
+            trace.waiting = event
+            live.update(header_text(trace, label=label), refresh=False)
+        else:
+            done = event
+    return trace, done

@@ -154,4 +154,28 @@ def summary(stats: dict[str, Any], steps: int = 0) -> str:
         parts.append(f"{float(stats['tokens_per_second']):.0f} tok/s")
     if float(stats.get("compile_seconds", 0.0)) >= 0.05:
         parts.append(f"after {float(stats['compile_seconds']):.1f}s compiling")
+    retried = stats.get("retried")
+    if isinstance(retried, dict):
+        parts.append(retried_note(retried))
     return " · ".join(parts)
+
+
+# -- the second decode of an answer whose code does not parse (ChatSettings.retry_settings) ---------------
+def retry_label(retry: Any) -> str:
+    """What the live view says while the second decode runs (``retry``: its ChatSettings)."""
+    return f"the code did not parse: decoding again in blocks of {retry.block_length}"
+
+
+def retried_stats(first: dict[str, Any], *, retry_block: int) -> dict[str, Any]:
+    """What an answer's stats keep of its first decode when it was decoded again (``stats["retried"]``)."""
+    kept: dict[str, Any] = {"block_length": retry_block}
+    if "generate_seconds" in first:
+        kept["first_seconds"] = float(first["generate_seconds"])
+    return kept
+
+
+def retried_note(retried: dict[str, Any]) -> str:
+    """``decoded twice: the first answer's code did not parse (1.2s); this one used blocks of 128``."""
+    spent = f" ({float(retried['first_seconds']):.1f}s)" if "first_seconds" in retried else ""
+    block = retried.get("block_length")
+    return f"decoded twice: the first answer's code did not parse{spent}; this one used blocks of {block}"

@@ -30,7 +30,9 @@ from typing import Any
 
 from assistant.client_core import SamplingOptions
 from assistant.errors import UsageError
-from model_runtime.params import ALGS, DECODERS, ParamError, SamplingParams
+from assistant.evals.instructions import unparsed_code
+from model_runtime.generation_config import retry_canvas
+from model_runtime.params import ALGS, BLOCK_LENGTHS, DECODERS, ParamError, SamplingParams
 
 
 class SettingsError(UsageError):
@@ -61,6 +63,7 @@ class ChatSettings:
     decoder: str = _knob("model", "model: what the model recommends; or reference, fast")
     block_length: int = _knob(32, "fast decoder: tokens per block")
     threshold: float = _knob(0.9, "fast decoder: commit positions at least this confident")
+    retry_block: int = _knob(0, "unparsable code: decode again in blocks this long; 0: never")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -69,6 +72,10 @@ class ChatSettings:
             self.sampling_params()
         except ParamError as exc:
             raise SettingsError(exc.field, str(exc).split(": ", 1)[1]) from None
+        retry = self.retry_block
+        if retry and retry not in BLOCK_LENGTHS:
+            allowed = ", ".join(map(str, BLOCK_LENGTHS))
+            raise SettingsError("retry_block", f"must be 0 (never) or one of {allowed}; got {retry}")
 
     def sampling_params(self) -> SamplingParams:
         """The same knobs as the runtime validates them (raises ParamError naming the field)."""
@@ -84,6 +91,30 @@ class ChatSettings:
             block_length=self.block_length,
             threshold=self.threshold,
         )
+
+    def retry_settings(self) -> ChatSettings | None:
+        """The settings of the second decode an answer gets when its python block does not parse
+        (``retry_block``; None: never). The fast decoder in blocks of ``retry_block`` on
+        the canvas rounded up to whole blocks, steps scaled with it, everything else as it was.
+
+        Why a second decode helps a small model: most of its broken blocks break on the ``def`` line,
+        written while the end of the answer is already committed; one long block lets it settle the
+        header and the end together (docs/chat.md has the measured effect)."""
+        block = self.retry_block
+        if not block:
+            return None
+        canvas, steps = retry_canvas(self.max_new_tokens, self.steps, block)
+        return self.replace(
+            decoder="fast", block_length=block, max_new_tokens=canvas, steps=steps, retry_block=0
+        )
+
+    def retry_for(self, text: str, finish_reason: str | None) -> ChatSettings | None:
+        """:meth:`retry_settings` when an answer that ended so (``stop``, or ``length``: cut short) needs
+        them: it opens a python block and none of its closed blocks parses. None otherwise (an answer the
+        daemon cancelled or ran out of time on is shown as it is)."""
+        if finish_reason not in ("stop", "length") or not unparsed_code(text):
+            return None
+        return self.retry_settings()
 
     def sampling(self) -> SamplingOptions:
         """The knobs a request sends; unset ones are left to the daemon's defaults."""

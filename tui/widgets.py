@@ -323,6 +323,13 @@ class AnswerView(Vertical):
         self.trace.waiting = waiting
         self.denoise.flush_now()
 
+    async def restart(self, total: int, label: str) -> None:
+        """A second decode replaces the first (its code did not parse): a new trace on a new canvas,
+        headed by ``label``; the answer keeps only the second's trace, which replay shows."""
+        self.trace = Trace(total)
+        await self.remove_children()
+        await self.mount(DenoiseView(self.trace, label=label))
+
     def record(self, done: Done) -> None:
         """Take the final text, finish reason and stats (before drawing them, so they can be saved)."""
         self.content = done.text

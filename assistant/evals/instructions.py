@@ -397,6 +397,22 @@ def has_good_block(text: str) -> bool:
     return any(defines_function(code) for code in closed)
 
 
+def unparsed_code(text: str) -> bool:
+    """The chat's retry test (``ChatSettings.retry_settings``): the answer opens a python (or unlabelled)
+    fenced block and none of its closed ones parses. An answer without code, or whose code parses, is
+    left alone; so is one whose block parses but defines nothing."""
+    found = list(FENCE.finditer(text))
+    return bool(found) and not any(m.group(0).endswith("```") and _parses(m.group(1)) for m in found)
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
 def repeats_a_line(text: str, more_than: int = 3) -> bool:
     """The issue's second measure: one non-blank line occurs more than ``more_than`` times."""
     counts: dict[str, int] = {}

@@ -357,14 +357,19 @@ def test_a_models_chat_defaults_are_read_checked_and_reported_by_the_daemon(micr
     from tests.assistant.helpers import start_daemon
 
     keys = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus", "eps": 0.01}
+    keys["retry_block"] = 64  # the chat's second decode of code that does not parse
     model = with_generation_config(micro_dir, tmp_path / "model", eos_token_id=0, **keys)
     # Only the chat's knobs; eps is a sampler detail no chat setting exposes.
     expected = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus"}
+    expected["retry_block"] = 64
     assert chat_defaults(model) == expected
     assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).chat_defaults == expected
     assert chat_defaults(micro_dir) == {}  # published checkpoints: no chat defaults
     bad = with_generation_config(micro_dir, tmp_path / "bad", top_p=1.5)
     with pytest.raises(ModelError, match=r"generation_config.json: top_p: must be in \(0, 1\]"):
+        chat_defaults(bad)
+    bad = with_generation_config(micro_dir, tmp_path / "bad-retry", retry_block=100)
+    with pytest.raises(ModelError, match="retry_block must be 0 .never. or one of 1, 2, 4"):
         chat_defaults(bad)
     # Reported as soon as the weights are loaded: no warm-up needed (nor waited for).
     daemon = start_daemon(tmp_path / "daemon", str(model), "--no-warmup", wait=False)

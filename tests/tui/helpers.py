@@ -36,6 +36,14 @@ def add(a, b):
 
 Call it as `add(2, 3)`."""
 
+# What a small model writes too often: a def line without its colon (the chat decodes it again).
+BROKEN = """Here is the function:
+
+```python
+def add(a, b)
+    return a + b
+```"""
+
 SECOND = """A faster way to sum a list:
 
 ```python

@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 import pytest
 from textual.containers import VerticalScroll
-from textual.widgets import Button, Input, OptionList, Select, Sparkline, Static
+from textual.widgets import Button, Input, Markdown, OptionList, Select, Sparkline, Static
 from textual.widgets.markdown import MarkdownFence
 
 from tests.tui.conftest import TEST_SETTINGS
 from tests.tui.helpers import (
     ANSWER,
+    BROKEN,
     SECOND,
     ScriptedBackend,
     answered,
@@ -482,3 +483,48 @@ async def test_the_chat_starts_from_the_models_chat_defaults_under_config_toml(
         params = backend.requests[0].params
         assert (params["max_new_tokens"], params["steps"], params["temperature"]) == (96, 24, 0.3)
         assert app.baseline.max_new_tokens == 96  # the settings screen's "reset" goes back to these
+
+
+async def test_an_answer_whose_code_does_not_parse_is_decoded_again_in_longer_blocks(
+    make_app: Callable[..., ChatApp],
+) -> None:
+    backend = ScriptedBackend(answers=[BROKEN, ANSWER, SECOND], step_delay=0.05)
+    app = make_app(backend, baseline=TEST_SETTINGS.replace(retry_block=128))
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await ask(pilot, "add two numbers")
+        # While the second decode runs, its canvas says why.
+        await until(
+            pilot, lambda: "the code did not parse: decoding again in blocks of 128" in screen_text(app)
+        )
+        await until(pilot, lambda: not answer.live and answer.query(Markdown))
+        first, again = (r.params for r in backend.requests)
+        assert first["block_length"] == 32 and first["max_new_tokens"] == 160
+        # Fast decoder, blocks of 128 on the canvas rounded up to whole blocks, steps scaled with it.
+        assert (again["decoder"], again["block_length"], again["max_new_tokens"], again["steps"]) == (
+            "fast",
+            128,
+            256,
+            26,
+        )
+        assert backend.requests[1].messages == backend.requests[0].messages
+        assert answer.content == ANSWER and "def add(a, b):" in screen_text(app)
+        assert "decoded twice: the first answer's code did not" in screen_text(app)
+        assert app.context()[-1] == {"role": "assistant", "content": ANSWER}
+        stored = app.store.messages(app.conversation_id or "")[-1]
+        assert stored.content == ANSWER and stored.stats["retried"]["block_length"] == 128
+        assert len(answer.trace.frames) == 26  # replay shows the answer that is kept
+
+        # An answer that parses is shown as it is: one decode.
+        answer = await answered(pilot, "sum a list")
+        assert len(backend.requests) == 3 and answer.content == SECOND
+
+
+async def test_without_a_retry_block_broken_code_is_shown_as_written(
+    make_app: Callable[..., ChatApp],
+) -> None:
+    backend = ScriptedBackend(answers=[BROKEN])
+    app = make_app(backend)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await answered(pilot, "add two numbers")
+        assert len(backend.requests) == 1 and answer.content == BROKEN
+        assert "decoded twice" not in screen_text(app)

@@ -203,3 +203,67 @@ def test_chat_defaults_the_chat_cannot_take_are_left_out_and_explained(tmp_path:
     assert settings == ChatSettings() and "ignored the model's chat defaults (temperature:" in problem
     # Keys the chat has no setting for (a newer model's) are not its business.
     assert config.for_model({"eps": 0.01, "temperature": 0.2})[0].temperature == 0.2
+
+
+def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_blocks() -> None:
+    from assistant.evals.instructions import unparsed_code
+
+    # What needs a second decode: a python (or unlabelled) block none of whose closed blocks parses.
+    assert unparsed_code("```python\ndef f(x)\n    return x\n```")
+    assert unparsed_code("Sure:\n\n```\ndefsum(xs):\n    return sum(xs)\n```")
+    assert unparsed_code("```python\ndef f(x):\n    return (x")  # cut short inside the block
+    assert not unparsed_code("```python\ndef f(x):\n    return x\n```")
+    assert not unparsed_code("```python\nx = 1\n```")  # parses; defining nothing is no reason
+    assert not unparsed_code("A list is a mutable sequence.")  # no code at all
+    assert not unparsed_code("```bash\nls -l |\n```")  # not python
+    assert not unparsed_code("```python\ndef f(:\n```\n\n```python\ndef f(x):\n    pass\n```")
+
+    bundled = ChatSettings(max_new_tokens=192, steps=192, temperature=0.0, block_length=64)
+    assert bundled.retry_settings() is None  # 0: never
+    on = bundled.replace(retry_block=128)
+    again = on.retry_settings()
+    assert again is not None
+    # The fast decoder in blocks of 128 on the canvas rounded up to whole blocks, steps scaled with it.
+    assert (again.decoder, again.block_length, again.max_new_tokens, again.steps) == ("fast", 128, 256, 256)
+    assert (again.temperature, again.retry_block) == (0.0, 0)  # the rest as it was; no third
+    assert on.replace(steps=None).retry_settings().steps is None  # one step per token stays so
+    assert on.replace(max_new_tokens=160, steps=16).retry_settings().steps == 26
+    broken = "```python\ndef f(x)\n    return x\n```"
+    assert on.retry_for(broken, "stop") == again and on.retry_for(broken, "length") == again
+    assert on.retry_for(broken, "cancelled") is None and on.retry_for(broken, "time") is None
+    assert on.retry_for("```python\ndef f(x):\n    return x\n```", "stop") is None
+    assert bundled.retry_for(broken, "stop") is None
+    with pytest.raises(SettingsError, match="retry_block: must be 0 .never. or one of 1, 2, 4"):
+        ChatSettings(retry_block=100)
+
+
+def test_the_daemon_warms_the_chats_second_decode_right_after_its_first() -> None:
+    from assistant.config import Config
+    from assistant.fake_runtime import FakeRuntime
+    from assistant.job_builder import build_job, warm_task
+    from assistant.protocol import GenSpec
+    from assistant.warmup import default_plan
+    from tui.settings import ChatConfig
+
+    rt = FakeRuntime(max_context=1024, length_buckets=(256, 384, 512))
+    rt.default_decoder = "fast"
+    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
+    chat, problem = ChatConfig().for_model(rt.chat_defaults)
+    assert problem == "" and chat.retry_block == 128
+    plan = default_plan(rt, Config(), accelerator=False)
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    # The chat's first program, then its second decode's, then the editor's: none waits for a compile.
+    for shape, settings in zip(plan[:2], (chat, chat.retry_settings()), strict=True):
+        body = settings.request_params()
+        spec = GenSpec(
+            mode="chat", canvas_tokens=body.pop("max_new_tokens"), sampling=body, messages=messages
+        )
+        job, _ = build_job(rt, spec, Config())
+        task = warm_task(rt, shape, Config())
+        assert task.params == job.params
+        rt.compile(task.rows, task.params)
+        assert rt.compiled([job.row], job.params)
+    assert plan[2].infill
+    # A model without a second decode warms none.
+    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
+    assert [s.infill for s in default_plan(rt, Config(), accelerator=False)[:2]] == [False, True]
