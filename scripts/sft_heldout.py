@@ -12,6 +12,11 @@ scored by ``assistant/evals/instructions.py``:
 - ``repeats_line``: one line of the answer occurs more than 3 times (target < 10%);
 - ``stops_after_block``: nothing but blank lines follows the answer's first closed block.
 
+Answers are the chat's: where the settings hold a ``retry_block`` (the bundled model's
+generation_config.json does), an answer whose python block does not parse is decoded once more as the
+chat decodes it (``ChatSettings.retry_for``), and the second answer is scored. The scores of the first
+decodes alone are printed beside them (``--retry-block 0`` measures the model alone).
+
 ``--held-out-of N`` reads HELDOUT as a training file instead and sends only the lines that ``diffu train
 --sft --heldout-permille N`` kept out of training: validation requests for choosing between runs (seeds,
 checkpoints) without looking at the 200 held-out ones. They hold more classes than the 200 and score
@@ -36,6 +41,7 @@ from rich.progress import Progress
 from assistant.evals import instructions as ins
 from assistant.evals.runner import Job, LocalGenerator
 from model_runtime.tokenizer import chat_prompt
+from tui.settings import ChatSettings
 
 # The chat's built-in defaults (tui/settings.py) where the model names none.
 CHAT_DEFAULTS = {"max_new_tokens": 256, "temperature": 0.4, "top_p": 0.95, "alg": "entropy"}
@@ -48,6 +54,7 @@ KNOBS = {
     "max_new_tokens": int,
     "block_length": int,
     "threshold": float,
+    "retry_block": int,  # the chat's second decode of code that does not parse; 0: the model alone
 }
 # The grid --record tries: the fast decoder, greedy (sampling at 0.2 already broke the syntax of this
 # model's answers), with blocks of 32 (the published default), 64 and 128 on canvases of 128 to 256 tokens.
@@ -80,23 +87,39 @@ def score(answers: list[str]) -> dict[str, Any]:
 
 
 def run(rt: Any, requests: list[dict], knobs: dict[str, Any], batch: int) -> dict[str, Any]:
-    from model_runtime.params import SamplingParams
-
-    knobs = dict(knobs)
-    tokens = int(knobs.pop("max_new_tokens"))
-    params = SamplingParams(max_new_tokens=tokens, steps=int(knobs.pop("steps", tokens)), **knobs)
-    jobs = [Job(chat_prompt(r["messages"][:-1]), tokens, chat=True) for r in requests]
+    """Answer every request as the chat would with ``knobs`` (its settings), the second decode of an
+    answer whose code does not parse included; the scores of the first decodes alone come along."""
+    settings = ChatSettings(**knobs)
+    prompts = [chat_prompt(r["messages"][:-1]) for r in requests]
     started = time.perf_counter()
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"{params.decoder} t={params.temperature}", total=len(jobs))
-        out = LocalGenerator(rt, params, batch).generate(jobs, lambda k: progress.advance(task, k))
-    answers = [g.text for g in out]
+    answers = _answer(rt, prompts, settings, batch)
+    first = list(answers)
+    again = [i for i, text in enumerate(first) if settings.retry_for(text, "stop") is not None]
+    retry = settings.retry_settings()
+    if again and retry is not None:
+        for i, text in zip(again, _answer(rt, [prompts[i] for i in again], retry, batch), strict=True):
+            answers[i] = text
     result = score(answers) | {"seconds": round(time.perf_counter() - started, 1)}
+    result["decoded_again"] = len(again)
+    result["first_decode"] = {k: v for k, v in score(first).items() if k != "requests"}
+    params = settings.sampling_params()
     result["settings"] = {k: v for k, v in params.to_dict().items() if k != "seed"}
+    result["settings"]["retry_block"] = settings.retry_block
     result["samples"] = [
-        {"request": r["messages"][-2]["content"], "answer": a} for r, a in zip(requests, answers, strict=True)
+        {"request": r["messages"][-2]["content"], "answer": a} | ({"first_answer": f} if f != a else {})
+        for r, a, f in zip(requests, answers, first, strict=True)
     ]
     return result
+
+
+def _answer(rt: Any, prompts: list[str], settings: ChatSettings, batch: int) -> list[str]:
+    params = settings.sampling_params()
+    jobs = [Job(p, params.max_new_tokens, chat=True) for p in prompts]
+    with Progress(transient=True) as progress:
+        label = f"{params.decoder} blocks of {params.block_length}, t={params.temperature}"
+        task = progress.add_task(label, total=len(jobs))
+        out = LocalGenerator(rt, params, batch).generate(jobs, lambda k: progress.advance(task, k))
+    return [g.text for g in out]
 
 
 def main() -> int:
@@ -144,6 +167,13 @@ def main() -> int:
             f"steps={s['steps']}: good block {r['good_block']:.1%}, repeats a line {r['repeats_line']:.1%}, "
             f"stops after its block {r['stops_after_block']:.1%} ({r['requests']} requests, {r['seconds']} s)"
         )
+        if s["retry_block"]:
+            f = r["first_decode"]
+            print(
+                f"  decoded again in blocks of {s['retry_block']}: {r['decoded_again']} answers; "
+                f"the first decodes alone: good block {f['good_block']:.1%}, repeats a line "
+                f"{f['repeats_line']:.1%}"
+            )
     if args.record:
         best = ins.best_setting(results)
         path = args.model / "generation_config.json"
