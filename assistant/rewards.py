@@ -20,12 +20,12 @@ The recipe weights them 2.0 (code) and 0.5 (format). A reward function has TRL's
 
 from __future__ import annotations
 
-import ast
 import importlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from assistant.evals.instructions import parsed
 from assistant.sandbox import Limits, Sandbox
 
 RewardFn = Callable[..., list]
@@ -55,14 +55,10 @@ def format_score(text: str) -> float:
     """1.0 for one well-formed python block that parses, 0.5 if it does not parse, else 0.0."""
     if not _FORMAT.fullmatch(text):
         return 0.0
-    try:
-        # A match always holds a block (the published findall cannot come back empty here).
-        ast.parse(extract_code(text).strip())
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        # The published code catches SyntaxError only; null bytes (ValueError) or absurd nesting would
-        # stop its run. Here they are code that does not parse.
-        return 0.5
-    return 1.0
+    # A match always holds a block (the published findall cannot come back empty here). The published
+    # code catches SyntaxError only; null bytes or absurd nesting would stop its run: here (``parsed``)
+    # they are code that does not parse.
+    return 1.0 if parsed(extract_code(text).strip()) is not None else 0.5
 
 
 def code_format(completions: Sequence[Any], **_: Any) -> list[float]:

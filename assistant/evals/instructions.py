@@ -382,11 +382,20 @@ def fenced_blocks(text: str) -> list[str]:
     return [m.group(1) for m in FENCE.finditer(text)]
 
 
+def parsed(code: str) -> ast.Module | None:
+    """The code's syntax tree, or None where it does not parse. Model output can be anything: null bytes
+    (ValueError) and absurd nesting (RecursionError, MemoryError inside the parser) are code that does not
+    parse too, not an error of the caller."""
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def defines_function(code: str) -> bool:
     """The code parses and defines a function (a def at any depth: a method counts)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parsed(code)
+    if tree is None:
         return False
     return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree))
 
@@ -402,15 +411,7 @@ def unparsed_code(text: str) -> bool:
     fenced block and none of its closed ones parses. An answer without code, or whose code parses, is
     left alone; so is one whose block parses but defines nothing."""
     found = list(FENCE.finditer(text))
-    return bool(found) and not any(m.group(0).endswith("```") and _parses(m.group(1)) for m in found)
-
-
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+    return bool(found) and not any(m.group(0).endswith("```") and parsed(m.group(1)) for m in found)
 
 
 def repeats_a_line(text: str, more_than: int = 3) -> bool:

@@ -217,6 +217,8 @@ def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_bloc
     assert not unparsed_code("A list is a mutable sequence.")  # no code at all
     assert not unparsed_code("```bash\nls -l |\n```")  # not python
     assert not unparsed_code("```python\ndef f(:\n```\n\n```python\ndef f(x):\n    pass\n```")
+    # Nesting too deep for the parser (RecursionError inside ast.parse) is code that does not parse.
+    assert unparsed_code("```python\nx = a" + ".b" * 200_000 + "\n```")
 
     bundled = ChatSettings(max_new_tokens=192, steps=192, temperature=0.0, block_length=64)
     assert bundled.retry_settings() is None  # 0: never
