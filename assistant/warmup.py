@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assistant.config import Config
-from model_runtime.generation_config import RETRY_KEY, retry_canvas
+from model_runtime.generation_config import RETRY_KEY, retry_request
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
@@ -105,8 +105,10 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
         if i < len(chat_rows):
             plan.append(Shape(chat_rows[i] - chat_new, chat_new, sampling=chat))
         if i == 0 and chat_rows and retry:
-            canvas, steps = retry_canvas(chat_new, chat.get("steps"), retry)
-            again = chat | {"decoder": "fast", "block_length": retry} | ({"steps": steps} if steps else {})
+            again = chat | retry_request(chat_new, chat.get("steps"), retry)
+            canvas = again.pop("max_new_tokens")
+            if again["steps"] is None:
+                del again["steps"]  # a request without steps takes one per token
             plan.append(Shape(chat_rows[0] - chat_new, canvas, sampling=again))
         if i < len(editor_rows):
             plan.append(Shape(editor_rows[i] - config.infill_tokens, config.infill_tokens, infill=True))

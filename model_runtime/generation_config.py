@@ -11,7 +11,7 @@ Two things are read, both checked and both optional:
   ``diffu chat`` layers them under the user's own settings (config.toml, the settings screen).
   Among them the chat's own ``retry_block`` (0 or absent: never): when an answer's python block
   does not parse, the chat decodes it once more with the fast decoder in blocks this long, on the canvas
-  rounded up to whole blocks (:func:`retry_canvas`). ``scripts/sft_heldout.py`` measures it.
+  rounded up to whole blocks (:func:`retry_request`). ``scripts/sft_heldout.py`` measures it.
 
 A value that SamplingParams would refuse is an error naming the key: a model should not start with
 settings that every request would then fail on.
@@ -75,19 +75,25 @@ def chat_defaults(model_dir: str | Path) -> dict[str, Any]:
         raise ModelError(f"generation_config.json: {exc}") from None
     retry = data.get(RETRY_KEY)
     if retry is not None:
-        if isinstance(retry, bool) or not isinstance(retry, int) or (retry and retry not in BLOCK_LENGTHS):
-            allowed = ", ".join(map(str, BLOCK_LENGTHS))
-            raise ModelError(
-                f"generation_config.json: {RETRY_KEY} must be 0 (never) or one of {allowed}; got {retry!r}"
-            )
+        problem = retry_block_problem(retry)
+        if problem:
+            raise ModelError(f"generation_config.json: {RETRY_KEY} {problem}")
         knobs[RETRY_KEY] = retry
     return knobs
 
 
-def retry_canvas(max_new_tokens: int, steps: int | None, block_length: int) -> tuple[int, int | None]:
-    """The canvas and steps of the chat's second decode in blocks of ``block_length``: ``max_new_tokens``
-    rounded up to whole blocks, and ``steps`` (None: one per token) scaled with it."""
-    canvas = -(-max_new_tokens // block_length) * block_length
-    if steps is None:
-        return canvas, None
-    return canvas, min(canvas, max(1, round(steps * canvas / max_new_tokens)))
+def retry_block_problem(value: Any) -> str:
+    """What is wrong with a ``retry_block`` value ("" when nothing is): 0 (never) or a block length."""
+    if not isinstance(value, bool) and isinstance(value, int) and (value == 0 or value in BLOCK_LENGTHS):
+        return ""
+    return f"must be 0 (never) or one of {', '.join(map(str, BLOCK_LENGTHS))}; got {value!r}"
+
+
+def retry_request(max_new_tokens: int, steps: int | None, block: int) -> dict[str, Any]:
+    """The request fields that change in the chat's second decode in blocks of ``block``: the fast
+    decoder, ``max_new_tokens`` rounded up to whole blocks, and ``steps`` (None: one per token) scaled
+    with it. The chat (``ChatSettings.retry_settings``) and the daemon's warm-up both take them from here."""
+    canvas = -(-max_new_tokens // block) * block
+    if steps is not None:
+        steps = min(canvas, max(1, round(steps * canvas / max_new_tokens)))
+    return {"decoder": "fast", "block_length": block, "max_new_tokens": canvas, "steps": steps}

@@ -210,7 +210,7 @@ class ChatApp(App[None]):
                 await answer.restart(retry.max_new_tokens, retry_label(retry))
                 done = await self._stream(answer, messages, retry)
                 if done is not None:
-                    done.stats["retried"] = retried_stats(first.stats, retry_block=settings.retry_block)
+                    done.stats["retried"] = retried_stats(first.stats, retry)
             if self.live_answer is not answer:
                 return
             if done is None:

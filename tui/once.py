@@ -79,7 +79,7 @@ def run_once(
     if done is None:
         raise UsageError("the daemon ended the stream without an answer")
     if first is not None:
-        done.stats["retried"] = retried_stats(first.stats, retry_block=settings.retry_block)
+        done.stats["retried"] = retried_stats(first.stats, retry)
     out.write(done.text if done.text.endswith("\n") else done.text + "\n")
     out.flush()
     stats = done.stats

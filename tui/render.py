@@ -166,9 +166,10 @@ def retry_label(retry: Any) -> str:
     return f"the code did not parse: decoding again in blocks of {retry.block_length}"
 
 
-def retried_stats(first: dict[str, Any], *, retry_block: int) -> dict[str, Any]:
-    """What an answer's stats keep of its first decode when it was decoded again (``stats["retried"]``)."""
-    kept: dict[str, Any] = {"block_length": retry_block}
+def retried_stats(first: dict[str, Any], retry: Any) -> dict[str, Any]:
+    """What an answer's stats keep of its first decode when it was decoded again with ``retry`` (its
+    ChatSettings): ``stats["retried"]``."""
+    kept: dict[str, Any] = {"block_length": retry.block_length}
     if "generate_seconds" in first:
         kept["first_seconds"] = float(first["generate_seconds"])
     return kept

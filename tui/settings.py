@@ -31,8 +31,8 @@ from typing import Any
 from assistant.client_core import SamplingOptions
 from assistant.errors import UsageError
 from assistant.evals.instructions import unparsed_code
-from model_runtime.generation_config import retry_canvas
-from model_runtime.params import ALGS, BLOCK_LENGTHS, DECODERS, ParamError, SamplingParams
+from model_runtime.generation_config import retry_block_problem, retry_request
+from model_runtime.params import ALGS, DECODERS, ParamError, SamplingParams
 
 
 class SettingsError(UsageError):
@@ -72,10 +72,9 @@ class ChatSettings:
             self.sampling_params()
         except ParamError as exc:
             raise SettingsError(exc.field, str(exc).split(": ", 1)[1]) from None
-        retry = self.retry_block
-        if retry and retry not in BLOCK_LENGTHS:
-            allowed = ", ".join(map(str, BLOCK_LENGTHS))
-            raise SettingsError("retry_block", f"must be 0 (never) or one of {allowed}; got {retry}")
+        problem = retry_block_problem(self.retry_block)
+        if problem:
+            raise SettingsError("retry_block", problem)
 
     def sampling_params(self) -> SamplingParams:
         """The same knobs as the runtime validates them (raises ParamError naming the field)."""
@@ -103,10 +102,7 @@ class ChatSettings:
         block = self.retry_block
         if not block:
             return None
-        canvas, steps = retry_canvas(self.max_new_tokens, self.steps, block)
-        return self.replace(
-            decoder="fast", block_length=block, max_new_tokens=canvas, steps=steps, retry_block=0
-        )
+        return self.replace(**retry_request(self.max_new_tokens, self.steps, block), retry_block=0)
 
     def retry_for(self, text: str, finish_reason: str | None) -> ChatSettings | None:
         """:meth:`retry_settings` when an answer that ended so (``stop``, or ``length``: cut short) needs
