@@ -178,6 +178,12 @@ class RLTrainer:
         self._apply = jax.jit(self._apply_fn, donate_argnums=(0,))
         alpha = cfg.ref_mixup_alpha
         self._mix = jax.jit(lambda ref, p: jax.tree.map(lambda a, b: (1 - alpha) * a + alpha * b, ref, p))
+        # Summing micro-batch gradients and their norm are one program each, not one per parameter: on a
+        # mesh every per-leaf norm is a collective, and dozens of them queued at once can deadlock XLA:CPU's
+        # virtual devices (each device allows 32 programs in flight).
+        self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+        self._mean = jax.jit(lambda g, parts: jax.tree.map(lambda x: x / parts, g), static_argnums=1)
+        self._norm = jax.jit(optax.tree.norm)
         self._manager = None
 
     def _optax_config(self) -> TrainConfig:
@@ -344,12 +350,12 @@ class RLTrainer:
                 self._put(buf["completion_mask"][sl]),
             )
             # Every micro-batch holds the same number of chunks: the batch loss is their plain mean.
-            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+            grads = g if grads is None else self._add(grads, g)
             for name, v in {"loss": loss, **metrics}.items():
                 sums[name] = sums.get(name, 0.0) + float(v) / parts
         if parts > 1:
-            grads = jax.tree.map(lambda x: x / parts, grads)
-        sums["grad_norm"] = float(optax.tree.norm(grads))
+            grads = self._mean(grads, parts)
+        sums["grad_norm"] = float(self._norm(grads))
         sums["lr"] = float(schedule(self._optax_config())(self.step))
         sums["iteration"] = k
         self.state = self._apply(self.state, grads)
