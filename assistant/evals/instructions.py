@@ -407,7 +407,7 @@ def has_good_block(text: str) -> bool:
 
 
 def unparsed_code(text: str) -> bool:
-    """The chat's retry test (``ChatSettings.retry_settings``): the answer opens a python (or unlabelled)
+    """The chat's retry test (``ChatSettings.retry_for``): the answer opens a python (or unlabelled)
     fenced block and none of its closed ones parses. An answer without code, or whose code parses, is
     left alone; so is one whose block parses but defines nothing."""
     found = list(FENCE.finditer(text))
