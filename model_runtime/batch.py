@@ -84,16 +84,23 @@ class PlacedBatch:
         compiled: int,
         hits: int,
         decoder: str = "reference",
+        single_line: bool = False,
     ) -> BatchDone:
-        """The answers in the final canvas, each row's region cut at its first stop token and decoded."""
+        """The answers in the final canvas, each row's region cut at its first stop token and decoded
+        (and at its first newline for ``single_line``)."""
         longest = max(len(r.ids) for r in self.rows)
-        sequences, generated, texts = [], [], []
+        sequences, generated, texts, answers = [], [], [], []
+        lines = set(tokenizer.newline_ids()) if single_line else set()
         for j, r in enumerate(self.rows):
             content = final[j, self.offsets[j] :].tolist()
             sequences.append([pad_id] * (longest - len(content)) + content)
             region = content[r.region[0] : r.region[1]]
             generated.append(region)
-            texts.append(tokenizer.postprocess(region, chat=r.chat))
+            text = tokenizer.postprocess(region, chat=r.chat)
+            texts.append(text.split("\n", 1)[0] if single_line else text)
+            stops = set(tokenizer.stop_ids(chat=r.chat))
+            end = next((k for k, t in enumerate(region) if t in stops or t in lines), len(region))
+            answers.append(end + 1 if end < len(region) and region[end] in lines else end)
         new_tokens = sum(r.region[1] - r.region[0] for r in self.rows)
         stats = GenerationStats(
             steps=steps,
@@ -113,4 +120,5 @@ class PlacedBatch:
             generated=generated,
             prompt_lengths=[r.region[0] for r in self.rows],
             stats=stats,
+            answer_tokens=answers,
         )

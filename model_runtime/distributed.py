@@ -147,6 +147,10 @@ class Leader(CanvasBuilder):
         return self._runtime.vocab_size
 
     @property
+    def forwards(self) -> int:
+        return self._runtime.forwards
+
+    @property
     def buckets(self) -> list[tuple[int, int]]:
         return self._runtime.buckets
 
@@ -185,12 +189,11 @@ class Leader(CanvasBuilder):
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
         call = {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
-        steps = self._publish({**call, "every_forward": every_forward})
+        steps = self._publish(call)
         # An InputError here is the followers' too.
-        events = self._runtime.run(rows, params, stream=stream, every_forward=every_forward)
+        events = self._runtime.run(rows, params, stream=stream)
         return self._lockstep(events, steps)
 
     def _lockstep(self, events: BatchEvents, steps: str) -> BatchEvents:
@@ -249,9 +252,7 @@ def follow(runtime: Runtime, log: logging.Logger) -> int:
                 runtime.compile(_decode_rows(call["rows"]), params)
                 client.key_value_set(f"{_PREFIX}/compiled/{seq}/{jax.process_index()}", "1")
                 continue
-            events = runtime.run(
-                _decode_rows(call["rows"]), params, stream=call["stream"], every_forward=call["every_forward"]
-            )
+            events = runtime.run(_decode_rows(call["rows"]), params, stream=call["stream"])
         except InputError as exc:  # the leader got the same error and answered its client
             log.info("job %d refused on every host: %s", seq, exc)
             continue

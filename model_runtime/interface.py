@@ -99,7 +99,9 @@ class BatchDone:
     """The end of a batch's generation: the decoded answers and the raw canvases.
 
     ``sequences`` are the full canvases as the reference returns them (left pads, prompt, generated
-    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings.
+    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings;
+    ``answer_tokens`` how many of each row's generated tokens its answer is (up to its first stop token,
+    or through its first newline for a single-line request; empty: not counted).
     """
 
     texts: list[str]
@@ -107,6 +109,7 @@ class BatchDone:
     generated: list[list[int]]
     prompt_lengths: list[int]
     stats: GenerationStats
+    answer_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,11 @@ class RuntimeProtocol(Protocol):
     def tokenizer(self) -> TokenizerProtocol: ...
 
     @property
+    def forwards(self) -> int:
+        """Forwards of the model run since start, by every decoder (the daemon's counters report it)."""
+        ...
+
+    @property
     def buckets(self) -> list[tuple[int, int]]:
         """The (batch, length) shapes it compiles; a batch must fit one."""
         ...
@@ -247,12 +255,9 @@ class RuntimeProtocol(Protocol):
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
         """Denoise ``rows`` as one batch: a BatchStep per step (without ``stream``, none), then one
-        BatchDone. A step is one forward of the model; with ``every_forward`` off the fast decoder runs
-        each block's forwards as one program and reports once per block (the reference decoder has one
-        forward per step either way).
+        BatchDone. A step is one forward of the model, whatever the decoder.
 
         Bad input raises ``InputError`` here, before the iterator is returned; closing the iterator early
         stops the device work before the next step. Programs not yet compiled are compiled first, inside

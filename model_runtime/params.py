@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-DECODERS = ("reference", "fast")
+DECODERS = ("reference", "fast", "sliding")
+# How the fast decoders pick the positions a forward commits (model_runtime/sliding.py): the threshold rule
+# (the factor rule when ``factor`` is set), or dInfer's credit rule (the sliding decoder only).
+COMMIT_RULES = ("threshold", "credit")
 
 # The published sampler inherits transformers' PretrainedConfig generation default top_k=50 when the
 # caller leaves top_k unset (its ``from_model_config`` copies the config's generation defaults). We
@@ -73,18 +76,24 @@ class SamplingParams:
     top_k: int | None = None
     eps: float = 1e-3
     seed: int = 0
-    # The fast decoder (DualCache, block-wise, confidence threshold); the reference decoder ignores these.
+    # The fast decoders (DualCache blocks, or the sliding window: model_runtime/fast.py, sliding.py); the
+    # reference decoder ignores these. block_length is the sliding decoder's window.
     decoder: str = "reference"
     block_length: int = 32
     threshold: float = 0.9
     factor: float | None = None  # the factor rule instead of the threshold rule
+    commit_rule: str = "threshold"
+    refresh_every: int = 0  # sliding: a full refresh forward every N forwards (0: only the first)
+    # The answer is one line: its text ends at the first newline, and the fast decoders stop once that
+    # line is decoded (as they stop at end of text).
+    single_line: bool = False
 
     def __post_init__(self) -> None:
         def check(cond: bool, name: str, msg: str) -> None:
             if not cond:
                 raise ParamError(name, msg)
 
-        for name in ("max_new_tokens", "steps", "seed", "block_length"):
+        for name in ("max_new_tokens", "steps", "seed", "block_length", "refresh_every"):
             value = getattr(self, name)
             check(
                 isinstance(value, int) and not isinstance(value, bool),
@@ -96,6 +105,17 @@ class SamplingParams:
         check(self.alg in ALGS, "alg", f"must be one of {', '.join(ALGS)}; got {self.alg!r}")
         check(
             self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}"
+        )
+        check(
+            self.commit_rule in COMMIT_RULES,
+            "commit_rule",
+            f"must be one of {', '.join(COMMIT_RULES)}; got {self.commit_rule!r}",
+        )
+        check(self.refresh_every >= 0, "refresh_every", f"must be >= 0, got {self.refresh_every}")
+        check(
+            isinstance(self.single_line, bool),
+            "single_line",
+            f"must be true or false, got {self.single_line!r}",
         )
         check(self.block_length >= 1, "block_length", f"must be >= 1, got {self.block_length}")
         check(

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, fast
+from model_runtime import compile_cache, fast, sliding
 from model_runtime.config import DreamConfig
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
@@ -97,11 +97,19 @@ class ProgramCache:
             "refresh": jax.jit(
                 fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
             ),
-            # The cache goes in and comes out of the block program: a streamed block resumes with it.
+            # The cache goes in and comes out of the block program: a streamed block resumes with it. The
+            # canvas is not donated, so the host can read one call's canvas while the next call runs.
             "block": jax.jit(
                 fast.block_loop,
                 static_argnames=("graphdef", "spec", "mask_id"),
-                donate_argnames=("x", "caches"),
+                donate_argnames=("caches",),
+            ),
+            # The sliding decoder's two programs: forward 0 over the whole canvas, then the loop. The loop
+            # updates the caches in place; the canvas and the rest stay readable after the call, so the
+            # host can read one call's canvas while the next call runs.
+            "prefill": jax.jit(sliding.prefill, static_argnames=("graphdef", "spec", "mask_id")),
+            "steps": jax.jit(
+                sliding.steps, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("cache",)
             ),
         }
 
@@ -245,6 +253,63 @@ class ProgramCache:
                 ]
                 args = (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
             built = self._compile(key, kind, args, fspec, statics)
+            out.append(built.program)
+            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
+        return out, seconds, compiled, hits
+
+    # -- the sliding decoder ---------------------------------------------------------------------
+    @staticmethod
+    def sliding_keys(shape: tuple[int, int], spec: sliding.SlidingSpec) -> list[tuple[Any, ...]]:
+        """The cache keys of :meth:`sliding`'s two programs."""
+        return [(kind, shape, spec) for kind in ("prefill", "steps")]
+
+    def sliding(
+        self, shape: tuple[int, int], spec: sliding.SlidingSpec
+    ) -> tuple[list[Program], float, int, int]:
+        """The sliding decoder's (prefill, steps) programs for a bucket, plus compile seconds/counts."""
+        b, n = shape
+        x = self._abstract(shape, jnp.int32)
+        f32, i32 = self._scalar(jnp.float32), self._scalar(jnp.int32)
+        inputs = sliding.SlidingInputs(
+            attn=self._abstract(shape, jnp.bool_),
+            fill=self._abstract(shape, jnp.bool_),
+            stops=self._abstract((b, self.cfg.vocab_size), jnp.bool_),
+            key=self._keys(b),
+            temperature=f32,
+            top_p=f32,
+            top_k=i32,
+            threshold=f32,
+            factor=f32,
+            refresh_every=i32,
+        )
+        statics = dict(mask_id=self.cfg.mask_token_id)
+        out: list[Program] = []
+        seconds, compiled, hits = 0.0, 0, 0
+        for kind, key in zip(("prefill", "steps"), self.sliding_keys(shape, spec), strict=True):
+            program = self._get(key)
+            if program is not None:
+                out.append(program)
+                continue
+            if kind == "prefill":
+                args: tuple[Any, ...] = (x, inputs)
+            else:
+                # The loop takes the state exactly as the prefill program lays it out.
+                front, cache = jax.eval_shape(
+                    lambda x, i: sliding.prefill(
+                        self.state, x, i, graphdef=self.graphdef, spec=spec, mask_id=self.cfg.mask_token_id
+                    ),
+                    x,
+                    inputs,
+                )
+                layouts: Any = output_shardings(out[0])
+                if layouts:
+                    front, cache = jax.tree.map(
+                        lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
+                        (front, cache),
+                        tuple(layouts),
+                    )
+                args = (front, cache, inputs, i32, i32)
+            built = self._compile(key, kind, args, spec, statics)
             out.append(built.program)
             seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
         return out, seconds, compiled, hits

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import distributed, fast, quant, sharding
+from model_runtime import distributed, fast, quant, sharding, sliding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
@@ -30,6 +30,7 @@ from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_bloc
 from model_runtime.programs import ProgramCache
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
+from model_runtime.sliding import spec_of as sliding_spec
 from model_runtime.tokenizer import DreamTokenizer
 
 # Canvas lengths: fine steps where canvases are common (a 64-token step costs at most ~25% extra
@@ -93,6 +94,9 @@ class Runtime(CanvasBuilder):
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
         self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
+        # Forwards of the model run since start, every decoder's (a queued forward that ran after its
+        # consumer stopped reading included): the daemon's counters report it.
+        self.forwards = 0
 
     @property
     def program_cache(self) -> dict[str, int | None]:
@@ -174,6 +178,9 @@ class Runtime(CanvasBuilder):
             _, _, _, fspec = self._fast_layout(rows, params, shape)
             _, seconds, compiled, hits = self._programs.fast(shape, fspec)
             return CompileReport(seconds, compiled, hits)
+        if params.decoder == "sliding":
+            _, seconds, compiled, hits = self._programs.sliding(shape, sliding_spec(params))
+            return CompileReport(seconds, compiled, hits)
         built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
         return CompileReport(built.seconds, built.compiled, built.hits)
 
@@ -181,6 +188,8 @@ class Runtime(CanvasBuilder):
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
             return self._programs.fast_keys(shape, self._fast_layout(rows, params, shape)[3])
+        if params.decoder == "sliding":
+            return self._programs.sliding_keys(shape, sliding_spec(params))
         return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
 
     # -- running --------------------------------------------------------------------------------
@@ -212,23 +221,23 @@ class Runtime(CanvasBuilder):
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here.
 
-        With ``stream`` (default) every step (one forward) yields a BatchStep; without it the whole loop
-        runs as one compiled program and only the BatchDone comes back (same result, no per-step host
-        sync). The fast decoder with ``every_forward`` off runs each block as one program and yields one
-        BatchStep per block (what the daemon does for a client that does not stream: it can still drop a
-        cancelled job between blocks).
+        With ``stream`` (default) every step (one forward, whatever the decoder) yields a BatchStep, so a
+        consumer that stops reading (a cancelled job) stops the device work within two forwards; without
+        it the whole loop runs as one compiled program (the fast decoder: one per block) and only the
+        BatchDone comes back (same result, no per-step host sync).
         """
         shape = self._checked_shape(rows, params)
+        if params.decoder != "reference" and (logits_hook is not None or tokens_hook is not None):
+            raise InputError("hooks are supported by the reference decoder only")
         if params.decoder == "fast":
-            if logits_hook is not None or tokens_hook is not None:
-                raise InputError("hooks are supported by the reference decoder only")
-            return self._run_fast(list(rows), params, shape, stream, every_forward)
+            return self._run_fast(list(rows), params, shape, stream)
+        if params.decoder == "sliding":
+            return self._run_sliding(list(rows), params, shape, stream)
         return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
 
     def _checked_shape(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[int, int]:
@@ -236,6 +245,10 @@ class Runtime(CanvasBuilder):
         if not rows:
             raise InputError("no rows to generate")
         longest = max(len(r.ids) for r in rows)
+        if params.decoder == "sliding":
+            # The window must fit the canvas; a larger bucket keeps it whole (the window's size is the
+            # request's, whichever rows share the batch).
+            longest = max(longest, sliding_spec(params).window + 1)
         shape = self.bucket_for(len(rows), longest)
         for r in rows:
             if r.region[1] <= r.region[0]:
@@ -306,6 +319,7 @@ class Runtime(CanvasBuilder):
             padded[: params.steps] = ratios
             loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
             prev = distributed.host(program(self.state, x, loop))
+            self.forwards += params.steps
         else:
             prev = distributed.host(x)
             for i in range(params.steps):
@@ -320,6 +334,7 @@ class Runtime(CanvasBuilder):
                 )
                 x = program(self.state, x, inputs)
                 cur = distributed.host(x)  # the one host transfer per step that streaming needs
+                self.forwards += 1
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
         yield batch.done_event(
@@ -331,6 +346,7 @@ class Runtime(CanvasBuilder):
             compile_s=compile_s,
             compiled=compiled,
             hits=hits,
+            single_line=params.single_line,
         )
 
     def _fast_layout(
@@ -358,11 +374,10 @@ class Runtime(CanvasBuilder):
         params: SamplingParams,
         shape: tuple[int, int],
         stream: bool,
-        every_forward: bool,
     ) -> BatchEvents:
         """The fast decoder (model_runtime.fast), early stop at end-of-text. Streaming, one BatchStep per
-        forward (``every_forward``: the refresh, then each forward of the block loop, resumed one forward
-        at a time) or per block.
+        forward (the refresh, then each forward of the block loop, resumed one forward at a time);
+        without it each block is one call.
 
         Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
         of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
@@ -375,77 +390,167 @@ class Runtime(CanvasBuilder):
         threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
         keys = row_keys([r.seed_for(params) for r in rows], shape[0])
         starts = list(range(lo, hi, size))
-        stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
+        stops = [set(np.flatnonzero(t)) for t in self._stop_table(rows, params, len(rows))]
         mask_id = self.config.mask_token_id
         bound = hi - lo  # every forward commits at least one position of every row
         forwards = 0
         prev = batch.x
         t_start = time.perf_counter()
-        for b, start in enumerate(starts):
-            where = (b, len(starts))
-            t0 = time.perf_counter()
-            key = step_keys(keys, b)
-            x, caches = refresh(
-                self.state,
-                x,
-                attn,
-                jnp.int32(start),
-                step_keys(key, 0),
-                *knobs.sampling(),
-            )
-            forwards += 1
-            # The last block may be short, or the region shorter than a block: slide the window back,
-            # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
-            window = max(0, min(start, hi - size))
-            # The block loop's arguments after the cache; then how many forwards it has run, and how many
-            # more it may run in this call.
-            loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
-            if stream and every_forward:
-                cur = distributed.host(x)  # one host sync per forward: the event
-                seconds = time.perf_counter() - t0
-                yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
-                prev = cur
-                # The block loop resumed one forward at a time (the same program, the same keys): the
-                # loop's own condition, "a mask left in the block", checked on the host copy we have.
-                for i in range(size):
-                    if not np.any(cur[:, window : window + size] == mask_id):
-                        break
-                    t0 = time.perf_counter()
-                    x, caches, _ = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
-                    forwards += 1
-                    cur = distributed.host(x)
-                    yield batch.step_event(
-                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
-                    )
-                    prev = cur
-                cur = np.array(cur)
-            else:
-                x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
-                cur = np.array(distributed.host(x))  # one host sync per block: the event, end-of-text check
-                forwards += int(distributed.host(iters))
+        # A call queued ahead whose forward is not counted yet, with its ``done`` argument: if the consumer
+        # stops reading, the device still runs it, and it counts in ``self.forwards`` if it did run one.
+        pending: tuple[tuple, int] | None = None
+        try:
+            for b, start in enumerate(starts):
+                where = (b, len(starts))
+                t0 = time.perf_counter()
+                key = step_keys(keys, b)
+                first = (jnp.int32(start), step_keys(key, 0), *knobs.sampling())
+                x, caches = refresh(self.state, x, attn, *first)
+                forwards += 1
+                # The last block may be short, or the region shorter than a block: slide the window back,
+                # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
+                window = max(0, min(start, hi - size))
+                # The block loop's arguments after the cache; then how many forwards it has run, and how
+                # many more it may run in this call.
+                loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
                 if stream:
-                    yield batch.step_event(
-                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
-                    )
-            done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
-            if done and b < len(starts) - 1:
-                # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
-                rest = cur[:, start + size : hi]
-                rest[rest == mask_id] = self.config.pad_token_id
-            prev = cur
-            if done:
-                break
-        yield batch.done_event(
-            prev,
-            self.tokenizer,
-            pad_id=self.config.pad_token_id,
-            steps=forwards,
-            elapsed=time.perf_counter() - t_start,
-            compile_s=compile_s,
-            compiled=compiled,
-            hits=hits,
-            decoder="fast",
+                    # The block loop resumed one forward at a time (the same program, the same keys), each
+                    # call queued before the previous forward's canvas is read: the device never waits for
+                    # the host's event, and a consumer that stops reading stops it within two forwards.
+                    # The loop's own condition, "a mask left in the block", is checked on the host copy;
+                    # the call queued after the block's last forward finds none and changes nothing.
+                    queued = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(1))
+                    pending = (queued, 0)
+                    cur = distributed.host(x)
+                    seconds = time.perf_counter() - t0
+                    yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
+                    prev = cur
+                    for i in range(1, size + 1):
+                        t0 = time.perf_counter()
+                        x, caches, _ = queued
+                        pending = None
+                        if not np.any(cur[:, window : window + size] == mask_id):
+                            break  # the queued call found the block full and ran nothing
+                        queued = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
+                        pending = (queued, i)
+                        forwards += 1
+                        cur = distributed.host(x)
+                        yield batch.step_event(
+                            prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
+                        )
+                        prev = cur
+                    cur = np.array(cur)
+                else:
+                    x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
+                    cur = np.array(distributed.host(x))  # one host sync per block: the end-of-text check
+                    forwards += int(distributed.host(iters))
+                done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
+                if done and b < len(starts) - 1:
+                    # Every row has ended its text: the rest of the canvas would be padding. Fill it, stop.
+                    rest = cur[:, start + size : hi]
+                    rest[rest == mask_id] = self.config.pad_token_id
+                prev = cur
+                if done:
+                    break
+            yield batch.done_event(
+                prev,
+                self.tokenizer,
+                pad_id=self.config.pad_token_id,
+                steps=forwards,
+                elapsed=time.perf_counter() - t_start,
+                compile_s=compile_s,
+                compiled=compiled,
+                hits=hits,
+                decoder="fast",
+                single_line=params.single_line,
+            )
+        finally:
+            if pending is not None:
+                (_, _, ran), done_before = pending
+                forwards += int(distributed.host(ran)) > done_before
+            self.forwards += forwards
+
+    def _stop_table(self, rows: Sequence[CanvasRow], params: SamplingParams, batch: int) -> np.ndarray:
+        """``[batch, V]``: the tokens that end each row's text (end of text; a newline for one line)."""
+        table = np.zeros((batch, self.config.vocab_size), bool)
+        lines = self.tokenizer.newline_ids() if params.single_line else ()
+        for j, r in enumerate(rows):
+            table[j, list(self.tokenizer.stop_ids(chat=r.chat)) + list(lines)] = True
+        return table
+
+    def _run_sliding(
+        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int], stream: bool
+    ) -> BatchEvents:
+        """The sliding decoder (model_runtime.sliding). With ``stream`` one BatchStep per forward: each
+        call runs one forward, and the next call is dispatched before this one's canvas is read, so the
+        device never waits for the host; a consumer that stops reading (a cancelled job) stops it within
+        two forwards. Without ``stream`` the whole loop is one call and one host sync."""
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        spec = sliding_spec(params)
+        (prefill, steps), compile_s, compiled, hits = self._programs.sliding(shape, spec)
+        mask_id, pad_id = self.config.mask_token_id, self.config.pad_token_id
+        fill = np.zeros(shape, bool)
+        for j, r in enumerate(rows):
+            lo, hi = batch.offsets[j] + r.region[0], batch.offsets[j] + r.region[1]
+            fill[j, lo:hi] = batch.x[j, lo:hi] == mask_id
+        knobs = Knobs.of(params)
+        inputs = sliding.SlidingInputs(
+            attn=jnp.asarray(batch.attn),
+            fill=jnp.asarray(fill),
+            stops=jnp.asarray(self._stop_table(rows, params, shape[0])),
+            key=row_keys([r.seed_for(params) for r in rows], shape[0]),
+            temperature=knobs.temperature,
+            top_p=knobs.top_p,
+            top_k=knobs.top_k,
+            threshold=jnp.float32(params.threshold),
+            factor=jnp.float32(params.factor or 1.0),
+            refresh_every=jnp.int32(params.refresh_every),
         )
+        # Every forward commits at least one position of every unfinished row.
+        bound = int(fill.sum(axis=1).max(initial=0))
+        bound_ = jnp.int32(max(bound, 1))
+        t_start = time.perf_counter()
+        front, cache = prefill(self.state, jnp.asarray(batch.x), inputs)
+        latest = front  # the last call dispatched: its count of forwards is what the device ran
+        try:
+            prev = batch.x
+            if not stream:
+                front, cache = steps(self.state, front, cache, inputs, bound_, bound_)
+                latest = front
+            else:
+                t0 = t_start
+                while True:
+                    # Queue the next forward first (a no-op once every row is finished), then read this
+                    # one: the device never waits for the host's event.
+                    nxt = steps(self.state, front, cache, inputs, jnp.int32(1), bound_)
+                    latest = nxt[0]
+                    cur = distributed.host(front.x)
+                    done = bool(np.all(distributed.host(front.finished)))
+                    forwards = int(distributed.host(front.forwards))
+                    yield batch.step_event(prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id)
+                    t0 = time.perf_counter()
+                    prev = cur
+                    if done or forwards >= bound:
+                        break
+                    front, cache = nxt
+            final = np.array(distributed.host(front.x))
+            forwards = int(distributed.host(front.forwards))
+            # A row that stopped early (end of text, end of its line) leaves masks behind: padding.
+            final[fill & (final == mask_id)] = pad_id
+            yield batch.done_event(
+                final,
+                self.tokenizer,
+                pad_id=pad_id,
+                steps=forwards,
+                elapsed=time.perf_counter() - t_start,
+                compile_s=compile_s,
+                compiled=compiled,
+                hits=hits,
+                decoder="sliding",
+                single_line=params.single_line,
+            )
+        finally:
+            self.forwards += int(distributed.host(latest.forwards))
 
 
 if TYPE_CHECKING:

@@ -119,6 +119,7 @@ class FakeRuntime(CanvasBuilder):
             raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
+        self.forwards = 0  # fake steps run (each stands for one forward)
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
         self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
@@ -179,9 +180,8 @@ class FakeRuntime(CanvasBuilder):
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
-        """``every_forward`` changes nothing here: every fake step stands for one forward."""
+        """Every fake step stands for one forward."""
         self._check(rows)
         return self._run(rows, params, stream)
 
@@ -209,6 +209,7 @@ class FakeRuntime(CanvasBuilder):
         for step in range(steps):
             t_step = time.perf_counter()
             time.sleep(self.step_delay)  # stands for one forward pass of the whole batch
+            self.forwards += 1
             unmasked = []
             for canvas, target, order in zip(canvases, targets, orders, strict=True):
                 left = [p for p in order if canvas[p] == MASK_ID]

@@ -104,6 +104,7 @@ class Scheduler:
             "batched_rows": 0,
             "largest_batch": 0,
             "generated_tokens": 0,
+            "forwards": 0,  # forwards of the model run for batches (a cancelled job's included)
         }
 
     # -- lifecycle -------------------------------------------------------------------------------------
