@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("humaneval", "humaneval-infill", "tasks")
+BENCHMARKS = ("humaneval", "humaneval-infill", "tasks", "lines")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
 # infilling, the language server's empty-line canvas (32) for one line and room for a whole body.
-DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256}
+DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256, "lines": 32}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,14 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "benchmark",
         metavar="BENCHMARK",
-        help="humaneval, humaneval-infill, or tasks (an AceCode-format --tasks file, as RL trains on)",
+        help="humaneval, humaneval-infill, tasks (an AceCode-format --tasks file, as RL trains on), or "
+        "lines (single-line infills of a --tasks file made by scripts/heldout_lines.py)",
     )
     p.add_argument(
         "--tasks",
         type=Path,
         default=None,
         metavar="FILE",
-        help="tasks: JSONL of {id, question, test_cases} (python -m model_runtime.train.rl.synthetic)",
+        help="tasks: JSONL of {id, question, test_cases} (python -m model_runtime.train.rl.synthetic); "
+        "lines: JSONL of {task_id, prefix, middle, suffix} (scripts/heldout_lines.py)",
     )
     p.add_argument(
         "--style",
@@ -145,8 +147,8 @@ def _check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--k: expected numbers >= 1, got {args.k!r}")
     if args.n > 1 and args.temperature == 0 and not args.samples:
         raise UsageError("--n above 1 needs --temperature above 0: greedy samples are all the same")
-    if (args.benchmark == "tasks") != (args.tasks is not None):
-        raise UsageError("the tasks benchmark needs --tasks FILE, and --tasks only goes with it")
+    if (args.benchmark in ("tasks", "lines")) != (args.tasks is not None):
+        raise UsageError("the tasks and lines benchmarks need --tasks FILE, and --tasks only goes with them")
     if args.samples and (args.sweep or args.daemon):
         raise UsageError("--samples scores given completions; it takes no --sweep or --daemon")
     if args.sweep and args.decoder:
@@ -202,10 +204,22 @@ def run(args: argparse.Namespace) -> int:
         name = f"tasks ({args.tasks.name})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS["tasks"]
         tasks = runner.task_file_tasks(items, tokens)
+    elif args.benchmark == "lines":
+        from assistant.evals import lines
+
+        try:
+            line_items = lines.read(args.tasks)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        name = f"lines ({args.tasks.name})"
+        tokens = args.max_new_tokens or DEFAULT_TOKENS["lines"]
+        tasks = runner.line_tasks(line_items, tokens)
     else:
         name = f"humaneval-infill ({args.variant})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS[args.variant]
-        tasks = runner.infill_tasks(he.infill_tasks(problems, args.variant), tokens)
+        tasks = runner.infill_tasks(
+            he.infill_tasks(problems, args.variant), tokens, single_line=args.variant == "single-line"
+        )
     if args.task:
         unknown = sorted(set(args.task) - {t.task_id for t in tasks})
         if unknown:
@@ -267,6 +281,10 @@ def _all_ids(args: argparse.Namespace, problems: list) -> set[str]:
         from model_runtime.train.rl.tasks import read_tasks
 
         return {t.task_id for t in read_tasks(args.tasks)}
+    if args.benchmark == "lines":
+        from assistant.evals import lines
+
+        return {t.task_id for t in lines.read(args.tasks)}
     return {t.task_id for t in he.infill_tasks(problems, args.variant)}
 
 
@@ -298,6 +316,10 @@ def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
     from assistant.cli.model_options import sampling_params
 
     params = sampling_params(args, tokens)
+    if single_line_benchmark(args):
+        # One line is the answer: the benchmarks cut a fill at its first newline, and the fast decoders
+        # stop there.
+        params = dataclasses.replace(params, single_line=True)
     if not args.sweep:
         return [(_label(params, args.decoder is None), params)]
     runs = [("reference", dataclasses.replace(params, decoder="reference"))]
@@ -312,12 +334,22 @@ def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
     return runs
 
 
+def single_line_benchmark(args: argparse.Namespace) -> bool:
+    """Whether every answer of the benchmark is one line (the single-line infills)."""
+    single = args.benchmark == "humaneval-infill" and args.variant == "single-line"
+    return args.benchmark == "lines" or single
+
+
 def _label(params: Any, model_default: bool) -> str:
     if model_default:
         return "model's default decoder"
     if params.decoder == "reference":
         return "reference"
     rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"
+    if params.decoder == "sliding":
+        extra = "" if params.commit_rule == "threshold" else f", {params.commit_rule}"
+        extra += f", refresh every {params.refresh_every}" if params.refresh_every else ""
+        return f"sliding, window {params.block_length}, {rule}{extra}"
     return f"fast, block {params.block_length}, {rule}"
 
 
@@ -423,12 +455,15 @@ def _print_table(name: str, reports: list, labels: list[str]) -> None:
 
     first = reports[0].summary
     table = Table(title=f"{name}: {first['tasks']} tasks x {first['samples_per_task']} sample(s)")
-    passes = [k for k in first if k.startswith("pass@")]
+    passes = [k for k in first if k.startswith("pass@") and not k.endswith("_ci95")]
     table.add_column("setting")
     for k in passes:
         table.add_column(k, justify="right")
+    table.add_column("95% CI", justify="right")
     table.add_column("passed", justify="right")
     table.add_column("tokens/s", justify="right")
+    table.add_column("tokens/forward", justify="right")
+    table.add_column("forwards", justify="right")
     table.add_column("generate s", justify="right")
     table.add_column("failures", justify="left")
     for report, label in zip(reports, labels, strict=True):
@@ -438,8 +473,11 @@ def _print_table(name: str, reports: list, labels: list[str]) -> None:
         table.add_row(
             label,
             *(f"{100 * s[k]:.1f}%" for k in passes),
+            "{:.1f}-{:.1f}%".format(*(100 * v for v in s["pass@1_ci95"])) if "pass@1_ci95" in s else "-",
             f"{s['passed_samples']}/{total}",
             f"{s['tokens_per_second']:.1f}" if "tokens_per_second" in s else "-",
+            f"{s['tokens_per_forward']:.2f}" if "tokens_per_forward" in s else "-",
+            f"{s['forwards_per_answer']:.1f}" if "forwards_per_answer" in s else "-",
             f"{s['generate_seconds']:.1f}" if "generate_seconds" in s else "-",
             fails or "-",
         )

@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from model_runtime.params import ALGS, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
+from model_runtime.params import ALGS, COMMIT_RULES, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from model_runtime.interface import RuntimeProtocol
@@ -96,21 +96,46 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
         choices=DECODERS,
         default=None,
         help="reference: exact published sampler; fast: DualCache blocks with confidence-threshold "
-        "parallel unmasking (default: the model's recommendation, reference unless its "
+        "parallel unmasking; sliding: a window that follows the first mask over the same cache, "
+        "stopping at end of text (default: the model's recommendation, reference unless its "
         "generation_config.json names diffu_decoder, as the bundled demo model's does)",
     )
-    p.add_argument("--block-length", type=int, default=32, help="fast decoder: block size (default 32)")
+    p.add_argument(
+        "--block-length",
+        type=int,
+        default=32,
+        help="fast decoder: block size; sliding decoder: window size (default 32)",
+    )
     p.add_argument(
         "--threshold",
         type=float,
         default=0.9,
-        help="fast decoder: commit every masked position at least this confident (default 0.9)",
+        help="fast decoders: commit every masked position at least this confident (default 0.9)",
     )
     p.add_argument(
         "--factor",
         type=float,
         default=None,
-        help="fast decoder: use the factor rule with this factor instead of the threshold",
+        help="fast decoders: use the factor rule with this factor instead of the threshold",
+    )
+    p.add_argument(
+        "--commit-rule",
+        choices=COMMIT_RULES,
+        default="threshold",
+        help="sliding decoder: threshold (or the factor rule with --factor), or credit: dInfer's credit "
+        "decoding, which favours proposals that stay the same over forwards (default threshold)",
+    )
+    p.add_argument(
+        "--refresh-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sliding decoder: re-encode the whole canvas every N forwards (default 0: only the first)",
+    )
+    p.add_argument(
+        "--single-line",
+        action="store_true",
+        help="the answer is one line: cut at its first newline; the fast decoders stop once it is written",
     )
 
 
@@ -144,6 +169,9 @@ def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None)
             block_length=args.block_length,
             threshold=args.threshold,
             factor=args.factor,
+            commit_rule=args.commit_rule,
+            refresh_every=args.refresh_every,
+            single_line=args.single_line,
         )
     except ParamError as exc:
         raise UsageError(f"--{exc.field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from None
