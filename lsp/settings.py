@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from model_runtime.params import DECODERS
+
 SECTION = "diffu"  # the settings section in VS Code and in Neovim's ``settings`` table
 
 
@@ -31,6 +33,9 @@ class Settings:
     steps: int | None = None
     """Denoising steps; unset: half the canvas for automatic requests, the whole canvas when invoked."""
     temperature: float = 0.0
+    decoder: str | None = None
+    """Decoder of suggestions: reference, fast or sliding (docs/performance.md); unset: the model's
+    recommendation. Fill-holes always takes the reference decoder (the others cannot fill holes)."""
     context_tokens: int = 1024
     """Token budget of the prompt: the file window around the cursor plus snippets of other files."""
     prefix_fraction: float = 0.75
@@ -145,6 +150,8 @@ def _check(name: str, value: Any) -> Any:
             raise ValueError(f"must start with http:// or https://, got {value!r}")
         if name == "hole_marker" and value.strip() != value:
             raise ValueError("must not start or end with whitespace")
+        if name == "decoder" and value and value not in DECODERS:
+            raise ValueError(f"expected one of {', '.join(DECODERS)}, got {value!r}")
         return value or (None if optional else value)
     if kind == "tuple[str, ...]":
         if isinstance(value, str):

@@ -85,7 +85,9 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
         if max_context:
             budget = min(budget, int(max_context) - canvas - 2)
         if budget > 0:
-            sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
+            sampling = SamplingOptions(
+                steps=steps, temperature=settings.temperature, decoder=settings.decoder
+            )
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
             shapes.append(shape)
     return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
@@ -116,7 +118,8 @@ def skip_reason(cursor: Cursor, settings: Settings) -> str | None:
 
 def fingerprint(settings: Settings) -> str:
     """The settings that shape an answer: cached suggestions are only reused under the same."""
-    return f"{settings.max_tokens}|{settings.steps}|{settings.temperature}|{settings.context_tokens}"
+    s = settings
+    return f"{s.max_tokens}|{s.steps}|{s.temperature}|{s.context_tokens}|{s.decoder}"
 
 
 async def _all(requests: Sequence[Awaitable[Done]]) -> list[Done]:
@@ -162,6 +165,10 @@ async def ask(
             steps=p.steps,
             temperature=settings.temperature if k == 0 else CANDIDATE_TEMPERATURE,
             seed=k if k else None,
+            decoder=settings.decoder,
+            # Text on the cursor's line: the suggestion is the rest of that line, so the fast decoders
+            # stop once it is written.
+            single_line=True if p.mode is ctx.Mode.SINGLE_LINE else None,
         )
         return client.infill(
             prompt.prefix,

@@ -71,6 +71,9 @@ class SamplingOptions:
     block_length: int | None = None
     threshold: float | None = None
     factor: float | None = None
+    commit_rule: str | None = None
+    refresh_every: int | None = None
+    single_line: bool | None = None
 
     def body(self) -> dict[str, Any]:
         """The knobs that are set, as request fields."""
