@@ -15,6 +15,8 @@ import httpx
 from assistant import sse
 from assistant.client import discovery
 from assistant.config import Config, load_config
+from model_runtime.options import mirror
+from model_runtime.params import SamplingParams
 
 Progress = Callable[[str, float, str], None]
 RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
@@ -55,9 +57,13 @@ class APIError(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingOptions:
-    """The sampling knobs of one request, in the reference's vocabulary (``SamplingParams`` without
-    ``max_new_tokens``, which each call names its own way). None leaves a knob to the daemon, which
-    applies its model's defaults; the daemon validates every value and answers a bad one with a 400."""
+    """The sampling knobs of one request: ``SamplingParams``' options (their bounds and help are there)
+    but ``max_new_tokens``, which each call names its own way. None leaves a knob to the daemon, which
+    applies its model's defaults; the daemon validates every value and answers a bad one with a 400.
+
+    The fields are written out so that mypy checks a caller's names and types; ``mirror`` below checks
+    them against the declaration when this module is imported.
+    """
 
     steps: int | None = None
     alg: str | None = None
@@ -75,6 +81,9 @@ class SamplingOptions:
     def body(self) -> dict[str, Any]:
         """The knobs that are set, as request fields."""
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+mirror(SamplingOptions, SamplingParams, omit=("max_new_tokens",))
 
 
 # -- events -------------------------------------------------------------------------------------------
