@@ -88,9 +88,7 @@ class SamplingParams:
     )
     # >= 1 before the choices, so 0 reads as out of range rather than as an odd block length.
     block_length: int = option(32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block")
-    threshold: float = option(
-        0.9, gt=0, le=1, help="fast decoder: commit every masked position at least this confident"
-    )
+    threshold: float = option(0.9, gt=0, le=1, help="fast decoder: commit positions at least this confident")
     factor: float | None = option(
         None, gt=0, help="fast decoder: use the factor rule with this factor instead of the threshold"
     )

@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 
 from tui import keys
 from tui.render import Trace
-from tui.settings import CHOICES, FIELDS, ChatSettings, SettingsError, field_kind, format_field, parse_field
+from tui.settings import FIELDS, ChatSettings, SettingsError, format_field, parse_field
 from tui.store import ConversationInfo
 from tui.widgets import AnswerView, DenoiseView
 
@@ -191,28 +191,27 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="settings"):
             with VerticalScroll(id="form"):
-                for name, f in FIELDS.items():
+                for name, opt in FIELDS.items():
                     with Horizontal(classes="row"):
                         yield Label(name)
                         value = getattr(self.current, name)
-                        if name in CHOICES:
+                        if opt.kind is str and opt.choices:  # words to pick from; numbers are typed
                             yield Select(
-                                [(c, c) for c in CHOICES[name]],
+                                [(c, c) for c in opt.choices],
                                 value=value,
                                 allow_blank=False,
                                 id=f"field-{name}",
                                 compact=True,
                             )
                         else:
-                            base, optional = field_kind(name)
                             yield Input(
                                 format_field(value),
                                 id=f"field-{name}",
-                                type="integer" if base == "int" else "number",
-                                placeholder="default" if optional else "",
+                                type="integer" if opt.kind is int else "number",
+                                placeholder="default" if opt.optional else "",
                                 compact=True,
                             )
-                        yield Static(f.metadata["help"], classes="help")
+                        yield Static(opt.help, classes="help")
                     yield Static("", id=f"error-{name}", classes="error -empty")
             with Horizontal(id="buttons"):
                 yield Button("Reset to defaults", id="reset", compact=True)
