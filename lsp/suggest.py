@@ -114,11 +114,6 @@ def skip_reason(cursor: Cursor, settings: Settings) -> str | None:
     return None
 
 
-def fingerprint(settings: Settings) -> str:
-    """The settings that shape an answer: cached suggestions are only reused under the same."""
-    return f"{settings.max_tokens}|{settings.steps}|{settings.temperature}|{settings.context_tokens}"
-
-
 async def _all(requests: Sequence[Awaitable[Done]]) -> list[Done]:
     """Await every request together; the first failure cancels the others and is raised."""
     tasks = [asyncio.ensure_future(r) for r in requests]
@@ -232,7 +227,7 @@ async def suggest(
         # Typing goes on: a newer request of this editor cancels us here, before any model work.
         waited = settings.debounce_ms
         await asyncio.sleep(settings.debounce_ms / 1000)
-    key = fingerprint(settings)
+    key = settings.fingerprint()
     if not cursor.invoked:
         hit = cache.get(cursor.before, cursor.after, key)
         if hit is not None:

@@ -16,7 +16,7 @@ from assistant.infill.postprocess import (
 )
 from lsp.cache import SuggestionCache
 from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
-from lsp.settings import Settings, parse_settings, settings_section
+from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
 
 
 # -- context ------------------------------------------------------------------------------------------
@@ -251,6 +251,33 @@ def test_settings_parse_and_report() -> None:
         "url: must start with http:// or https://, got 'localhost:8012'; keeping None"
     ]
     assert parse_settings("nonsense")[1] == ["settings: expected an object, got str"]
+
+
+def test_one_fingerprint_for_the_settings_that_shape_an_answer() -> None:
+    """The cache's key and the server's clear-on-change read the same settings (they used to disagree:
+    4 fields against 10), so an answer still in flight when min_chars changes is not reused after."""
+    base = Settings()
+    changed = {
+        "max_tokens": 32,
+        "steps": 8,
+        "temperature": 0.5,
+        "context_tokens": 512,
+        "prefix_fraction": 0.5,
+        "snippet_tokens": 0,
+        "current_file_only": True,
+        "min_chars": 3,
+        "url": "http://127.0.0.1:1",
+        "model": "fake:",
+    }
+    assert set(changed) == set(ANSWER_SHAPING)
+    for name, value in changed.items():
+        assert base.replace(**{name: value}).fingerprint() != base.fingerprint(), name
+    # Whether, when and how often to ask shapes no answer: cached suggestions survive it.
+    assert base.replace(debounce_ms=0, candidates=5, max_line_suffix=0).fingerprint() == base.fingerprint()
+    cache = SuggestionCache()
+    cache.put("x = ", "\n", base.fingerprint(), "1")
+    assert cache.get("x = ", "\n", base.fingerprint()) == "1"
+    assert cache.get("x = ", "\n", base.replace(min_chars=3).fingerprint()) is None
 
 
 def test_client_only_settings_are_ignored() -> None:
