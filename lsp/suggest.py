@@ -81,9 +81,7 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
     for mode in ctx.Mode:
         canvas = ctx.canvas_tokens(mode, settings.max_tokens)
         steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
-        budget = settings.context_tokens
-        if max_context:
-            budget = min(budget, int(max_context) - canvas - 2)
+        budget = ctx.prompt_budget(settings.context_tokens, canvas, max_context)
         if budget > 0:
             sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
@@ -168,9 +166,7 @@ async def ask(
         )
 
     def build() -> tuple[int, Awaitable[list[Done]]]:
-        budget = settings.context_tokens
-        if link.max_context:
-            budget = min(budget, int(link.max_context) - p.canvas - 2)
+        budget = ctx.prompt_budget(settings.context_tokens, p.canvas, link.max_context)
         prompt = ctx.build_prompt(
             before=p.prompt_before,
             after=cursor.after,
