@@ -13,15 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from assistant.config import Config
 from model_runtime.options import OptionError, like, option, options, validate
 from model_runtime.params import SamplingParams
 
 SECTION = "diffu"  # the settings section in VS Code and in Neovim's ``settings`` table
-
-
-def _http_url(value: str) -> str:
-    ok = value.startswith(("http://", "https://"))
-    return "" if ok else f"must start with http:// or https://, got {value!r}"
 
 
 def _trimmed(value: str) -> str:
@@ -116,20 +112,25 @@ class Settings:
         le=3600.0,
         help="Time budget per request in the daemon; when spent it answers with what is unmasked so far.",
     )
-    url: str | None = option(
-        None,
-        rule=_http_url,
-        help="Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start.",
+    # The daemon's address and start-up, as diffu's config declares them (and checks them).
+    url: str | None = like(
+        Config, "url", help="Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start."
     )
-    api_key: str | None = option(
-        None, help="Daemon API key; unset: ``DIFFU_API_KEY`` or the token file in diffu's config directory."
+    api_key: str | None = like(
+        Config,
+        "api_key",
+        help="Daemon API key; unset: ``DIFFU_API_KEY`` or the token file in diffu's config directory.",
     )
-    model: str | None = option(
-        None,
+    model: str | None = like(
+        Config,
+        "model",
         help="Checkpoint to auto-start a daemon with when none is running (else the diffu config's model).",
     )
-    autostart: bool | None = option(
-        None, help="Start a daemon when none is running; unset: the diffu config's ``autostart``."
+    autostart: bool | None = like(
+        Config,
+        "autostart",
+        default=None,
+        help="Start a daemon when none is running; unset: the diffu config's ``autostart``.",
     )
 
     def __post_init__(self) -> None:

@@ -107,14 +107,24 @@ class Option(_Declared):
         """``raw`` as this option's value, checked; an :class:`OptionError` naming the option otherwise.
 
         ``json``: JSON's conventions (see the module docstring); ``text``: ``raw`` is text to parse.
+        An empty string is unset for an optional string option (an editor's or a file's empty field).
         """
         value = self._parse(raw) if text else self._convert(raw, json=json)
+        if value is not None:
+            self.check(value)
+        return value
+
+    def check(self, value: Any) -> None:
+        """Raise an :class:`OptionError` unless ``value``, as a dataclass field holds it, is one this
+        option takes: of its type (or None when optional), within its bounds, choices and rule."""
         if value is None:
-            return None
+            self._unset()
+            return
+        if not self._holds(value):
+            raise self._wrong(value)
         problem = self.problem(value)
         if problem:
             raise OptionError(self.name, problem)
-        return value
 
     def problem(self, value: Any) -> str:
         """What is wrong with a value of the right type ("" when nothing is): bounds, choices, rule."""
@@ -139,18 +149,22 @@ class Option(_Declared):
 
     def _convert(self, raw: Any, *, json: bool) -> Any:
         if raw is None or (raw == "" and self.optional and self.kind is str):
-            return self._unset(json=json)
+            self._unset(json=json)
+            return None
         if self.kind is tuple:
             if json and self.item is str and isinstance(raw, str):
                 raw = [part.strip() for part in raw.split(",") if part.strip()]
-            if not isinstance(raw, list | tuple) or not all(self._is(item, self.base) for item in raw):
-                raise self._wrong(raw, json=json)
-            return tuple(raw)
-        if json and self.kind is int and isinstance(raw, float) and raw.is_integer():
+        elif json and self.kind is int and isinstance(raw, float) and raw.is_integer():
             raw = int(raw)
-        if not self._is(raw, self.kind):
+        if not self._holds(raw):
             raise self._wrong(raw, json=json)
-        return float(raw) if self.kind is float else raw
+        return tuple(raw) if self.kind is tuple else float(raw) if self.kind is float else raw
+
+    def _holds(self, value: Any) -> bool:
+        """Whether ``value`` is of this option's type (a list or tuple of its items' type for a tuple)."""
+        if self.kind is tuple:
+            return isinstance(value, list | tuple) and all(self._is(item, self.base) for item in value)
+        return self._is(value, self.kind)
 
     @staticmethod
     def _is(value: Any, kind: type) -> bool:
@@ -163,7 +177,8 @@ class Option(_Declared):
     def _parse(self, raw: str) -> Any:
         text = raw.strip()
         if not text:
-            return self._unset()
+            self._unset()
+            return None
         try:
             if self.kind is tuple:
                 return tuple(self._word(part.strip()) for part in text.split(",") if part.strip())
@@ -223,7 +238,7 @@ def options(cls: type) -> Mapping[str, Option]:
         values = {g.name: getattr(declared, g.name) for g in dataclasses.fields(_Declared)}
         opt = Option(name=f.name, kind=kind, item=item, optional=optional, **values)
         try:
-            opt.read(opt.default)
+            opt.check(opt.default)
         except OptionError as exc:
             raise TypeError(f"{cls.__name__}.{f.name}: the default {exc.problem}") from None
         out[f.name] = opt
@@ -267,7 +282,7 @@ def validate(obj: Any, error: Callable[[str, str], Exception] = OptionError) -> 
     cls: Any = type(obj)  # a class is hashable, whatever its instances are
     for opt in options(cls).values():
         try:
-            opt.read(getattr(obj, opt.name))
+            opt.check(getattr(obj, opt.name))
         except OptionError as exc:
             raise error(exc.field, exc.problem) from None
 
