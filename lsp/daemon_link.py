@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable
 from assistant.config import Config, ConfigError, load_config
-from assistant.infill.context import prompt_budget
+from assistant.wire import prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from assistant.infill import context as ctx
 from assistant.infill.context import Mode
 from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess
+from assistant.wire import prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.settings import Settings
 from lsp.state import Timing, Timings
@@ -81,7 +82,7 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
     for mode in ctx.Mode:
         canvas = ctx.canvas_tokens(mode, settings.max_tokens)
         steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
-        budget = ctx.prompt_budget(settings.context_tokens, canvas, max_context)
+        budget = prompt_budget(settings.context_tokens, canvas, max_context)
         if budget > 0:
             sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
@@ -166,7 +167,7 @@ async def ask(
         )
 
     def build() -> tuple[int, Awaitable[list[Done]]]:
-        budget = ctx.prompt_budget(settings.context_tokens, p.canvas, link.max_context)
+        budget = prompt_budget(settings.context_tokens, p.canvas, link.max_context)
         prompt = ctx.build_prompt(
             before=p.prompt_before,
             after=cursor.after,

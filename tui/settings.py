@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assistant.client.core import SamplingOptions
 from assistant.errors import UsageError
 from assistant.evals.instructions import unparsed_code
+from assistant.wire import SamplingOptions
 from model_runtime.generation_config import retry_block_problem, retry_request
 from model_runtime.options import Option, OptionError, like, option, options, validate
 from model_runtime.params import DECODERS, ParamError, SamplingParams

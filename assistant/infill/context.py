@@ -162,15 +162,6 @@ def canvas_tokens(mode: Mode, max_tokens: int) -> int:
     return max_tokens
 
 
-def prompt_budget(budget_tokens: int, canvas_tokens: int, max_context: int | None) -> int:
-    """The prompt's token budget: ``budget_tokens``, but no more than the model's context (when known)
-    leaves beside a canvas of ``canvas_tokens``, less 2 tokens of slack. The daemon refuses a prompt that
-    does not fit its context together with the canvas. May be <= 0: the canvas alone fills the context."""
-    if not max_context:
-        return budget_tokens
-    return min(budget_tokens, int(max_context) - canvas_tokens - 2)
-
-
 def window(prefix: str, suffix: str, budget_chars: int, prefix_fraction: float) -> tuple[str, str, bool]:
     """Cut ``prefix`` (before the cursor) and ``suffix`` (after it) to ``budget_chars`` in all.
 

@@ -14,6 +14,7 @@ from assistant.infill.postprocess import (
     limit_scope,
     postprocess,
 )
+from assistant.wire import prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
@@ -51,10 +52,10 @@ def test_window_whole_file_when_it_fits() -> None:
 def test_the_prompt_budget_leaves_the_canvas_its_room() -> None:
     """One rule for the suggestions, the warm-up shapes and fill-holes: the prompt fits the model's
     context beside the canvas, with 2 tokens of slack."""
-    assert ctx.prompt_budget(1024, 32, None) == 1024  # the context is not known before the first answer
-    assert ctx.prompt_budget(1024, 32, 4096) == 1024
-    assert ctx.prompt_budget(1024, 64, 512) == 512 - 64 - 2
-    assert ctx.prompt_budget(1024, 600, 512) < 0  # no prompt fits: callers ask for none or the least
+    assert prompt_budget(1024, 32, None) == 1024  # the context is not known before the first answer
+    assert prompt_budget(1024, 32, 4096) == 1024
+    assert prompt_budget(1024, 64, 512) == 512 - 64 - 2
+    assert prompt_budget(1024, 600, 512) < 0  # no prompt fits: callers ask for none or the least
     # The warm-up's shapes: the 64-token block canvas leaves no room in a 40-token context.
     shapes = warm_shapes(Settings(max_tokens=64), max_context=40)
     assert [(s.prompt_tokens, s.max_new_tokens) for s in shapes] == [(40 - 24 - 2, 24), (40 - 32 - 2, 32)]
