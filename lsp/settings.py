@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from assistant.config import Config
-from model_runtime.options import OptionError, like, option, options, validate
+from assistant.wire import SamplingOptions
+from model_runtime.options import Flat, OptionError, like, option, validate
 from model_runtime.params import SamplingParams
 
 SECTION = "diffu"  # the settings section in VS Code and in Neovim's ``settings`` table
@@ -26,10 +27,13 @@ def _trimmed(value: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What the user can change; every field has a camelCase JSON key (``debounce_ms`` -> ``debounceMs``).
+    """What the user can change; every option has a camelCase JSON key (``debounce_ms`` -> ``debounceMs``).
 
-    Each is an option (``model_runtime.options``): the sampling knobs are ``SamplingParams``' own, with
-    the editors' defaults and narrower bounds, so they are checked as the daemon checks them.
+    Each is an option (``model_runtime.options``). The sampling knobs the server gives a meaning of its
+    own (the canvas, the steps, the greedy temperature) are ``SamplingParams``' options with the editors'
+    defaults and narrower bounds; the others (``alg``, ``topP``, ``decoder``, ...) are ``sampling``'s,
+    read under their own names (see :data:`VIEW`) and sent with every request as they are: unset, the
+    daemon's. Either way they are checked as the daemon checks them.
     """
 
     enable: bool = option(
@@ -133,8 +137,22 @@ class Settings:
         help="Start a daemon when none is running; unset: the diffu config's ``autostart``.",
     )
 
+    sampling: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)
+
     def __post_init__(self) -> None:
         validate(self)
+
+    def request_sampling(
+        self, steps: int, *, temperature: float | None = None, seed: int | None = None
+    ) -> SamplingOptions:
+        """The sampling of a request: the user's knobs with the request's ``steps``, the settings'
+        temperature (or a candidate's), and a candidate's ``seed`` (else the user's, if set)."""
+        return dataclasses.replace(
+            self.sampling,
+            steps=steps,
+            temperature=self.temperature if temperature is None else temperature,
+            seed=self.sampling.seed if seed is None else seed,
+        )
 
     def fingerprint(self) -> str:
         """The settings that shape an answer (:data:`ANSWER_SHAPING`), as one key: the server drops its
@@ -142,14 +160,11 @@ class Settings:
         return repr(tuple(getattr(self, name) for name in ANSWER_SHAPING))
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """These settings with ``changes`` by option name (``top_p`` changes ``sampling``)."""
+        return VIEW.replace(self, changes)
 
     def to_json(self) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[camel(f.name)] = list(value) if isinstance(value, tuple) else value
-        return out
+        return {camel(k): list(v) if isinstance(v, tuple) else v for k, v in VIEW.values(self).items()}
 
 
 def camel(name: str) -> str:
@@ -161,7 +176,8 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-FIELDS = options(Settings)
+VIEW = Flat(Settings, "sampling")
+FIELDS = VIEW.options
 # The settings that change what a suggestion would be: where it is asked (url, model), the canvas and
 # its sampling, the prompt built around the cursor and the cleaning after. The rest decide whether or
 # when to ask, how many candidates an explicit request offers, or concern fill-holes.
@@ -176,6 +192,7 @@ ANSWER_SHAPING = (
     "min_chars",
     "url",
     "model",
+    "sampling",
 )
 KEYS = {camel(name): name for name in FIELDS}
 # Keys an editor keeps in the same ``diffu`` section for its own use (VS Code's extension starts the server
@@ -189,6 +206,36 @@ ALIASES = {
     "contextBudget": "context_tokens",
     "currentFileOnly": "current_file_only",
 }
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array"}
+
+
+def editor_schema() -> dict[str, dict[str, Any]]:
+    """Each setting's facts as an editor's settings UI declares them (VS Code's ``package.json``
+    ``contributes.configuration``, in JSON schema): type, default, bounds and choices, by key with the
+    section (``diffu.debounceMs``). An unset string is "" there (what an empty field in the UI sends)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, opt in FIELDS.items():
+        kind = _JSON_TYPES[opt.kind]
+        text = opt.kind is str
+        facts: dict[str, Any] = {"type": [kind, "null"] if opt.optional and not text else kind}
+        if opt.kind is tuple:
+            facts["items"] = {"type": _JSON_TYPES[opt.base]}
+        default = opt.default
+        facts["default"] = "" if default is None and text else list(default) if opt.kind is tuple else default
+        bounds = (
+            ("minimum", opt.ge),
+            ("exclusiveMinimum", opt.gt),
+            ("maximum", opt.le),
+            ("exclusiveMaximum", opt.lt),
+        )
+        facts.update({key: bound for key, bound in bounds if bound is not None})
+        if opt.choices is not None:
+            unset = ("" if text else None,) if opt.optional else ()
+            facts["enum"] = [*unset, *opt.choices]
+        out[f"{SECTION}.{camel(name)}"] = facts
+    return out
 
 
 def parse_settings(data: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
@@ -218,7 +265,7 @@ def parse_settings(data: Any, base: Settings | None = None) -> tuple[Settings, l
         try:
             changes[name] = FIELDS[name].read(value, json=True)
         except OptionError as exc:
-            problems.append(f"{camel(name)}: {exc.problem}; keeping {getattr(base, name)!r}")
+            problems.append(f"{camel(name)}: {exc.problem}; keeping {VIEW.get(base, name)!r}")
     return base.replace(**changes), problems
 
 

@@ -76,7 +76,7 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
     """The shapes typing asks for, one per mode (canvas and automatic steps as :func:`plan` makes them),
     with a prompt of the whole context budget (files longer than it are the common case), for the daemon
     to compile when the server connects instead of on the first suggestion."""
-    from assistant.client import SamplingOptions, WarmShape
+    from assistant.client import WarmShape
 
     shapes: list[WarmShape] = []
     for mode in ctx.Mode:
@@ -84,7 +84,7 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
         steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
         budget = prompt_budget(settings.context_tokens, canvas, max_context)
         if budget > 0:
-            sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
+            sampling = settings.request_sampling(steps)
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
             shapes.append(shape)
     return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
@@ -144,18 +144,14 @@ async def ask(
     session: str,
 ) -> Asked:
     """Ask the daemon (several candidates when invoked) and clean what comes back."""
-    from assistant.client import SamplingOptions
-
     p = plan(cursor, settings)
     n = settings.candidates if cursor.invoked else 1
     prompts: list[ctx.Prompt] = []
 
     def request(prompt: ctx.Prompt, k: int) -> Awaitable[Done]:
         """Candidate ``k``: 0 is the greedy one (the user's temperature), others sampled with seed k."""
-        sampling = SamplingOptions(
-            steps=p.steps,
-            temperature=settings.temperature if k == 0 else CANDIDATE_TEMPERATURE,
-            seed=k if k else None,
+        sampling = settings.request_sampling(
+            p.steps, temperature=None if k == 0 else CANDIDATE_TEMPERATURE, seed=k or None
         )
         return client.infill(
             prompt.prefix,

@@ -27,7 +27,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 _KEY = "diffu.option"  # the dataclass field metadata key of a declaration
 _TRUE = ("1", "true", "yes", "on")
@@ -277,14 +277,61 @@ def mirror(cls: type, of: type, *, omit: tuple[str, ...] = ()) -> None:
 
 
 def validate(obj: Any, error: Callable[[str, str], Exception] = OptionError) -> None:
-    """Check every declared option of a dataclass instance (its ``__post_init__`` calls this);
-    the first bad one raises ``error(field, problem)``."""
+    """Check every declared option of a dataclass instance (its ``__post_init__`` calls this), and those
+    of a dataclass it holds (a :class:`Flat` view's inner options); the first bad one raises
+    ``error(field, problem)``."""
     cls: Any = type(obj)  # a class is hashable, whatever its instances are
     for opt in options(cls).values():
         try:
             opt.check(getattr(obj, opt.name))
         except OptionError as exc:
             raise error(exc.field, exc.problem) from None
+    for f in dataclasses.fields(cls):
+        inner = getattr(obj, f.name)
+        if _KEY not in f.metadata and dataclasses.is_dataclass(inner) and not isinstance(inner, type):
+            validate(inner, error)
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Flat:
+    """The options of a settings dataclass seen as one flat set: its own, then, under their own names,
+    those of its field ``inner`` (a dataclass of options) that it does not declare itself.
+
+    The chat and the editors keep the sampling knobs they give no meaning of their own in a nested
+    ``SamplingOptions`` this way, so a knob the runtime gains is a setting of theirs (a key, a row of the
+    settings screen) with no change there.
+    """
+
+    cls: type
+    inner: str
+
+    @functools.cached_property
+    def options(self) -> Mapping[str, Option]:
+        own = options(self.cls)
+        nested = options(typing.get_type_hints(self.cls)[self.inner])
+        return types.MappingProxyType({**own, **{n: o for n, o in nested.items() if n not in own}})
+
+    def get(self, obj: Any, name: str) -> Any:
+        """The value of the option ``name`` in ``obj``, its own or its inner one."""
+        return getattr(obj if name in options(self.cls) else getattr(obj, self.inner), name)
+
+    def values(self, obj: Any) -> dict[str, Any]:
+        """Every option's value, by name."""
+        return {name: self.get(obj, name) for name in self.options}
+
+    def replace(self, obj: T, changes: Mapping[str, Any]) -> T:
+        """``obj`` with ``changes`` (by option name) applied, to its own fields or its inner ones."""
+        own = {k: v for k, v in changes.items() if k in options(self.cls) or k == self.inner}
+        nested = {k: v for k, v in changes.items() if k not in own}
+        unknown = sorted(set(nested) - set(self.options))
+        if unknown:
+            raise TypeError(f"{self.cls.__name__} has no option {unknown[0]!r}")
+        if nested:
+            own[self.inner] = dataclasses.replace(own.get(self.inner, getattr(obj, self.inner)), **nested)
+        return dataclasses.replace(obj, **own)  # type: ignore[type-var]
 
 
 def shown(value: Any) -> str:

@@ -14,7 +14,7 @@ from assistant.infill.postprocess import (
     limit_scope,
     postprocess,
 )
-from assistant.wire import prompt_budget
+from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
@@ -282,6 +282,7 @@ def test_one_fingerprint_for_the_settings_that_shape_an_answer() -> None:
         "min_chars": 3,
         "url": "http://127.0.0.1:1",
         "model": "fake:",
+        "sampling": SamplingOptions(decoder="fast"),
     }
     assert set(changed) == set(ANSWER_SHAPING)
     for name, value in changed.items():
