@@ -194,7 +194,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 for name, opt in FIELDS.items():
                     with Horizontal(classes="row"):
                         yield Label(name)
-                        value = getattr(self.current, name)
+                        value = self.current.get(name)
                         if opt.kind is str and opt.choices:  # words to pick from; numbers are typed
                             yield Select(
                                 [(c, c) for c in opt.choices],
@@ -229,7 +229,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     @on(Select.Changed, "#field-decoder")
     def _sync_decoder(self) -> None:
         reference = self.query_one("#field-decoder", Select).value == "reference"
-        for name in ("block_length", "threshold"):  # fast-decoder knobs, kept for "model" (it may pick fast)
+        # The fast decoder's knobs, kept for "model" (it may pick the fast one).
+        for name in ("block_length", "threshold", "factor"):
             self.query_one(f"#field-{name}", Input).disabled = reference
 
     def _value(self, name: str) -> Any:
@@ -254,7 +255,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 errors[name] = exc.message
         if not errors:
             try:
-                return ChatSettings(**values)
+                return ChatSettings().replace(**values)
             except SettingsError as exc:
                 errors[exc.key if exc.key in FIELDS else "max_new_tokens"] = exc.message
         for name in FIELDS:
@@ -273,7 +274,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def _reset(self) -> None:
         for name in FIELDS:
             widget = self.query_one(f"#field-{name}")
-            value = getattr(self.baseline, name)
+            value = self.baseline.get(name)
             if isinstance(widget, Select):
                 widget.value = value
             else:

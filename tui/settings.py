@@ -32,7 +32,7 @@ from assistant.errors import UsageError
 from assistant.evals.instructions import unparsed_code
 from assistant.wire import SamplingOptions
 from model_runtime.generation_config import retry_block_problem, retry_request
-from model_runtime.options import Option, OptionError, like, option, options, validate
+from model_runtime.options import Flat, Option, OptionError, like, option, options, validate
 from model_runtime.params import DECODERS, ParamError, SamplingParams
 
 
@@ -91,6 +91,9 @@ class ChatSettings:
     retry_block: int = option(
         0, rule=retry_block_problem, help="unparsable code: decode again in blocks this long; 0: never"
     )
+    # The other sampling knobs (eps, seed, factor, and any the runtime gains), under their own names (see
+    # VIEW): a row each on the settings screen and a key in [chat]; unset, the daemon's default.
+    sampling: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)
 
     def __post_init__(self) -> None:
         validate(self, SettingsError)
@@ -102,6 +105,7 @@ class ChatSettings:
     def sampling_params(self) -> SamplingParams:
         """The same knobs as the runtime validates them (raises ParamError naming the field)."""
         return SamplingParams(
+            **{k: v for k, v in self.sampling.body().items() if k not in OWN},
             max_new_tokens=self.max_new_tokens,
             steps=self.steps if self.steps is not None else self.max_new_tokens,
             temperature=self.temperature,
@@ -135,10 +139,11 @@ class ChatSettings:
             return None
         return self.retry_settings()
 
-    def sampling(self) -> SamplingOptions:
+    def request_sampling(self) -> SamplingOptions:
         """The knobs a request sends; unset ones are left to the daemon's defaults."""
         fast_only = self.decoder != "reference"  # the reference decoder ignores the fast decoder's knobs
-        return SamplingOptions(
+        return dataclasses.replace(
+            self.sampling,
             steps=self.steps,
             temperature=self.temperature,
             top_p=self.top_p,
@@ -153,13 +158,19 @@ class ChatSettings:
 
     def request_params(self) -> dict[str, Any]:
         """The fields of a ``/v1/diffu/generate`` body these settings make (what a request carries)."""
-        return {"max_new_tokens": self.max_new_tokens, **self.sampling().body()}
+        return {"max_new_tokens": self.max_new_tokens, **self.request_sampling().body()}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting by name (the nested sampling knobs under their own): what the screen saves."""
+        return VIEW.values(self)
+
+    def get(self, name: str) -> Any:
+        """The setting ``name``, the chat's own or a nested sampling knob."""
+        return VIEW.get(self, name)
 
     def replace(self, **changes: Any) -> ChatSettings:
-        return dataclasses.replace(self, **changes)
+        """These settings with ``changes`` by setting name (``seed`` changes ``sampling``)."""
+        return VIEW.replace(self, changes)
 
     @classmethod
     def from_mapping(
@@ -185,7 +196,9 @@ def apply_saved(baseline: ChatSettings, saved: Mapping[str, Any]) -> tuple[ChatS
         return baseline, f"ignored the saved chat settings ({exc}); open Settings (f2) to fix them"
 
 
-FIELDS: Mapping[str, Option] = options(ChatSettings)
+OWN = options(ChatSettings)  # the knobs the chat declares itself
+VIEW = Flat(ChatSettings, "sampling")
+FIELDS: Mapping[str, Option] = VIEW.options
 
 
 def parse_field(name: str, text: str) -> Any:
