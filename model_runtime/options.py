@@ -129,6 +129,7 @@ class Option(_Declared):
     def problem(self, value: Any) -> str:
         """What is wrong with a value of the right type ("" when nothing is): bounds, choices, rule."""
         for item in value if self.kind is tuple else (value,):
+            item = float(item) if self.base is float else item  # 0 and 0.0 read alike: "got 0.0"
             lo_ok = (self.ge is None or item >= self.ge) and (self.gt is None or item > self.gt)
             hi_ok = (self.le is None or item <= self.le) and (self.lt is None or item < self.lt)
             if not (lo_ok and hi_ok):

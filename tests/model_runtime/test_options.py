@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
-from model_runtime.options import OptionError, like, mirror, option, options, validate
+from model_runtime.options import Flat, OptionError, like, mirror, option, options, validate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +26,21 @@ class Knobs:
 
 
 K = options(Knobs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    count: int | None = like(Knobs, "count", default=None)
+    mode: str | None = like(Knobs, "mode", default=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer:
+    count: int = like(Knobs, "count", default=8)  # its own, in place of the inner one
+    inner: Inner = field(default_factory=Inner)
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 def problem(name: str, raw: object, **how: bool) -> str:
@@ -158,3 +173,15 @@ def test_mirror_catches_a_copy_that_fell_behind() -> None:
 
     with pytest.raises(TypeError, match="Mistyped.count must be"):
         mirror(Mistyped, Knobs, omit=tuple(name for name in K if name != "count"))
+
+
+def test_a_flat_view_reads_nested_options_under_their_own_names() -> None:
+    view = Flat(Outer, "inner")
+    assert list(view.options) == ["count", "mode"] and view.options["count"].default == 8
+    outer = view.replace(Outer(), {"count": 2, "mode": "b"})
+    assert outer == Outer(count=2, inner=Inner(mode="b"))
+    assert view.values(outer) == {"count": 2, "mode": "b"} and view.get(outer, "mode") == "b"
+    with pytest.raises(OptionError, match="^mode: must be one of a, b; got 'c'$"):
+        view.replace(outer, {"mode": "c"})  # the nested options are validated with the outer ones
+    with pytest.raises(TypeError, match="Outer has no option 'nope'"):
+        view.replace(outer, {"nope": 1})
