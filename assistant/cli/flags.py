@@ -22,14 +22,14 @@ def flag(name: str) -> str:
 
 
 def add_flag(
-    p: argparse.ArgumentParser | Any,
+    p: argparse.ArgumentParser,
     opt: Option,
     *,
     default: Any = _UNSET,
     default_text: str | None = None,
     **extra: Any,
 ) -> None:
-    """Add ``opt``'s flag to ``p`` (a parser or an argument group).
+    """Add ``opt``'s flag to ``p``.
 
     ``default``: another default than the declared one (None: "not given", for a command that leaves the
     option to a later layer); ``default_text`` says what that default means in the help. ``extra`` goes

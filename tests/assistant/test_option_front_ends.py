@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from assistant.cli.flags import flag
 from assistant.cli.main import build_parser, main
 from assistant.cli.model_options import sampling_params
 from assistant.client import APIError, Client, SamplingOptions
@@ -81,9 +82,7 @@ def test_a_good_value_reaches_the_request_from_every_front_end(name: str, fake_d
     opt = DECLARED[name]
     value = good(opt)
     # The CLI flag: parsed, then the value the command runs with.
-    args = build_parser()[0].parse_args(
-        ["generate", "--prompt", "x", "--" + name.replace("_", "-"), str(value)]
-    )
+    args = build_parser()[0].parse_args(["generate", "--prompt", "x", flag(name), str(value)])
     assert getattr(sampling_params(args), name) == value
     # The client option serializes as the request field, and the daemon takes it.
     sampling = SamplingOptions(**{name: value})
@@ -108,17 +107,16 @@ def test_a_bad_value_is_refused_by_every_front_end_naming_it(
 ) -> None:
     opt = DECLARED[name]
     expected = problem(opt, value)
-    flag = "--" + name.replace("_", "-")
     # The CLI: one line naming the flag, before any model loads (a word outside the choices gets
     # argparse's own error, which lists them).
     if opt.kind is str and opt.choices:
         with pytest.raises(SystemExit) as exit_info:
-            main(["generate", "--prompt", "x", flag, str(value)])
+            main(["generate", "--prompt", "x", flag(name), str(value)])
         assert exit_info.value.code == 2
-        assert f"argument {flag}: invalid choice: {value!r}" in capsys.readouterr().err
+        assert f"argument {flag(name)}: invalid choice: {value!r}" in capsys.readouterr().err
     else:
-        assert main(["generate", "--prompt", "x", flag, str(value)]) == 2
-        assert capsys.readouterr().err == f"diffu: error: {flag}: {expected}\n"
+        assert main(["generate", "--prompt", "x", flag(name), str(value)]) == 2
+        assert capsys.readouterr().err == f"diffu: error: {flag(name)}: {expected}\n"
     # The daemon: the client sends the value as it is; the answer is a 400 naming the field.
     with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
         with pytest.raises(APIError) as info:
