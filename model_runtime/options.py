@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 _KEY = "diffu.option"  # the dataclass field metadata key of a declaration
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_KINDS = (bool, int, float, str, tuple)
+_SCALARS = (bool, int, float, str)
 _NOUNS: dict[type, str] = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
@@ -257,7 +257,7 @@ def _kind(hint: Any, where: str) -> tuple[type, type | None, bool]:
         item, *rest = typing.get_args(hint)
         if rest == [Ellipsis] and item in (int, str):
             return tuple, item, optional
-    elif hint in _KINDS:
+    elif hint in _SCALARS:
         return hint, None, optional
     raise TypeError(f"{where}: an option is a bool, int, float, str or tuple of int or str, not {hint}")
 
@@ -274,7 +274,7 @@ def mirror(cls: type, of: type, *, omit: tuple[str, ...] = ()) -> None:
     for name in want:
         opt, (kind, item, optional) = options(of)[name], _kind(hints[name], f"{cls.__name__}.{name}")
         if (kind, item) != (opt.kind, opt.item) or not optional:
-            raise TypeError(f"{cls.__name__}.{name} must be {hints[name]} of {of.__name__}'s type or None")
+            raise TypeError(f"{cls.__name__}.{name} must be {opt.base.__name__} or None, as {of.__name__}'s")
 
 
 def validate(obj: Any, error: Callable[[str, str], Exception] = OptionError) -> None:
