@@ -177,6 +177,8 @@ class Option(_Declared):
 
     def _parse(self, raw: str) -> Any:
         text = raw.strip()
+        if not text and self.kind is tuple and not self.optional:
+            return ()  # an empty list
         if not text:
             self._unset()
             return None

@@ -104,6 +104,7 @@ def test_the_three_ways_of_reading_a_value() -> None:
     assert K["on"].read("Off", text=True) is False
     assert problem("on", "maybe", text=True) == "must be a boolean (1/0, true/false), got 'maybe'"
     assert K["sizes"].read("4, 8", text=True) == (4, 8)
+    assert K["names"].read("", text=True) == ()  # DIFFU_ALLOWED_HOSTS="": none
     assert problem("sizes", "4,x", text=True) == "must be a list of integers, got '4,x'"
 
 
