@@ -77,8 +77,8 @@ class Config:
     infill_tokens: int = 32
     """Canvas length of an infill request that gives none."""
     warmup: bool = True
-    """Compile the likeliest programs between requests from the start (assistant.warmup), so most requests
-    find theirs compiled; off, each is compiled when a request first needs it."""
+    """Compile the likeliest programs between requests from the start (assistant.server.warmup), so most
+    requests find theirs compiled; off, each is compiled when a request first needs it."""
     length_buckets: tuple[int, ...] = (256, 384, 512, 1024, 2048)
     """Canvas lengths (prompt + generated tokens) compiled for; a request is padded to the next one. 384
     holds a chat's first question with its 256-token answer (on CPU it runs 25% faster than 512)."""

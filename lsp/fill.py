@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lsp.context import header_line, window
+from assistant.infill.context import header_line, window
 from lsp.holes import MASK, Hole, HoleError, HolePrompt, finish_fill, masked_prompt
 from lsp.settings import Settings
 

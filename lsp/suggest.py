@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lsp import context as ctx
+from assistant.infill import context as ctx
+from assistant.infill.context import Mode
+from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess
 from lsp.cache import SuggestionCache
-from lsp.context import Mode
-from lsp.postprocess import align_indent, line_suffix_chars, postprocess
 from lsp.settings import Settings
 from lsp.state import Timing, Timings
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assistant.client_core import SamplingOptions
+from assistant.client.core import SamplingOptions
 from assistant.errors import UsageError
 from assistant.evals.instructions import unparsed_code
 from model_runtime.generation_config import retry_block_problem, retry_request

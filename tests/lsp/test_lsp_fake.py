@@ -13,8 +13,8 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 
-from assistant.client_core import warm_body
-from assistant.fake_runtime import _WORDS
+from assistant.client.core import warm_body
+from assistant.server.fake_runtime import _WORDS
 from lsp.settings import Settings
 from lsp.suggest import warm_shapes
 from tests.assistant.helpers import isolated_env, start_daemon, stop_background_daemons

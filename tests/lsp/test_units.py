@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lsp import context as ctx
-from lsp.cache import SuggestionCache
-from lsp.context import Mode
-from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
-from lsp.postprocess import (
+from assistant.infill import context as ctx
+from assistant.infill.context import Mode
+from assistant.infill.postprocess import (
     cut_special,
     cut_suffix_overlap,
     drop_repeated_lines,
@@ -16,6 +14,8 @@ from lsp.postprocess import (
     limit_scope,
     postprocess,
 )
+from lsp.cache import SuggestionCache
+from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.settings import Settings, parse_settings, settings_section
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 from model_runtime.train.rl import synthetic
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import write_tasks
@@ -89,7 +89,7 @@ def _recording(record: dict, stop_at: int | None = None, exc: type[BaseException
 
 
 def test_a_stopped_or_killed_run_resumes_with_the_same_rollouts_and_losses(tiny_dir, tasks_file, tmp_path):
-    from assistant.rewards import code_format
+    from assistant.evals.rewards import code_format
 
     rewards = [Reward("spaces", spaces, 1.0), Reward("code_format", code_format, 0.5)]
     ref: dict[int, tuple] = {}
