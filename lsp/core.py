@@ -65,6 +65,16 @@ _SHAPING = (
 )
 
 
+def document_key(uri: str) -> str:
+    """The one form of a document URI that every lookup and every per-document map uses.
+
+    Editors escape URIs differently (VS Code sends ``file:///c%3A/proj/a.py`` and ``my%20file.py``, others
+    the raw characters) and pygls keeps open documents under the unquoted form, so that form is the key;
+    the URI the editor sent (``TextDocument.uri``) is kept for what goes back to it (edit keys, paths).
+    """
+    return unquote(uri)
+
+
 class DiffuProtocol(ConformantProtocol):
     """The conformant protocol, choosing the completion provider once pygls has built the capabilities."""
 
@@ -94,8 +104,8 @@ class DiffuLanguageServer(LanguageServer):
         self.recent = RecentChunks()
         self.counters = new_counters()
         self.timings = Timings()
-        self.touched: dict[str, float] = {}  # uri -> when it was last opened or edited
-        self.supersede = Supersede(lambda uri: self.touched.get(uri, 0.0), self.counters)
+        self.touched: dict[str, float] = {}  # document key -> when it was last opened or edited
+        self.supersede = Supersede(lambda key: self.touched.get(key, 0.0), self.counters)
         self.provider = capabilities.Provider()
         self.registrations: dict[str, str] = {}  # method -> registration id
         self.registration_lock = asyncio.Lock()
@@ -181,9 +191,13 @@ class DiffuLanguageServer(LanguageServer):
         return problems
 
     # -- documents -------------------------------------------------------------------------------------
+    def open_document(self, uri: str) -> TextDocument | None:
+        """The open document ``uri`` names, however the client escaped it; None when it is not open."""
+        return self.workspace.text_documents.get(document_key(uri))
+
     def document(self, uri: str) -> TextDocument:
         """An open document; an unopened one is the request's error (-32602), never a read from disk."""
-        doc = self.workspace.text_documents.get(unquote(uri))
+        doc = self.open_document(uri)
         if doc is None:
             raise JsonRpcInvalidParams(f"{uri} is not an open document (send textDocument/didOpen first)")
         return doc
@@ -210,30 +224,32 @@ class DiffuLanguageServer(LanguageServer):
 
     def touch(self, uri: str, line: int | None = None) -> None:
         """The user opened or edited ``uri`` (at ``line``): it is recent, and so is the chunk around it."""
-        self.touched[uri] = time.monotonic()
+        key = document_key(uri)
+        self.touched[key] = time.monotonic()
         if line is not None and not self.settings.current_file_only:
-            doc = self.workspace.text_documents.get(unquote(uri))
+            doc = self.open_document(uri)
             if doc is not None:
-                self.recent.note(uri, self.relative_path(uri), doc.source, line)
+                self.recent.note(key, self.relative_path(doc.uri), doc.source, line)
 
     def forget(self, uri: str) -> None:
-        self.touched.pop(uri, None)
-        self.supersede.cancel(uri)
+        key = document_key(uri)
+        self.touched.pop(key, None)
+        self.supersede.cancel(key)
 
     def context_documents(self, uri: str) -> list[tuple[str, str]]:
         """Text beyond the file for the prompt: recent chunks, then other open documents, newest first."""
         if self.settings.current_file_only:
             return []
-        out = [(c.name, c.text) for c in self.recent.chunks(exclude=uri)]
+        key = document_key(uri)
+        out = [(c.name, c.text) for c in self.recent.chunks(exclude=key)]
         others = sorted(
-            (u for u in self.workspace.text_documents if u != unquote(uri)),
-            key=lambda u: self.touched.get(u, 0.0),
+            (doc for doc in self.workspace.text_documents.values() if document_key(doc.uri) != key),
+            key=lambda doc: self.touched.get(document_key(doc.uri), 0.0),
             reverse=True,
         )
-        for other in others[:MAX_OTHER_DOCUMENTS]:
-            doc = self.workspace.text_documents[other]
+        for doc in others[:MAX_OTHER_DOCUMENTS]:
             if doc.source.strip():
-                out.append((self.relative_path(other), doc.source))
+                out.append((self.relative_path(doc.uri), doc.source))
         return out
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> int:

@@ -70,8 +70,9 @@ class Session:
         self.versions: dict[str, int] = {}
         self.status_items: list[dict[str, Any]] = []  # diffu/status notifications, oldest first
 
-    def open(self, name: str, text: str, language: str = "python") -> str:
-        uri = (self.root / "ws" / name).as_uri()
+    def open(self, name: str, text: str, language: str = "python", *, uri: str | None = None) -> str:
+        """Open ``ws/name`` (as ``Path.as_uri`` escapes it), or the document at ``uri`` as given."""
+        uri = uri or (self.root / "ws" / name).as_uri()
         self.versions[uri] = 1
         self.client.text_document_did_open(
             types.DidOpenTextDocumentParams(
