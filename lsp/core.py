@@ -31,9 +31,13 @@ from lsp.jsonrpc import ConformantProtocol, serve
 from lsp.recent import RecentChunks
 from lsp.settings import Settings, parse_settings
 from lsp.state import Timings, new_counters, stage_message, status_item
+from lsp.suggest import warm_shapes
 from lsp.supersede import Supersede
 
 if TYPE_CHECKING:
+    from pygls.progress import Progress
+
+    from assistant.client import WarmShape
     from lsp.daemon_link import DaemonLink
 
 # assistant.client (httpx) is imported after ``initialize`` is answered, where it is needed: importing it
@@ -118,11 +122,24 @@ class DiffuLanguageServer(LanguageServer):
     @property
     def link(self) -> DaemonLink:
         if self._link is None:
-            from lsp.daemon_link import DaemonLink
+            from lsp.daemon_link import DaemonLink, LinkHooks
 
-            self._link = DaemonLink(self)
+            hooks = LinkHooks(
+                log=self.log,
+                changed=self.status_changed,
+                warm_shapes=self._warm_shapes,
+                work_done=self._progress,
+            )
+            self._link = DaemonLink(hooks)
             self._configure_link()
         return self._link
+
+    def _warm_shapes(self, max_context: int | None) -> list[WarmShape]:
+        return warm_shapes(self.settings, max_context)
+
+    def _progress(self) -> Progress | None:
+        window = self.client_capabilities.window
+        return self.work_done_progress if window and window.work_done_progress else None
 
     def _configure_link(self) -> None:
         s = self.settings

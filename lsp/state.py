@@ -166,16 +166,35 @@ def status_item(
     return StatusItem("ready", f"{model or 'model'} ready{shown}", latency_ms, model)
 
 
-_STAGES = {
-    "ok": "ready",
+# The daemon's start-up stages in words: the ``status`` of its /health stream (``ok`` once it serves), the
+# scheduler's own names for the serving stages, and ``failed`` for an attempt that did not connect.
+STAGES = {
     "starting": "starting the daemon",
     "loading": "loading the model",
-    "compiling": "warming up",
+    "warming": "warming up",
+    "ready": "ready",
+    "ok": "ready",
     "failed": "the daemon failed",
     "stopping": "the daemon is stopping",
 }
 
 
+def _stems(text: str) -> set[str]:
+    """Word stems (the first four letters of each word of four or more) for spotting a repeat."""
+    words = "".join(c.lower() if c.isalpha() else " " for c in text).split()
+    return {w[:4] for w in words if len(w) >= 4}
+
+
 def stage_message(stage: str, detail: str) -> str:
-    """A daemon start-up stage in words, for progress reports and the status item."""
-    return f"{_STAGES.get(stage, stage)}{': ' + detail if detail else ''}"
+    """A daemon start-up stage in words, for progress reports, the status item and the log.
+
+    The daemon's detail often names the stage already (``loading`` / "loading the model", ``ok`` /
+    "ready", ``failed`` / "model load failed"): then the detail, the more specific, is said alone rather
+    than after the stage's words ("loading the model: loading the model").
+    """
+    phrase = STAGES.get(stage, stage)
+    if not detail:
+        return phrase
+    if _stems(phrase) & _stems(detail):
+        return detail
+    return f"{phrase}: {detail}"
