@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ from lsp.cache import SuggestionCache
 from lsp.jsonrpc import ConformantProtocol, serve
 from lsp.recent import RecentChunks
 from lsp.settings import Settings, parse_settings
-from lsp.state import Timings, new_counters, stage_message, status_item
+from lsp.state import Pause, Timings, new_counters, stage_message, status_item
 from lsp.suggest import warm_shapes
 from lsp.supersede import Supersede
 
@@ -118,6 +119,8 @@ class DiffuLanguageServer(LanguageServer):
         self._link: DaemonLink | None = None
         self._logged: dict[str, float] = {}
         self._status_sent: dict[str, Any] | None = None
+        self._pause: Pause | None = None
+        self._resume: asyncio.TimerHandle | None = None
 
     @property
     def link(self) -> DaemonLink:
@@ -174,6 +177,7 @@ class DiffuLanguageServer(LanguageServer):
         stage, _, detail = link.progress.latest if link is not None else ("", 0.0, "")
         item = status_item(
             enabled=self.settings.enable,
+            paused=self.paused,
             link_state=link.state if link is not None else "connecting",
             busy=self.busy > 0,
             error=link.error if link is not None else "",
@@ -193,6 +197,34 @@ class DiffuLanguageServer(LanguageServer):
             self.protocol.notify(STATUS_NOTIFICATION, item)
         except Exception:  # no transport (shutting down)
             log.debug("could not send the status", exc_info=True)
+
+    # -- pausing: the toggle and snooze commands -------------------------------------------------------
+    @property
+    def paused(self) -> Pause | None:
+        """The user's pause of suggestions while typing, while it lasts."""
+        pause = self._pause
+        return pause if pause is not None and pause.active(time.monotonic()) else None
+
+    def pause(self, minutes: float | None) -> None:
+        """Pause suggestions while typing for ``minutes`` (None: until resumed); explicit requests still
+        ask. The status item says so, and says it again when a snooze ends."""
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+        if minutes is None:
+            self._pause = Pause(until=math.inf)
+        else:
+            seconds = minutes * 60.0
+            self._pause = Pause(until=time.monotonic() + seconds, wall=time.time() + seconds)
+            self._resume = asyncio.get_running_loop().call_later(seconds, self.status_changed)
+        self.status_changed()
+
+    def resume(self) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+        self._pause = None
+        self.status_changed()
 
     # -- settings --------------------------------------------------------------------------------------
     def apply_settings(self, data: Any, *, source: str) -> list[str]:

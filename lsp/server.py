@@ -34,6 +34,8 @@ log = logging.getLogger("diffu.lsp")
 FILL_HOLES = "diffu.fillHoles"
 ACCEPTED = "diffu.accepted"
 STATUS = "diffu.status"
+TOGGLE = "diffu.toggle"
+SNOOZE = "diffu.snooze"
 CONVERTER = get_converter()
 SERVER = DiffuLanguageServer()
 
@@ -158,7 +160,7 @@ async def _suggestions(
 
     ls.counters["requests"] += 1
     doc = ls.document(uri)
-    if not ls.enabled_for(doc):
+    if not ls.enabled_for(doc) or (ls.paused is not None and not invoked):
         ls.counters["skipped"] += 1
         return []
     version = doc.version
@@ -448,6 +450,31 @@ def accepted(ls: DiffuLanguageServer, *args: Any) -> None:
     log.debug("suggestion accepted: %s", args)
 
 
+@SERVER.command(TOGGLE)
+def toggle(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
+    """``diffu.toggle``: pause suggestions while typing until toggled again, or resume them (a snooze
+    included). Explicit requests still ask while paused. Returns the new status item."""
+    del args
+    if ls.paused is None:
+        ls.pause(None)
+    else:
+        ls.resume()
+    return ls.status_item()
+
+
+@SERVER.command(SNOOZE)
+def snooze(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
+    """``diffu.snooze(minutes?)``: pause suggestions while typing for a while (the ``snoozeMinutes``
+    setting when no duration is given). Returns the new status item."""
+    minutes = args[0] if args else None
+    if minutes is None:
+        minutes = ls.settings.snooze_minutes
+    if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not 0 < minutes <= 1440:
+        raise JsonRpcInvalidParams(f"{SNOOZE}: expected minutes from 0 to 1440 (or none), got {minutes!r}")
+    ls.pause(float(minutes))
+    return ls.status_item()
+
+
 @SERVER.command(STATUS)
 def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
     """Where the server stands: the status item, daemon, model, settings, counters, latency and cache."""
@@ -455,6 +482,7 @@ def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
     link = ls.link
     return {
         "status": ls.status_item(),
+        "paused": ls.paused is not None,
         "connected": link.connected,
         "model": link.model,
         "max_context": link.max_context,

@@ -55,6 +55,8 @@ class Settings:
     """Canvas tokens per marker hole (a run of N ``<|mask|>`` is a hole of exactly N tokens)."""
     max_seconds: float | None = None
     """Time budget per request in the daemon; when spent it answers with what is unmasked so far."""
+    snooze_minutes: float = 5.0
+    """How long ``diffu.snooze`` pauses suggestions while typing when it is given no duration."""
     url: str | None = None
     """Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start."""
     api_key: str | None = None
@@ -110,6 +112,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "candidates": (1, 8),
     "hole_tokens": (1, 1024),
     "max_seconds": (0.001, 3600.0),
+    "snooze_minutes": (0.1, 1440.0),
 }
 
 

@@ -7,6 +7,7 @@ item) read them. Nothing here talks to the editor or the daemon.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
@@ -122,11 +123,30 @@ def new_counters() -> Counter[str]:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Suggestions while typing paused by the user (``diffu.toggle``, ``diffu.snooze``): until the
+    monotonic time ``until``, infinite for a toggle; ``wall`` is the same moment on the wall clock (None
+    for a toggle), for the status item."""
+
+    until: float
+    wall: float | None = None
+
+    def active(self, now: float) -> bool:
+        return now < self.until
+
+    def message(self) -> str:
+        if self.wall is None:
+            return "paused until toggled"
+        return f"paused until {time.strftime('%H:%M', time.localtime(self.wall))}"
+
+
+@dataclass(frozen=True)
 class StatusItem:
     """What an editor's status item shows: ``state`` and a one-line ``message``, with the last latency.
 
-    States: ``disabled`` (suggestions off), ``connecting`` (finding, starting or loading the daemon),
-    ``ready``, ``busy`` (a suggestion is being made), ``unavailable`` (the daemon cannot be reached).
+    States: ``disabled`` (suggestions off), ``paused`` (toggled off or snoozed: nothing while typing),
+    ``connecting`` (finding, starting or loading the daemon), ``ready``, ``busy`` (a suggestion is being
+    made), ``unavailable`` (the daemon cannot be reached).
     """
 
     state: str
@@ -146,6 +166,7 @@ class StatusItem:
 def status_item(
     *,
     enabled: bool,
+    paused: Pause | None,
     link_state: str,
     busy: bool,
     error: str,
@@ -156,6 +177,8 @@ def status_item(
     """The status item for the server's state (pure: the inputs are what the server knows)."""
     if not enabled:
         return StatusItem("disabled", "suggestions are off (diffu.enable)", latency_ms, model)
+    if paused is not None:
+        return StatusItem("paused", paused.message(), latency_ms, model)
     if link_state == "unavailable":
         return StatusItem("unavailable", error or "the daemon is unavailable", latency_ms, model)
     if link_state == "connecting":
