@@ -67,6 +67,10 @@ class Range {
   get isEmpty() {
     return this.start.line === this.end.line && this.start.character === this.end.character;
   }
+  // As VS Code's own Range: JSON writes it as the array [start, end].
+  toJSON() {
+    return [this.start, this.end];
+  }
 }
 class Selection extends Range {}
 class Uri {
@@ -353,7 +357,32 @@ async function main() {
     new CancellationTokenSource().token,
   );
   report.automaticItems = (Array.isArray(automatic) ? automatic : automatic?.items ?? []).length;
+  // With the suggest widget open on an item: VS Code passes it as selectedCompletionInfo, its range a
+  // vscode.Range (an array in JSON unless the extension converts it).
+  const widget = config.document.selected;
+  const selected = await inlineProvider.provideInlineCompletionItems(
+    document,
+    new Position(line, character),
+    { triggerKind: 0, selectedCompletionInfo: { range: new Range(line, character, line, character), text: widget } },
+    new CancellationTokenSource().token,
+  );
+  report.selectedItems = (Array.isArray(selected) ? selected : selected?.items ?? []).map((i) => ({
+    insertText: typeof i.insertText === "string" ? i.insertText : i.insertText?.value,
+    range: i.range && [i.range.start.line, i.range.start.character, i.range.end.line, i.range.end.character],
+  }));
   await until(() => report.statusTexts.some((t) => / ms$/.test(t)), "the latency in the status bar");
+  // Snooze, then toggle back: the status bar follows, and typing gets nothing while snoozed.
+  await vscode.commands.executeCommand("diffu.snoozeSuggestions");
+  report.snoozedStatus = report.statusTexts[report.statusTexts.length - 1];
+  const snoozed = await inlineProvider.provideInlineCompletionItems(
+    document,
+    new Position(0, config.document.text.split("\n")[0].length),
+    { triggerKind: 1, selectedCompletionInfo: undefined },
+    new CancellationTokenSource().token,
+  );
+  report.snoozedItems = (Array.isArray(snoozed) ? snoozed : snoozed?.items ?? []).length;
+  await vscode.commands.executeCommand("diffu.toggleSuggestions");
+  report.resumedStatus = report.statusTexts[report.statusTexts.length - 1];
   // A settings change in VS Code reaches the server (the client pushes the whole section, its own keys too).
   settings.debounceMs = 77;
   configurationChanged.fire({ affectsConfiguration: (s) => s === "diffu" || s.startsWith("diffu.debounce") });
