@@ -179,6 +179,9 @@ class RemoteNvim:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}; last state {state}")
 
+    def server_status(self) -> dict:
+        return json.loads(self.expr("luaeval('diffu_test_server_status()')") or "{}")
+
     def line(self, n: int) -> str:
         return self.expr(f"getline({n})")
 
@@ -269,3 +272,20 @@ def test_neovim_candidates_and_partial_accept(editor: RemoteNvim) -> None:
     # The fake model writes one line: accepting the line completes the suggestion.
     editor.wait(lambda s: editor.line(41) == "def total(items):" + shown, "the line to be accepted")
     assert editor.line(42).startswith("    value = compute_something(")  # nothing else moved
+
+
+def test_neovim_snooze_and_toggle(editor: RemoteNvim) -> None:
+    """#34: :DiffuSnooze pauses suggestions while typing, and the statusline says until when; :DiffuToggle
+    brings them back."""
+    editor.wait(lambda s: s["status"] == "diffu ready", "the statusline to say ready once connected")
+    editor.send(":DiffuSnooze 30<CR>")
+    paused = editor.wait(lambda s: s["status"].startswith("diffu paused until "), "the paused statusline")
+    assert re.fullmatch(r"diffu paused until \d\d:\d\d", paused["status"])
+    editor.send("41GA")  # where a block suggestion shows (the other tests): asked, answered with nothing
+    editor.wait(lambda s: editor.server_status()["counters"]["skipped"] >= 1, "the request to be skipped")
+    assert not editor.state()["ghosts"]
+    editor.send("<Esc>:DiffuToggle<CR>")
+    editor.wait(lambda s: s["status"] == "diffu ready" or s["status"].endswith("ms"), "ready again")
+    editor.send("A")
+    shown = editor.wait(lambda s: s["ghosts"], "the suggestion once resumed")
+    assert shown["ghosts"][0]["row"] == 40
