@@ -5,7 +5,7 @@ in Node with a stand-in for the ``vscode`` module and the real vscode-languagecl
 extension starts ``diffu lsp`` (which talks to a fake-model daemon), the server registers its inline
 completion provider, a request through that provider returns the daemon's suggestions, the status bar
 follows the server, and a settings change reaches it. Skipped when Node or the build (``npm ci && npm
-run compile`` in editors/vscode, which ``.ci/run`` does) is missing.
+run compile`` in editors/vscode, which ``.ci/run`` does) is missing, failed for it where ``CI`` is set.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
-from tests.lsp.conftest import LSP_COMMAND
+from tests.lsp.conftest import LSP_COMMAND, precondition
 
 VSCODE = REPO / "editors" / "vscode"
 BUNDLE = VSCODE / "out" / "extension.js"
@@ -47,8 +45,8 @@ def test_package_manifest() -> None:
 
 def test_extension_activates_against_the_server(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
     node = shutil.which("node")
-    if node is None or not BUNDLE.exists():
-        pytest.skip("needs node and the built extension (cd editors/vscode && npm ci && npm run compile)")
+    ok = node is not None and BUNDLE.exists()
+    precondition(ok, "needs node and the built extension (cd editors/vscode && npm ci && npm run compile)")
     source = "def total(items):\n    result = 0\n    for x in items:\n        result = \n    return result\n"
     doc = tmp_path / "ws" / "my total.py"  # sent as my%20total.py, as VS Code escapes it
     doc.parent.mkdir(parents=True)
