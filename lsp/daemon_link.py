@@ -85,6 +85,11 @@ class Progress:
             self._task = asyncio.ensure_future(self._run())
         self._changed.set()
 
+    def restart(self) -> None:
+        """A new attempt: what the last one reported (its failure) is no longer the news."""
+        self.latest = ("", 0.0, "")
+        self._stage = ""
+
     def finish(self, error: str) -> None:
         """The attempt failed: end the progress (the error itself is reported by the caller)."""
         self.latest = ("failed", 0.0, error)
@@ -213,6 +218,7 @@ class DaemonLink:
         if time.monotonic() - self._failed_at < RETRY_SECONDS:
             return None
         self._cancel_retry()
+        self.progress.restart()
         self._connecting = asyncio.ensure_future(self._connect())
         self._set_state(CONNECTING, self.error)
         return self._connecting
