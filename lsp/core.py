@@ -208,9 +208,7 @@ class DiffuLanguageServer(LanguageServer):
     def pause(self, minutes: float | None) -> None:
         """Pause suggestions while typing for ``minutes`` (None: until resumed); explicit requests still
         ask. The status item says so, and says it again when a snooze ends."""
-        if self._resume is not None:
-            self._resume.cancel()
-            self._resume = None
+        self._cancel_resume()
         if minutes is None:
             self._pause = Pause(until=math.inf)
         else:
@@ -220,11 +218,14 @@ class DiffuLanguageServer(LanguageServer):
         self.status_changed()
 
     def resume(self) -> None:
+        self._cancel_resume()
+        self._pause = None
+        self.status_changed()
+
+    def _cancel_resume(self) -> None:
         if self._resume is not None:
             self._resume.cancel()
             self._resume = None
-        self._pause = None
-        self.status_changed()
 
     # -- settings --------------------------------------------------------------------------------------
     def apply_settings(self, data: Any, *, source: str) -> list[str]:
