@@ -470,7 +470,9 @@ def snooze(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
     if minutes is None:
         minutes = ls.settings.snooze_minutes
     if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not 0 < minutes <= 1440:
-        raise JsonRpcInvalidParams(f"{SNOOZE}: expected minutes from 0 to 1440 (or none), got {minutes!r}")
+        raise JsonRpcInvalidParams(
+            f"{SNOOZE}: expected minutes, more than 0 and at most 1440 (or none), got {minutes!r}"
+        )
     ls.pause(float(minutes))
     return ls.status_item()
 
