@@ -78,6 +78,7 @@ class Session:
         self.result: types.InitializeResult | None = None
         self.versions: dict[str, int] = {}
         self.status_items: list[dict[str, Any]] = []  # diffu/status notifications, oldest first
+        self.status_times: list[float] = []  # when each arrived (time.monotonic)
 
     def open(self, name: str, text: str, language: str = "python", *, uri: str | None = None) -> str:
         """Open ``ws/name`` (as ``Path.as_uri`` escapes it), or the document at ``uri`` as given."""
@@ -249,6 +250,7 @@ def _record_editor_requests(session: Session) -> None:
     @client.feature("diffu/status")
     def status_item(params: Any) -> None:
         session.status_items.append(params if isinstance(params, dict) else params._asdict())
+        session.status_times.append(time.monotonic())
 
     @client.feature(types.WORKSPACE_APPLY_EDIT)
     def apply_edit(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
