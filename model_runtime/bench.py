@@ -121,21 +121,30 @@ def forward_latency(rt, batch: int, length: int, repeat: int = 5) -> dict[str, f
 
 
 def generation(
-    rt, prompts: Sequence[Sequence[int]], params: SamplingParams, *, chat: bool = False, repeat: int = 3
+    rt,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    chat: bool = False,
+    repeat: int = 3,
+    stream: bool = False,
 ) -> dict[str, Any]:
-    """Median wall time of whole generations (no streaming), after one warm-up run that compiles."""
+    """Median wall time of whole generations, after one warm-up run that compiles: one program call per
+    generation (a fast decoder's: per block), or with ``stream`` an event per forward, as the daemon runs
+    every job (so a cancelled one stops within two forwards)."""
     t0 = time.perf_counter()
-    warm = list(rt.generate(prompts, params, chat=chat, stream=False))[-1]
+    warm = list(rt.generate(prompts, params, chat=chat, stream=stream))[-1]
     first = time.perf_counter() - t0
     runs = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        done = list(rt.generate(prompts, params, chat=chat, stream=False))[-1]
+        done = list(rt.generate(prompts, params, chat=chat, stream=stream))[-1]
         runs.append(time.perf_counter() - t0)
     median = statistics.median(runs)
     new_tokens = done.stats.new_tokens
     out = {
         "decoder": params.decoder,
+        "stream": stream,
         "batch": len(prompts),
         "max_new_tokens": params.max_new_tokens,
         "steps": params.steps,

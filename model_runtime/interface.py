@@ -101,7 +101,7 @@ class BatchDone:
     ``sequences`` are the full canvases as the reference returns them (left pads, prompt, generated
     region); ``generated`` only the generated region per row; ``texts`` the post-processed strings;
     ``answer_tokens`` how many of each row's generated tokens its answer is (up to its first stop token,
-    or through its first newline for a single-line request; empty: not counted).
+    or through the end of its last line for a request with ``max_lines``; empty: not counted).
     """
 
     texts: list[str]

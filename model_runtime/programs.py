@@ -274,6 +274,8 @@ class ProgramCache:
             attn=self._abstract(shape, jnp.bool_),
             fill=self._abstract(shape, jnp.bool_),
             stops=self._abstract((b, self.cfg.vocab_size), jnp.bool_),
+            newlines=self._abstract((self.cfg.vocab_size,), jnp.int32),
+            max_lines=i32,
             key=self._keys(b),
             temperature=f32,
             top_p=f32,

@@ -346,7 +346,7 @@ class Runtime(CanvasBuilder):
             compile_s=compile_s,
             compiled=compiled,
             hits=hits,
-            single_line=params.single_line,
+            max_lines=params.max_lines,
         )
 
     def _fast_layout(
@@ -390,7 +390,8 @@ class Runtime(CanvasBuilder):
         threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
         keys = row_keys([r.seed_for(params) for r in rows], shape[0])
         starts = list(range(lo, hi, size))
-        stops = [set(np.flatnonzero(t)) for t in self._stop_table(rows, params, len(rows))]
+        stops = [set(np.flatnonzero(t)) for t in self._stop_table(rows, len(rows))]
+        newlines = self._newline_table(params)
         mask_id = self.config.mask_token_id
         bound = hi - lo  # every forward commits at least one position of every row
         forwards = 0
@@ -444,7 +445,14 @@ class Runtime(CanvasBuilder):
                     x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
                     cur = np.array(distributed.host(x))  # one host sync per block: the end-of-text check
                     forwards += int(distributed.host(iters))
-                done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
+                # Every block so far is decoded whole: a row has ended once a stop token or its last line
+                # lies in them.
+                decoded = cur[: len(rows), lo : start + size]
+                ended = [any(t in stop for t in row) for row, stop in zip(decoded, stops, strict=True)]
+                if params.max_lines:
+                    lines = newlines[decoded].sum(axis=1) >= params.max_lines
+                    ended = [e or bool(m) for e, m in zip(ended, lines, strict=True)]
+                done = all(ended)
                 if done and b < len(starts) - 1:
                     # Every row has ended its text: the rest of the canvas would be padding. Fill it, stop.
                     rest = cur[:, start + size : hi]
@@ -462,7 +470,7 @@ class Runtime(CanvasBuilder):
                 compiled=compiled,
                 hits=hits,
                 decoder="fast",
-                single_line=params.single_line,
+                max_lines=params.max_lines,
             )
         finally:
             if pending is not None:
@@ -470,12 +478,19 @@ class Runtime(CanvasBuilder):
                 forwards += int(distributed.host(ran)) > done_before
             self.forwards += forwards
 
-    def _stop_table(self, rows: Sequence[CanvasRow], params: SamplingParams, batch: int) -> np.ndarray:
-        """``[batch, V]``: the tokens that end each row's text (end of text; a newline for one line)."""
+    def _stop_table(self, rows: Sequence[CanvasRow], batch: int) -> np.ndarray:
+        """``[batch, V]``: the tokens that end each row's text."""
         table = np.zeros((batch, self.config.vocab_size), bool)
-        lines = self.tokenizer.newline_ids() if params.single_line else ()
         for j, r in enumerate(rows):
-            table[j, list(self.tokenizer.stop_ids(chat=r.chat)) + list(lines)] = True
+            table[j, list(self.tokenizer.stop_ids(chat=r.chat))] = True
+        return table
+
+    def _newline_table(self, params: SamplingParams) -> np.ndarray:
+        """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros."""
+        table = np.zeros(self.config.vocab_size, np.int32)
+        if params.max_lines:
+            counts = self.tokenizer.newlines()[: self.config.vocab_size]
+            table[: len(counts)] = counts
         return table
 
     def _run_sliding(
@@ -497,7 +512,9 @@ class Runtime(CanvasBuilder):
         inputs = sliding.SlidingInputs(
             attn=jnp.asarray(batch.attn),
             fill=jnp.asarray(fill),
-            stops=jnp.asarray(self._stop_table(rows, params, shape[0])),
+            stops=jnp.asarray(self._stop_table(rows, shape[0])),
+            newlines=jnp.asarray(self._newline_table(params)),
+            max_lines=jnp.int32(params.max_lines or 0),
             key=row_keys([r.seed_for(params) for r in rows], shape[0]),
             temperature=knobs.temperature,
             top_p=knobs.top_p,
@@ -535,7 +552,7 @@ class Runtime(CanvasBuilder):
                     front, cache = nxt
             final = np.array(distributed.host(front.x))
             forwards = int(distributed.host(front.forwards))
-            # A row that stopped early (end of text, end of its line) leaves masks behind: padding.
+            # A row that stopped early (end of text, end of its last line) leaves masks behind: padding.
             final[fill & (final == mask_id)] = pad_id
             yield batch.done_event(
                 final,
@@ -547,7 +564,7 @@ class Runtime(CanvasBuilder):
                 compiled=compiled,
                 hits=hits,
                 decoder="sliding",
-                single_line=params.single_line,
+                max_lines=params.max_lines,
             )
         finally:
             self.forwards += int(distributed.host(latest.forwards))

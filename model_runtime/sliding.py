@@ -17,10 +17,10 @@ positions until the last one is filled. This decoder keeps the cache of DualCach
   and commits by the same rule as every other forward, instead of committing exactly one position.
   With ``refresh_every`` N > 0 every N-th forward is such a full forward again (dKV-Cache-Decode's
   periodic refresh); 0 refreshes only at the start.
-- **Early stop per row** (dInfer): a row is finished once a stop token (end of text; for a single-line
-  request also any token holding a newline) is committed with every position before it committed, or
-  when no mask is left. Its text cannot change after that, so the loop stops when every row is finished;
-  the row's masks left after the stop become padding.
+- **Early stop per row** (dInfer): a row is finished once a stop token (end of text) is committed with
+  every position before it committed, or, for a request with ``max_lines``, once the positions before
+  its first mask hold that many lines; or when no mask is left. Its text cannot change after that, so
+  the loop stops when every row is finished; the row's masks left after the stop become padding.
 - **Commit rules**, branch-free: the threshold rule or the factor rule (``fast.commit_mask``), or
   dInfer's credit rule, which adds ``0.7 * log(1 + credit)`` to the logits, ``credit`` being a decaying
   (0.8 per forward) sum of ``p_top1 ** 0.2`` at each position's proposed token: a proposal that stays
@@ -81,6 +81,8 @@ class SlidingInputs:
     attn: jax.Array  # [B, L] bool: real tokens (False: left padding)
     fill: jax.Array  # [B, L] bool: the positions to decode (the region's masks at the start)
     stops: jax.Array  # [B, V] bool: tokens that end a row's text
+    newlines: jax.Array  # [V] i32: newlines per token (zeros when lines are not counted)
+    max_lines: jax.Array  # i32: a row's text ends with this many lines (0: no limit)
     key: jax.Array  # [B] PRNG key per row; forward i draws from fold_in(key, i)
     temperature: jax.Array  # f32
     top_p: jax.Array  # f32
@@ -111,14 +113,16 @@ class Cache:
     credit: jax.Array  # [B, window, V] f32 under the credit rule, aligned with the window; else [B, 1, 1]
 
 
-def frontier(x: jax.Array, fill: jax.Array, stops: jax.Array, mask_id: int) -> tuple[jax.Array, jax.Array]:
-    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or a stop
-    token at a decoded position with no mask before it."""
+def frontier(x: jax.Array, inputs: SlidingInputs, mask_id: int) -> tuple[jax.Array, jax.Array]:
+    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or the
+    positions before its first mask hold a stop token or ``max_lines`` lines."""
     n = x.shape[1]
     pos = jnp.arange(n, dtype=jnp.int32)
-    first = jnp.min(jnp.where((x == mask_id) & fill, pos, n), axis=-1)  # [B]
-    is_stop = jnp.take_along_axis(stops, x, axis=1)  # [B, L]
-    stopped = jnp.any(is_stop & fill & (pos < first[:, None]), axis=-1)
+    first = jnp.min(jnp.where((x == mask_id) & inputs.fill, pos, n), axis=-1)  # [B]
+    decoded = inputs.fill & (pos < first[:, None])  # [B, L]
+    stopped = jnp.any(jnp.take_along_axis(inputs.stops, x, axis=1) & decoded, axis=-1)
+    lines = jnp.sum(jnp.where(decoded, inputs.newlines[x], 0), axis=-1)
+    stopped |= (inputs.max_lines > 0) & (lines >= inputs.max_lines)
     return first, stopped | (first == n)
 
 
@@ -142,7 +146,7 @@ def _forward(
     x = front.x
     n = x.shape[1]
     w = spec.window
-    first, finished = frontier(x, inputs.fill, inputs.stops, mask_id)
+    first, finished = frontier(x, inputs, mask_id)
     # Just before the first mask (its predictor), and no later than last forward's leftmost commit.
     start = jnp.clip(jnp.minimum(first - 1, front.pending), 0, n - w)  # [B]
     block = read_block(x, start, w)  # [B, W]
@@ -167,7 +171,7 @@ def _forward(
     chosen = commit_mask(conf, inputs.threshold, inputs.factor, spec.rule == "factor") & can
     x = _write(x, jnp.where(chosen, x0, block), start)
     pending = jnp.min(jnp.where(chosen, pos, n), axis=-1)
-    _, finished = frontier(x, inputs.fill, inputs.stops, mask_id)
+    _, finished = frontier(x, inputs, mask_id)
     return Front(x, pending, start, front.forwards + 1, finished), Cache(kv, credit)
 
 

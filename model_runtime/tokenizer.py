@@ -111,7 +111,7 @@ class DreamTokenizer:
         self.im_end_id = tokenizer.token_to_id("<|im_end|>")
         self.dlm_pad_id = tokenizer.token_to_id("<|dlm_pad|>")
         self.mask_token = tokenizer.id_to_token(mask_id) or "<|mask|>"
-        self._newline_ids: tuple[int, ...] | None = None
+        self._newlines: tuple[int, ...] | None = None
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -171,13 +171,14 @@ class DreamTokenizer:
             ids.append(self.im_end_id)
         return tuple(ids)
 
-    def newline_ids(self) -> tuple[int, ...]:
-        """Every token whose text holds a newline (``\n``, ``):\n``, ``\n    ``...): where a line ends."""
-        if self._newline_ids is None:
+    def newlines(self) -> tuple[int, ...]:
+        """How many newlines each token's text holds (``\n``, ``):\n``, ``\n\n``...), by id: where lines
+        end."""
+        if self._newlines is None:
             size = self._tok.get_vocab_size(with_added_tokens=True)
             texts = self._tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
-            self._newline_ids = tuple(i for i, t in enumerate(texts) if "\n" in t)
-        return self._newline_ids
+            self._newlines = tuple(t.count("\n") for t in texts)
+        return self._newlines
 
     def postprocess(self, ids: Sequence[int], *, chat: bool) -> str:
         """Cut a generated region at its first stop token, as the README's post-processing does, and

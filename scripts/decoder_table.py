@@ -90,7 +90,7 @@ def params_for(bench: str, setting: str, chat_defaults: dict[str, Any]) -> Any:
     if bench == "chat":
         knobs = {k: v for k, v in chat_defaults.items() if k != "retry_block"} | chat
         return SamplingParams(**knobs)
-    return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, single_line=True, **infill)
+    return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, max_lines=1, **infill)
 
 
 def run_chunk(

@@ -78,7 +78,7 @@ def test_lower_threshold_means_fewer_forwards(runtime):
     assert loose.stats.steps < strict.stats.steps
 
 
-def test_single_line_stops_once_the_line_is_written_and_keeps_it(runtime, monkeypatch):
+def test_one_line_stops_once_the_line_is_written_and_keeps_it(runtime, monkeypatch):
     """A single-line request ends where the full decode's first line ends, with the same tokens, in
     fewer forwards; the positions left after the line become padding and the text ends at the line."""
     tok = runtime.tokenizer
@@ -87,10 +87,12 @@ def test_single_line_stops_once_the_line_is_written_and_keeps_it(runtime, monkey
     region = full.generated[0]
     # Call a token of the full answer a newline: the first one not seen before position 5.
     j = next(k for k in range(5, len(region)) if region[k] not in region[:k])
-    monkeypatch.setattr(tok, "newline_ids", lambda: (region[j],))
+    newlines = [0] * runtime.config.vocab_size
+    newlines[region[j]] = 1
+    monkeypatch.setattr(tok, "newlines", lambda: tuple(newlines))
     text = lambda ids, **kw: "".join("\n" if t == region[j] else "a" for t in ids)  # noqa: E731
     monkeypatch.setattr(tok, "decode", text)
-    one = last(runtime.run([row], sliding(block_length=8, single_line=True), stream=False))
+    one = last(runtime.run([row], sliding(block_length=8, max_lines=1), stream=False))
     assert one.generated[0][: j + 1] == region[: j + 1]
     # After the line: what the same forwards committed, the rest padding.
     pad = runtime.config.pad_token_id
