@@ -282,6 +282,22 @@ class DreamModel(nnx.Module):
             new_caches.append(kv)
         return self.norm(x), new_caches
 
+    def hidden_at(
+        self, input_ids: jax.Array, attention_mask: jax.Array, rows: jax.Array
+    ) -> tuple[jax.Array, list[KV]]:
+        """The whole canvas's keys/values in every layer, and the final-norm hidden states of positions
+        ``rows`` (``[B, M]``) only: ``[B, M, D]``, equal to those rows of ``hidden``. The last layer's
+        queries and MLP run for those rows alone (a fast decoder's refresh needs a window's outputs)."""
+        attention_mask, positions = _canvas_mask(input_ids, attention_mask, None)
+        mask = attention_mask[:, :, None] & attention_mask[:, None, :]
+        x = self.embed_tokens(input_ids)
+        caches = []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, positions, mask, rows=rows if i == last else None)
+            caches.append(kv)
+        return self.norm(x), caches
+
     def trunk(
         self, input_ids: jax.Array, attention_mask: jax.Array | None = None
     ) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -45,6 +45,23 @@ def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
     )
 
 
+def test_a_refresh_that_asks_for_a_few_rows_gets_those_rows_of_the_full_forward(runtime):
+    """hidden_at runs the last layer's queries for the refresh's window only: same outputs, same cache."""
+    model = nnx.merge(runtime.graphdef, runtime.state)
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40)))
+    attn = np.ones((2, 40), bool)
+    attn[0, :5] = False
+    rows = jnp.asarray([[10, 11, 12], [30, 31, 39]])
+    full, caches = model.hidden(ids, jnp.asarray(attn))
+    part, part_caches = model.hidden_at(ids, jnp.asarray(attn), rows)
+    want = np.take_along_axis(np.asarray(full), np.asarray(rows)[..., None], axis=1)
+    np.testing.assert_allclose(np.asarray(part), want, rtol=1e-5, atol=1e-5)
+    for (k, v), (pk, pv) in zip(caches, part_caches, strict=True):
+        np.testing.assert_allclose(np.asarray(pk), np.asarray(k), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(pv), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
 def fast(max_new_tokens=48, **kw):
     return SamplingParams(max_new_tokens=max_new_tokens, decoder="fast", **kw)
 
