@@ -35,6 +35,7 @@ class SamplingOptions:
     seed: int | None = like(SamplingParams, "seed", default=None)
     decoder: str | None = like(SamplingParams, "decoder", default=None)
     block_length: int | None = like(SamplingParams, "block_length", default=None)
+    window: int | None = like(SamplingParams, "window", default=None)
     threshold: float | None = like(SamplingParams, "threshold", default=None)
     factor: float | None = like(SamplingParams, "factor", default=None)
     commit_rule: str | None = like(SamplingParams, "commit_rule", default=None)

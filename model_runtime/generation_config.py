@@ -35,6 +35,7 @@ CHAT_KEYS = (
     "alg",
     "alg_temp",
     "block_length",
+    "window",
     "threshold",
 )
 RETRY_KEY = "retry_block"

@@ -34,6 +34,8 @@ DEFAULT_TOP_K = 50
 TOP_K_WIDTHS = (64, 128)
 MAX_TOP_K = TOP_K_WIDTHS[-1]
 BLOCK_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The sliding decoder's windows: its first position only predicts the next one, so at least 2.
+WINDOWS = BLOCK_LENGTHS[1:]
 SEED_LIMIT = 2**32  # PRNG seeds are 32-bit
 
 # Compiled programs a runtime keeps at once (programs.py). A daemon uses one per bucket it serves (12 by
@@ -92,8 +94,12 @@ class SamplingParams:
         "at the end of the text",
     )
     # >= 1 before the choices, so 0 reads as out of range rather than as an odd block length.
-    block_length: int = option(
-        32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block; sliding decoder: the window"
+    block_length: int = option(32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block")
+    window: int = option(
+        8,
+        ge=2,
+        choices=WINDOWS,
+        help="sliding decoder: positions a forward asks queries for, from just before the first mask",
     )
     threshold: float = option(0.9, gt=0, le=1, help="fast decoders: commit positions at least this confident")
     factor: float | None = option(

@@ -61,14 +61,13 @@ class SlidingSpec:
 
 
 def spec_of(params: SamplingParams) -> SlidingSpec:
-    """The programs' static switches for a request: the window is ``block_length`` (at least 2: the
-    window's first position only predicts the next one)."""
+    """The programs' static switches for a request."""
     rule = params.commit_rule
     if rule == "threshold" and params.factor is not None:
         rule = "factor"
     return SlidingSpec(
         sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
-        window=max(2, params.block_length),
+        window=params.window,
         rule=rule,
     )
 
@@ -150,15 +149,14 @@ def _forward(
     # Just before the first mask (its predictor), and no later than last forward's leftmost commit.
     start = jnp.clip(jnp.minimum(first - 1, front.pending), 0, n - w)  # [B]
     block = read_block(x, start, w)  # [B, W]
+    pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)  # [B, W]
     if full:
-        hidden, kv = model.hidden(x, inputs.attn)  # [B, L, D]
-        hidden = read_block(hidden, start, w)
+        hidden, kv = model.hidden_at(x, inputs.attn, pos)  # [B, W, D]
     else:
         hidden, kv = model.hidden(block, inputs.attn, caches=cache.kv, start=start)  # [B, W, D]
     logits = no_mask(model.head(hidden), mask_id)
     # Position j of the window is predicted by output j - 1; the window's first position by nothing here.
     logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)  # [B, W, V]
-    pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)  # [B, W]
     can = (block == mask_id) & read_block(inputs.fill, start, w) & (pos > start[:, None])
     can &= ~finished[:, None]
     credit = cache.credit

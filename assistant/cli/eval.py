@@ -345,7 +345,7 @@ def _label(params: Any, model_default: bool) -> str:
     if params.decoder == "sliding":
         extra = "" if params.commit_rule == "threshold" else f", {params.commit_rule}"
         extra += f", refresh every {params.refresh_every}" if params.refresh_every else ""
-        return f"sliding, window {params.block_length}, {rule}{extra}"
+        return f"sliding, window {params.window}, {rule}{extra}"
     return f"fast, block {params.block_length}, {rule}"
 
 

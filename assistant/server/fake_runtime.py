@@ -144,7 +144,7 @@ class FakeRuntime(CanvasBuilder):
         self._check(rows)
         switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
         filters = (params.effective_top_k > 0, bool(params.alg_temp))
-        return (self._bucket(rows), *switches, *filters, params.block_length)
+        return (self._bucket(rows), *switches, *filters, params.block_length, params.window)
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         return self._program(rows, params) in self.programs

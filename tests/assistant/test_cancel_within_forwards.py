@@ -62,7 +62,9 @@ def job(rt: Any, prompt: str, tokens: int, params: SamplingParams, *, stream: bo
 @pytest.mark.parametrize("decoder", ["fast", "sliding"])
 def test_a_superseded_job_that_does_not_stream_stops_within_two_forwards(runtime, decoder):
     # One token per forward (threshold 1), 32 of them in one block: left alone it runs 32 forwards.
-    params = SamplingParams(max_new_tokens=32, steps=32, decoder=decoder, block_length=32, threshold=1.0)
+    params = SamplingParams(
+        max_new_tokens=32, steps=32, decoder=decoder, block_length=32, window=32, threshold=1.0
+    )
     rt = Superseded(runtime)
 
     async def main() -> tuple[JobDone, JobDone, int]:
