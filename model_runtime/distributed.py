@@ -128,6 +128,7 @@ class Leader(CanvasBuilder):
         self.dtype = runtime.dtype
         self.default_decoder = runtime.default_decoder
         self.chat_defaults = runtime.chat_defaults
+        self.one_line_defaults = runtime.one_line_defaults
         self.supports_holes = runtime.supports_holes
 
     @property

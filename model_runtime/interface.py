@@ -203,6 +203,12 @@ class RuntimeProtocol(Protocol):
         ...
 
     @property
+    def one_line_defaults(self) -> dict[str, Any]:
+        """The sampling knobs a request whose answer is one line (``max_lines`` 1) gets when it names no
+        decoder (its generation_config.json's ``diffu_one_line``; {}: the default decoder)."""
+        ...
+
+    @property
     def supports_holes(self) -> bool:
         """Whether ``<|mask|>`` in a raw prompt is the mask token (so its holes can be filled)."""
         ...

@@ -69,6 +69,7 @@ class Runtime(CanvasBuilder):
         default_decoder: str = "reference",
         quantize: quant.QuantSpec | None = None,
         chat_defaults: dict[str, Any] | None = None,
+        one_line_defaults: dict[str, Any] | None = None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         self.config = cfg
@@ -78,6 +79,8 @@ class Runtime(CanvasBuilder):
         self.default_decoder = default_decoder
         # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
         self.chat_defaults = dict(chat_defaults or {})
+        # What a one-line request that names no decoder gets (generation_config.one_line_defaults).
+        self.one_line_defaults = dict(one_line_defaults or {})
         self.mesh = mesh
         self.tokenizer: DreamTokenizer = tokenizer
         self.graphdef = graphdef

@@ -99,6 +99,7 @@ class FakeRuntime(CanvasBuilder):
     supports_holes = False
     default_decoder = "reference"
     chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
+    one_line_defaults: ClassVar[dict[str, Any]] = {}
     quantize_mode = None
     mesh_info = None
     program_cache = None  # it compiles nothing

@@ -279,6 +279,7 @@ class HttpApp:
                 "quantize": rt.quantize_mode if rt else None,
                 "max_context": rt.max_context if rt else None,
                 "default_decoder": rt.default_decoder if rt else None,
+                "one_line_defaults": dict(rt.one_line_defaults) if rt else None,
                 # The model's chat defaults (generation_config.json); diffu chat starts from them. Known
                 # once the weights are loaded, while programs may still compile.
                 "chat_defaults": self._loaded_chat_defaults(),
