@@ -231,31 +231,20 @@ class ProgramCache:
         cfg = self.cfg
         x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
         f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._keys(b)
-        statics = dict(mask_id=cfg.mask_token_id)
-        out: list[Program] = []
-        seconds, compiled, hits = 0.0, 0, 0
-        for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
-            program = self._get(key)
-            if program is not None:
-                out.append(program)
-                continue
+
+        def args(kind: str, built: list[Program]) -> tuple[Any, ...]:
             if kind == "refresh":
-                args: tuple[Any, ...] = (x, attn, i32, rng, f32, f32, i32)
-            else:
-                # The block program takes the caches exactly as the refresh program lays them out.
-                kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
-                layouts: Any = output_shardings(out[0])
-                caches = [
-                    tuple(
-                        jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer
-                    )
-                    for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
-                ]
-                args = (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
-            built = self._compile(key, kind, args, fspec, statics)
-            out.append(built.program)
-            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
-        return out, seconds, compiled, hits
+                return (x, attn, i32, rng, f32, f32, i32)
+            # The block program takes the caches exactly as the refresh program lays them out.
+            kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
+            layouts: Any = output_shardings(built[0])
+            caches = [
+                tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer)
+                for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+            ]
+            return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
+
+        return self._pair(self.fast_keys(shape, fspec), fspec, args)
 
     # -- the sliding decoder ---------------------------------------------------------------------
     @staticmethod
@@ -284,36 +273,49 @@ class ProgramCache:
             factor=f32,
             refresh_every=i32,
         )
-        statics = dict(mask_id=self.cfg.mask_token_id)
+
+        def args(kind: str, built: list[Program]) -> tuple[Any, ...]:
+            if kind == "prefill":
+                return (x, inputs)
+            # The loop takes the state exactly as the prefill program lays it out.
+            front, cache = jax.eval_shape(
+                lambda x, i: sliding.prefill(
+                    self.state, x, i, graphdef=self.graphdef, spec=spec, mask_id=self.cfg.mask_token_id
+                ),
+                x,
+                inputs,
+            )
+            layouts: Any = output_shardings(built[0])
+            if layouts:
+                front, cache = jax.tree.map(
+                    lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
+                    (front, cache),
+                    tuple(layouts),
+                )
+            return (front, cache, inputs, i32, i32)
+
+        return self._pair(self.sliding_keys(shape, spec), spec, args)
+
+    def _pair(
+        self,
+        keys: list[tuple[Any, ...]],
+        spec: object,
+        args: Callable[[str, list[Program]], tuple[Any, ...]],
+    ) -> tuple[list[Program], float, int, int]:
+        """A decoder's programs under ``keys`` (each key starts with its kind), from memory or compiled for
+        the abstract arguments ``args(kind, the programs before it)`` gives (a second program takes what
+        the first lays out); plus the compile seconds, fresh compiles and persistent-cache hits."""
         out: list[Program] = []
         seconds, compiled, hits = 0.0, 0, 0
-        for kind, key in zip(("prefill", "steps"), self.sliding_keys(shape, spec), strict=True):
+        statics = {"mask_id": self.cfg.mask_token_id}
+        for key in keys:
             program = self._get(key)
-            if program is not None:
-                out.append(program)
-                continue
-            if kind == "prefill":
-                args: tuple[Any, ...] = (x, inputs)
-            else:
-                # The loop takes the state exactly as the prefill program lays it out.
-                front, cache = jax.eval_shape(
-                    lambda x, i: sliding.prefill(
-                        self.state, x, i, graphdef=self.graphdef, spec=spec, mask_id=self.cfg.mask_token_id
-                    ),
-                    x,
-                    inputs,
-                )
-                layouts: Any = output_shardings(out[0])
-                if layouts:
-                    front, cache = jax.tree.map(
-                        lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
-                        (front, cache),
-                        tuple(layouts),
-                    )
-                args = (front, cache, inputs, i32, i32)
-            built = self._compile(key, kind, args, spec, statics)
-            out.append(built.program)
-            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
+            if program is None:
+                built = self._compile(key, key[0], args(key[0], out), spec, statics)
+                program = built.program
+                seconds += built.seconds
+                compiled, hits = compiled + built.compiled, hits + built.hits
+            out.append(program)
         return out, seconds, compiled, hits
 
     def _compile(

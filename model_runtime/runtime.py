@@ -24,7 +24,7 @@ from model_runtime import distributed, fast, quant, sharding, sliding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.interface import BatchDone, BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
 from model_runtime.programs import ProgramCache
@@ -340,15 +340,30 @@ class Runtime(CanvasBuilder):
                 self.forwards += 1
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
-        yield batch.done_event(
-            prev,
+        yield self._done(batch, prev, params, params.steps, t_start, (compile_s, compiled, hits))
+
+    def _done(
+        self,
+        batch: PlacedBatch,
+        final: np.ndarray,
+        params: SamplingParams,
+        steps: int,
+        t_start: float,
+        built: tuple[float, int, int],
+    ) -> BatchDone:
+        """The batch's BatchDone: the answers in ``final`` after ``steps`` forwards, timed from
+        ``t_start``; ``built`` is what getting the programs cost (seconds, compiled, cache hits)."""
+        compile_s, compiled, hits = built
+        return batch.done_event(
+            final,
             self.tokenizer,
             pad_id=self.config.pad_token_id,
-            steps=params.steps,
+            steps=steps,
             elapsed=time.perf_counter() - t_start,
             compile_s=compile_s,
             compiled=compiled,
             hits=hits,
+            decoder=params.decoder,
             max_lines=params.max_lines,
         )
 
@@ -463,18 +478,7 @@ class Runtime(CanvasBuilder):
                 prev = cur
                 if done:
                     break
-            yield batch.done_event(
-                prev,
-                self.tokenizer,
-                pad_id=self.config.pad_token_id,
-                steps=forwards,
-                elapsed=time.perf_counter() - t_start,
-                compile_s=compile_s,
-                compiled=compiled,
-                hits=hits,
-                decoder="fast",
-                max_lines=params.max_lines,
-            )
+            yield self._done(batch, prev, params, forwards, t_start, (compile_s, compiled, hits))
         finally:
             if pending is not None:
                 (_, _, ran), done_before = pending
@@ -557,18 +561,7 @@ class Runtime(CanvasBuilder):
             forwards = int(distributed.host(front.forwards))
             # A row that stopped early (end of text, end of its last line) leaves masks behind: padding.
             final[fill & (final == mask_id)] = pad_id
-            yield batch.done_event(
-                final,
-                self.tokenizer,
-                pad_id=pad_id,
-                steps=forwards,
-                elapsed=time.perf_counter() - t_start,
-                compile_s=compile_s,
-                compiled=compiled,
-                hits=hits,
-                decoder="sliding",
-                max_lines=params.max_lines,
-            )
+            yield self._done(batch, final, params, forwards, t_start, (compile_s, compiled, hits))
         finally:
             self.forwards += int(distributed.host(latest.forwards))
 

@@ -26,8 +26,9 @@ positions until the last one is filled. This decoder keeps the cache of DualCach
   (0.8 per forward) sum of ``p_top1 ** 0.2`` at each position's proposed token: a proposal that stays
   the same over forwards passes the threshold sooner.
 
-Everything is one ``lax.while_loop`` (a ``lax.cond`` picks the full or the window forward), so a call
-runs any number of forwards without a host sync; ``limit`` bounds a call and the carry resumes it, which
+After the first forward (its own program, ``prefill``), everything is one ``lax.while_loop`` (``steps``;
+a ``lax.cond`` picks the full or the window forward), so a call runs any number of forwards without a
+host sync; ``limit`` bounds a call and the carry resumes it, which
 is how streaming and cancellation see every forward: forward ``i`` draws from ``fold_in(key, i)``
 whichever call runs it, so one call or one call per forward commit the same tokens.
 """
@@ -46,7 +47,6 @@ from model_runtime.model import KV, DreamModel, read_block
 from model_runtime.params import SamplingParams
 from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
 
-RULES = ("threshold", "factor", "credit")
 # dInfer's CreditThresholdParallelDecoder defaults: credit weight, boost exponent, decay per forward.
 CREDIT_ALPHA, CREDIT_GAMMA, CREDIT_DECAY = 0.7, 0.2, 0.8
 
@@ -56,7 +56,7 @@ class SlidingSpec:
     """Static switches of the sliding decoder's programs."""
 
     sampler: SamplerSpec  # how a proposal and its confidence are drawn (max-probability confidence)
-    window: int = 32  # query positions per forward
+    window: int = 8  # query positions per forward
     rule: str = "threshold"  # threshold, factor or credit
 
 

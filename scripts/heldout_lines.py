@@ -20,9 +20,6 @@ from model_runtime.bundled import bundled_model_dir
 from model_runtime.tokenizer import load_tokenizer
 from model_runtime.train import corpus as corpus_lib
 
-# The pre-training run's filters (scripts/train_bundled.sh), as scripts/sft_data.py applies them.
-EXCLUDES = ("test", "tests", "idle_test", "encodings")
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(
@@ -36,10 +33,9 @@ def main() -> int:
     args = parser.parse_args()
 
     tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
-    files = corpus_lib.find_source_files(args.corpus, excludes=corpus_lib.DEFAULT_EXCLUDES + EXCLUDES)
     held = [
         (path, text)
-        for path, text in corpus_lib.read_sources(args.corpus, files)
+        for path, text in corpus_lib.bundled_sources(args.corpus)
         if corpus_lib.is_heldout(path, args.heldout_permille)
     ]
     tasks = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from assistant.evals import jsonl
+
 PREFIX_CHARS = 1000
 SUFFIX_CHARS = 400
 MAX_LINE_TOKENS = 32  # the editor's canvas for an empty line; a longer line cannot be filled exactly
@@ -123,15 +125,11 @@ def write(tasks: Sequence[LineTask], path: Path) -> None:
 def read(path: Path) -> list[LineTask]:
     """The tasks of a file ``write`` made; ValueError naming the line for anything else."""
     tasks = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                tasks.append(LineTask(row["task_id"], row["prefix"], row["middle"], row["suffix"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{n}: not a line task ({exc})") from None
+    fields = ("task_id", "prefix", "middle", "suffix")
+    for n, row in jsonl.objects(path, ", ".join(fields)):
+        if not all(isinstance(row.get(k), str) for k in fields):
+            raise ValueError(f"{path}:{n}: not a line task (needs the strings {', '.join(fields)})")
+        tasks.append(LineTask(*(row[k] for k in fields)))
     if not tasks:
         raise ValueError(f"{path}: no tasks")
     return tasks

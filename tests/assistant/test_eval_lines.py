@@ -50,7 +50,10 @@ def test_tasks_are_drawn_with_a_fixed_seed_and_cut_from_the_file(tmp_path):
     lines.write(first, out)
     assert lines.read(out) == first
     out.write_text(json.dumps({"task_id": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"tasks.jsonl:1: not a line task"):
+    with pytest.raises(ValueError, match=r"tasks.jsonl:1: not a line task \(needs the strings task_id,"):
+        lines.read(out)
+    out.write_text("[1]\n")
+    with pytest.raises(ValueError, match=r"tasks.jsonl:1: expected a JSON object with task_id, prefix"):
         lines.read(out)
 
 

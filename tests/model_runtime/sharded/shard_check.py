@@ -35,8 +35,10 @@ def main(model_dir: str) -> None:
     prompts = [tok.encode("def f(x):"), tok.encode("import os"), tok.encode("class A:"), tok.encode("x = 1")]
     greedy = SamplingParams(max_new_tokens=16, steps=16)
     fast = SamplingParams(max_new_tokens=16, decoder="fast", block_length=8)
+    sliding = SamplingParams(max_new_tokens=16, decoder="sliding", window=8)
     want = list(base.generate(prompts, greedy, chat=False))[-1].sequences
     want_fast = list(base.generate(prompts, fast, chat=False))[-1].sequences
+    want_sliding = list(base.generate(prompts, sliding, chat=False))[-1].sequences
     out = {"devices": jax.device_count(), "meshes": []}
     for tp, dp in ((4, 1), (8, 1), (4, 2)):
         rt = model_runtime.load(model_dir, tp=tp, dp=dp, **kw)
@@ -58,6 +60,8 @@ def main(model_dir: str) -> None:
                 "fused_equal": list(rt.generate(prompts, greedy, chat=False, stream=False))[-1].sequences
                 == want,
                 "fast_equal": list(rt.generate(prompts, fast, chat=False))[-1].sequences == want_fast,
+                "sliding_equal": list(rt.generate(prompts, sliding, chat=False, stream=False))[-1].sequences
+                == want_sliding,
                 "fractions": fractions,
             }
         )

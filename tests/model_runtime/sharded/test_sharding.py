@@ -36,6 +36,7 @@ def test_meshes_give_single_device_logits_and_generations(report):
         what = f"tp={mesh['tp']} dp={mesh['dp']}"
         assert mesh["max_rel_err"] < 1e-5, what
         assert mesh["greedy_equal"] and mesh["fused_equal"] and mesh["fast_equal"], what
+        assert mesh["sliding_equal"], what
     dp2 = next(m for m in report["meshes"] if m["dp"] == 2)
     assert dp2["device"].endswith("x8") and all(b % 2 == 0 for b in dp2["batch_buckets"])
 
