@@ -107,10 +107,14 @@ class Progress:
             await self._changed.wait()
 
 
+# Getting the daemon ready: its weights load, then it compiles the chat's first programs (the rest of its
+# warm-up, the editor's shapes among it, compiles in the background once it is ready).
+_SHARES = {"loading": (0.0, 80.0), "compiling": (80.0, 100.0)}
+
+
 def _percent(stage: str, fraction: float) -> int:
-    # The daemon serves once its weights are loaded (its programs compile in the background, between
-    # requests): loading is all there is to getting ready.
-    return int(min(max(100.0 * fraction, 0.0), 100.0)) if stage == "loading" else 0
+    low, high = _SHARES.get(stage, (0.0, 0.0))
+    return int(low + (high - low) * min(max(fraction, 0.0), 1.0))
 
 
 class DaemonLink:

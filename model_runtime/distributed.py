@@ -129,6 +129,9 @@ class Leader(CanvasBuilder):
         self.default_decoder = runtime.default_decoder
         self.chat_defaults = runtime.chat_defaults
         self.supports_holes = runtime.supports_holes
+        # The followers take the published calls one at a time, in order: a compile beside a batch would
+        # hold a follower away from the batch's collectives.
+        self.concurrent_compile = False
 
     @property
     def quantize_mode(self) -> str | None:

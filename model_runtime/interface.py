@@ -205,6 +205,12 @@ class RuntimeProtocol(Protocol):
         ...
 
     @property
+    def concurrent_compile(self) -> bool:
+        """Whether ``compile`` may run on another thread while ``run`` runs (the daemon then warms up on
+        a thread of its own, beside the requests)."""
+        ...
+
+    @property
     def tokenizer(self) -> TokenizerProtocol: ...
 
     @property

@@ -34,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from model_runtime import compile_cache, fast
 from model_runtime.config import DreamConfig
+from model_runtime.inflight import InFlight
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.placement import Placed, output_shardings
@@ -85,6 +86,8 @@ class ProgramCache:
         )
         self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
         self._programs: OrderedDict[tuple[Any, ...], Program] = OrderedDict()  # least recently used first
+        # The device thread and the daemon's warm-up thread may ask for the same program at once.
+        self._inflight: InFlight[Built] = InFlight()
         static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
         # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
         rows_out: dict[str, Any] = {} if self._rows is None else {"out_shardings": self._rows}
@@ -179,24 +182,35 @@ class ProgramCache:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries)."""
         key = self.reference_key(kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
-        program = self._get(key)
-        if program is not None:
-            return Built(program, 0.0, 0, 0)
-        # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
-        common: dict[str, Any] = dict(
-            attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
-        )
-        inputs: StepInputs | LoopInputs
-        if kind == "step":
-            f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
-            inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
-        else:
-            ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
-            inputs = LoopInputs(ratios=ratios, steps=i32, **common)
-        statics = dict(
-            mask_id=self.cfg.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook, window=window
-        )
-        return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
+
+        def build() -> Built:
+            # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
+            common: dict[str, Any] = dict(
+                attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
+            )
+            inputs: StepInputs | LoopInputs
+            if kind == "step":
+                f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
+                inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
+            else:
+                ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
+                inputs = LoopInputs(ratios=ratios, steps=i32, **common)
+            hooks = dict(logits_hook=logits_hook, tokens_hook=tokens_hook)
+            statics = dict(mask_id=self.cfg.mask_token_id, window=window, **hooks)
+            return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
+
+        return self._held_or_built(key, build)
+
+    def _held_or_built(self, key: tuple[Any, ...], build: Callable[[], Built]) -> Built:
+        """The program under ``key`` if it is held, else ``build()``'s; when another thread is building
+        it, this one waits and reports the wait as its compile seconds (nothing compiled here)."""
+
+        def held() -> Built | None:
+            program = self._get(key)
+            return None if program is None else Built(program, 0.0, 0, 0)
+
+        built, waited = self._inflight.get(key, held, build)
+        return built if waited is None else built._replace(seconds=built.seconds + waited)
 
     @staticmethod
     def reference_key(
@@ -219,35 +233,35 @@ class ProgramCache:
     # -- the fast decoder ------------------------------------------------------------------------
     def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
         """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
+        statics = dict(mask_id=self.cfg.mask_token_id)
+        out: list[Program] = []
+        seconds, compiled, hits = 0.0, 0, 0
+        for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
+
+            def build(kind: str = kind, key: tuple[Any, ...] = key) -> Built:
+                return self._compile(key, kind, self._fast_args(kind, shape, out), fspec, statics)
+
+            built = self._held_or_built(key, build)
+            out.append(built.program)
+            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
+        return out, seconds, compiled, hits
+
+    def _fast_args(self, kind: str, shape: tuple[int, int], built: list[Program]) -> tuple[Any, ...]:
+        """The fast decoder's abstract arguments for ``kind``; the block program's caches are laid out
+        as the refresh program (``built[0]``) lays them out."""
         b, n = shape
         cfg = self.cfg
         x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
         f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._keys(b)
-        statics = dict(mask_id=cfg.mask_token_id)
-        out: list[Program] = []
-        seconds, compiled, hits = 0.0, 0, 0
-        for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
-            program = self._get(key)
-            if program is not None:
-                out.append(program)
-                continue
-            if kind == "refresh":
-                args: tuple[Any, ...] = (x, attn, i32, rng, f32, f32, i32)
-            else:
-                # The block program takes the caches exactly as the refresh program lays them out.
-                kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
-                layouts: Any = output_shardings(out[0])
-                caches = [
-                    tuple(
-                        jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer
-                    )
-                    for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
-                ]
-                args = (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
-            built = self._compile(key, kind, args, fspec, statics)
-            out.append(built.program)
-            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
-        return out, seconds, compiled, hits
+        if kind == "refresh":
+            return (x, attn, i32, rng, f32, f32, i32)
+        kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
+        layouts: Any = output_shardings(built[0])
+        caches = [
+            tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer)
+            for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+        ]
+        return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
 
     def _compile(
         self, key: tuple[Any, ...], kind: str, args: tuple[Any, ...], spec: object, statics: dict[str, Any]

@@ -50,6 +50,9 @@ class Runtime(CanvasBuilder):
 
     # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
     supports_holes = True
+    # JAX lowers and XLA compiles on any thread, beside a program running on another; the program cache
+    # builds each program once however many threads ask (programs.ProgramCache).
+    concurrent_compile = True
 
     def __init__(
         self,

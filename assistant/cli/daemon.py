@@ -136,6 +136,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         stage, detail = engine.get("stage"), engine.get("detail") or ""
         if stage == "warming":
             state = f"ready to serve{_warming(engine, ', ')}"
+        elif stage == "compiling":  # it takes requests, but a chat's first one would wait for these
+            state = f"serving, {detail}; ready once they are in"
         else:
             state = stage if detail in ("", stage) else f"{stage} ({detail})"
         if engine.get("compiling"):

@@ -83,8 +83,8 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     def report(stage: str, fraction: float, detail: str) -> None:
         if stage == "ok" and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
-        if stage == "ok":  # it serves; its warm-up may go on between requests
-            text = "ready" if detail in ("", "ready") else f"ready to serve ({detail})"
+        if stage == "ok":  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
+            text = "ready"
         else:
             text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():

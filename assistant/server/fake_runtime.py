@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from model_runtime.errors import InputError, ModelError
+from model_runtime.inflight import InFlight
 from model_runtime.interface import (
     BatchDone,
     BatchEvents,
@@ -97,6 +98,7 @@ class FakeRuntime(CanvasBuilder):
 
     # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
     supports_holes = False
+    concurrent_compile = True  # its "compiles" (sleeps) build each program once, as the real ones do
     default_decoder = "reference"
     chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
     quantize_mode = None
@@ -120,6 +122,7 @@ class FakeRuntime(CanvasBuilder):
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
+        self._inflight: InFlight[CompileReport] = InFlight()
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
         self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
 
@@ -150,12 +153,19 @@ class FakeRuntime(CanvasBuilder):
 
     def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
         key = self._program(rows, params)
-        if key in self.programs:
-            return CompileReport()
-        t0 = time.perf_counter()
-        time.sleep(self.warmup_delay)  # stands for compiling one program
-        self.programs.add(key)
-        return CompileReport(time.perf_counter() - t0, compiled=1)
+
+        def build() -> CompileReport:
+            t0 = time.perf_counter()
+            time.sleep(self.warmup_delay)  # stands for compiling one program
+            self.programs.add(key)
+            return CompileReport(time.perf_counter() - t0, compiled=1)
+
+        def held() -> CompileReport | None:
+            return CompileReport() if key in self.programs else None
+
+        report, waited = self._inflight.get(key, held, build)
+        # Waiting for another thread's compile of it costs time but compiles nothing here, as in programs.py.
+        return report if waited is None else CompileReport(waited + report.seconds, report.compiled)
 
     # -- generation ------------------------------------------------------------------------------------
     def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:

@@ -1,8 +1,10 @@
 """What the scheduler reports (its stage, for /health and status) and the errors it refuses a request with.
 
-Stages, in order: ``starting``, ``loading`` (the weights), then serving: ``warming`` while programs of the
-warm-up wait to be compiled, ``ready`` when none does; ``failed`` if the model could not be loaded,
-``stopping`` at the end.
+Stages, in order: ``starting``, ``loading`` (the weights), then serving: ``compiling`` while the chat's
+first programs compile (requests are taken, but /health still answers 503: a prompt sent now would wait
+for a compile), ``warming`` once they are in while the rest of the warm-up compiles in the background,
+``ready`` when nothing is left to compile; ``failed`` if the model could not be loaded, ``stopping`` at
+the end.
 """
 
 from __future__ import annotations
@@ -10,16 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Scheduler stages as /health reports them. From WARMING on, requests are served.
-STARTING, LOADING, WARMING, READY, FAILED, STOPPING = (
+# Scheduler stages as /health reports them. From COMPILING on, requests are served; from WARMING on,
+# /health says ok.
+STARTING, LOADING, COMPILING, WARMING, READY, FAILED, STOPPING = (
     "starting",
     "loading",
+    "compiling",
     "warming",
     "ready",
     "failed",
     "stopping",
 )
-SERVING = (WARMING, READY)
+SERVING = (COMPILING, WARMING, READY)
+HEALTHY = (WARMING, READY)
 
 
 class SchedulerError(Exception):
@@ -47,9 +52,9 @@ class ShuttingDown(SchedulerError):
 
 @dataclass
 class SchedulerStatus:
-    """Where the scheduler is. While warming: ``warmed`` of ``shapes`` done (each the programs of one
-    request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what the device thread
-    compiles right now (None: nothing)."""
+    """Where the scheduler is. While compiling or warming: ``warmed`` of ``shapes`` done (each the
+    programs of one request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what is
+    being compiled right now, the warm-up's and a request's joined by "; " (None: nothing)."""
 
     stage: str = STARTING
     progress: float = 0.0

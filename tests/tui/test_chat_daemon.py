@@ -22,7 +22,14 @@ from textual.widgets import Button
 
 from assistant.client import Client, SamplingOptions
 from assistant.config import Config, load_config
-from tests.assistant.helpers import REPO, DaemonProcess, start_daemon, stop_background_daemons, wait_until
+from tests.assistant.helpers import (
+    REPO,
+    DaemonProcess,
+    isolated_env,
+    start_daemon,
+    stop_background_daemons,
+    wait_until,
+)
 from tests.tui.helpers import answered, ask, screen_text, until
 from tui.app import ChatApp
 from tui.backend import DaemonBackend
@@ -123,7 +130,11 @@ async def test_auto_starts_a_daemon_with_visible_progress(
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
             assert stages[1] == "starting" and "fake:load_delay=3" in shown[1][2]
-            assert "loading" in stages and stages[-1] == "ok"  # served once loaded: no compile waited for
+            # Loaded, then the chat's first program compiled, and only then ready.
+            assert stages.index("loading") < stages.index("compiling") < stages.index("ok") == len(stages) - 1
+            assert (
+                next(d for s, _, d in shown if s == "compiling") == "compiling the chat's programs (0 of 1)"
+            )
             await answered(pilot, PROMPT)
     finally:
         stop_background_daemons(diffu_home)
@@ -206,6 +217,29 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
     assert "Traceback" not in gone.stderr
     no_tty = chat()
     assert no_tty.returncode == 2 and "diffu chat needs a terminal; use --once" in no_tty.stderr
+
+
+def test_once_on_a_daemon_it_starts_says_each_stage_on_one_line_each(diffu_home: Path) -> None:
+    env = isolated_env(
+        diffu_home,
+        DIFFU_MODEL="fake:load_delay=0.5,warmup_delay=0.3",
+        DIFFU_PORT="0",
+        DIFFU_DATA_DIR=str(diffu_home / "data"),
+    )
+    try:
+        once = subprocess.run(
+            [sys.executable, "-m", "assistant.cli", "chat", "--once", PROMPT],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        stop_background_daemons(diffu_home)
+    assert once.returncode == 0 and once.stdout.strip(), once.stderr
+    lines = once.stderr.splitlines()
+    # Not a terminal: one line per stage, and "ready" said plainly once the chat's program is in (the
+    # rest of the warm-up is the daemon's business, not a half-ready state).
+    assert lines[-1] == "diffu: ready" and "diffu: compiling the chat's programs (0 of 1)" in lines
+    assert any(line.startswith("diffu: loading") for line in lines)
+    assert not [line for line in lines if "warming" in line or "ready to serve" in line]
 
 
 def test_diffu_chat_answers_in_a_real_terminal(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -36,7 +37,7 @@ from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError, error_body
 from assistant.server.scheduler import Loader, Scheduler
 from assistant.server.security import GuardMiddleware, is_loopback
-from assistant.server.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
+from assistant.server.status import HEALTHY, SERVING, NotReady, SchedulerError, SchedulerStatus
 from assistant.server.warmup import Shape, WarmTask
 from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.interface import RuntimeProtocol
@@ -85,15 +86,20 @@ class HttpApp:
             await run_in_threadpool(self.scheduler.stop, self.config.shutdown_grace + 5)
 
     def _plan(self, rt: RuntimeProtocol) -> list[WarmTask]:  # scheduler thread, once loaded
-        """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks; shapes that do not fit
-        this model (a context shorter than the chat's canvas) are left out."""
+        """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks, the chat's first
+        programs marked ``ready``; shapes that do not fit this model (a context shorter than the chat's
+        canvas) are left out."""
         accelerator = not rt.device.startswith("cpu")
+        first, rest = warmup.default_plan(rt, self.config, accelerator=accelerator)
         tasks = []
-        for shape in warmup.default_plan(rt, self.config, accelerator=accelerator):
-            try:
-                tasks.append(warm_task(rt, shape, self.config))
-            except RequestError as exc:
-                log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+        for ready, shapes in ((True, first), (False, rest)):
+            for shape in shapes:
+                try:
+                    task = warm_task(rt, shape, self.config)
+                except RequestError as exc:
+                    log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+                    continue
+                tasks.append(dataclasses.replace(task, ready=ready))
         return tasks
 
     def warm(self, shapes: list[Shape]) -> dict[str, Any]:
@@ -121,8 +127,8 @@ class HttpApp:
             log.error("cannot serve: %s", status.error)
             if self.on_fatal:
                 self.on_fatal(status.error or "model load failed")
-        elif status.stage == WARMING and self._stage != WARMING:
-            log.info("serving (the warm-up goes on between requests)")
+        elif status.stage in SERVING and self._stage not in SERVING:
+            log.info("serving (the warm-up compiles beside the requests)")
         self._stage = status.stage
 
     @property
@@ -231,11 +237,17 @@ class HttpApp:
     # -- the daemon's routes: health, status, cancel ---------------------------------------------------
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         st = self.sched.status
-        if st.stage in SERVING:
-            # Requests are answered from here on: "warming" only says programs are still compiling between
-            # them ("warmed" of "programs", "eta_seconds" once one compile was timed).
+        if st.stage in HEALTHY:
+            # A chat's first prompt is answered without a compile from here on: "warming" only says other
+            # programs still compile in the background ("warmed" of "shapes", "eta_seconds" once one
+            # compile was timed).
             return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
-        message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
+        if st.stage == "failed":
+            message = st.error or "model load failed"
+        elif st.stage in SERVING:  # requests are taken, but a chat's first one would wait for a compile
+            message = f"Compiling ({st.detail}); requests are taken meanwhile"
+        else:
+            message = f"Loading model ({st.stage}: {st.detail})"
         return 503, {
             "status": st.stage,
             **st.to_dict(),
@@ -244,8 +256,10 @@ class HttpApp:
         }
 
     async def health(self, request: Request) -> Response:
-        """503 with stage and progress while loading, 200 once serving (stage "warming" while the warm-up
-        still compiles, then "ready"). No token needed."""
+        """503 with stage and progress while loading and while the chat's first programs compile (stage
+        "compiling": requests are taken meanwhile), 200 once a chat's first prompt is answered without a
+        compile (stage "warming" while the rest of the warm-up compiles in the background, then
+        "ready"). No token needed."""
         if request.query_params.get("stream") in ("1", "true"):
             return EventStream(self._health_events())
         status, body = self._health_body()
