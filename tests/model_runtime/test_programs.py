@@ -4,6 +4,7 @@ depend on its seed alone, not on what it is batched with."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import jax.numpy as jnp
 import numpy as np
@@ -69,3 +70,27 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
     assert batched[1] == alone[0]
     assert batched[0] != batched[2]  # other seeds, other prompts: other samples
     assert texts([dataclasses.replace(mine, seed=8)]) != alone  # another seed, another sample
+
+
+def test_two_threads_asking_for_one_program_compile_it_once_and_one_runs_meanwhile(runtime) -> None:
+    """The daemon's warm-up thread and its device thread may want the same program at once: one compiles
+    it, the other waits and takes it. A program of another shape runs while a compile is under way."""
+    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None)
+    spec = SamplerSpec(alg="entropy")
+    held = cache.reference("step", (1, 32), spec).program
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: cache.reference("step", (2, 64), spec), range(2)))
+        # Meanwhile (or after, on a quick machine) the held program runs on this thread.
+        x = jnp.full((1, 32), runtime.config.mask_token_id, jnp.int32)
+        inputs = StepInputs(
+            attn=jnp.ones((1, 32), bool),
+            ratio=jnp.float32(0.5),
+            is_last=jnp.bool_(False),
+            key=step_keys(row_keys([0], 1), 0),
+            index=jnp.int32(0),
+            knobs=Knobs.of(SamplingParams(steps=4)),
+        )
+        assert np.asarray(held(runtime.state, x, inputs)).shape == (1, 32)
+    assert both[0].program is both[1].program
+    assert sorted(b.compiled + b.hits for b in both) == [0, 1]  # built once; the other waited for it
+    assert cache.info()["compiled"] == 2
