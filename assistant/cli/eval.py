@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS = ("humaneval", "humaneval-infill", "tasks")
+STYLES = ("base", "instruct")
+VARIANTS = ("single-line", "multi-line")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
@@ -120,14 +122,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> list[int]:
+    from assistant.cli.parser import did_you_mean
     from assistant.errors import UsageError
 
     if args.benchmark not in BENCHMARKS:
-        raise UsageError(f"unknown benchmark {args.benchmark!r}; choose one of: {', '.join(BENCHMARKS)}")
-    if args.style not in ("base", "instruct"):
-        raise UsageError(f"--style: expected base or instruct, got {args.style!r}")
-    if args.variant not in ("single-line", "multi-line"):
-        raise UsageError(f"--variant: expected single-line or multi-line, got {args.variant!r}")
+        raise UsageError(
+            f"unknown benchmark {args.benchmark!r} (one of {', '.join(BENCHMARKS)})"
+            f"{did_you_mean(args.benchmark, BENCHMARKS)}"
+        )
+    for flag, value, allowed in (
+        ("--style", args.style, STYLES),
+        ("--variant", args.variant, VARIANTS),
+    ):
+        if value not in allowed:
+            raise UsageError(
+                f"{flag}: expected {' or '.join(allowed)}, got {value!r}{did_you_mean(value, allowed)}"
+            )
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit: expected a positive number of tasks, got {args.limit}")
     for name in ("n", "batch"):

@@ -14,7 +14,9 @@ import sys
 from assistant.client import discovery
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
+from assistant.server.fake_runtime import is_fake_spec
 from assistant.server.security import read_token
+from model_runtime.model_ref import local_problem
 
 __all__ = ["client_api_key", "resolve_endpoint", "start_daemon", "stderr_progress"]
 
@@ -58,6 +60,9 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
             "no diffu daemon is running and no model is configured: pass --model, set "
             'DIFFU_MODEL, or put model = "..." in config.toml'
         )
+    problem = "" if is_fake_spec(config.model) else local_problem(config.model)
+    if problem:  # said now, rather than by a daemon started only to fail its load
+        raise DaemonUnavailable(problem)
     port = config.port if exact_port or (config.port and _port_free(config.host, config.port)) else 0
     args: list[str] = []
     if not config.auth:
@@ -83,6 +88,11 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     def report(stage: str, fraction: float, detail: str) -> None:
         if stage == "ok" and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
+        if stage in ("failed", "stopping"):  # the caller's error line says why, once
+            if sys.stderr.isatty() and last["stage"]:
+                sys.stderr.write("\r\033[K")  # the progress line gives way to it
+                sys.stderr.flush()
+            return
         if stage == "ok":  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
             text = "ready"
         else:
