@@ -196,11 +196,11 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat: must be >= 1")
     check_prompt_args(args)
-    params = sampling_params(args)
     _fresh_cache(args)
     try:
         rt, load_seconds = _load(args)
-        params = model_decoder(args, params, rt)
+        # The model's own settings where no flag is given, as diffu generate runs it.
+        params = model_decoder(args, sampling_params(args, model=rt.chat_defaults), rt)
         rows = build_rows(rt, args, params)
         prompts = [list(r.ids[: r.region[0]]) for r in rows]
         if args.suffix is not None:

@@ -133,3 +133,27 @@ def test_a_hub_error_spanning_lines_becomes_one(monkeypatch: pytest.MonkeyPatch)
         resolve_model_dir("nobody/no-such-model")
     message = str(error.value)
     assert "\n" not in message and "(OSError: Got: ConnectError An error happened" in message
+
+
+def test_sampler_flags_go_over_the_models_settings_over_the_built_in_ones() -> None:
+    from assistant.cli.main import build_parser
+    from assistant.cli.model_options import sampling_params
+    from model_runtime.bundled import bundled_model_dir
+    from model_runtime.generation_config import chat_defaults
+
+    parser, _ = build_parser()
+
+    def params(*flags: str, model: dict | None = None):  # type: ignore[no-untyped-def]
+        return sampling_params(parser.parse_args(["generate", "--prompt", "x", *flags]), model=model)
+
+    bundled = chat_defaults(bundled_model_dir())  # what the chat starts from too
+    p = params(model=bundled)
+    assert (p.max_new_tokens, p.steps, p.block_length, p.threshold, p.temperature, p.top_p) == (
+        192, 192, 64, 0.9, 0.0, 0.95,
+    )  # fmt: skip
+    # A flag wins; a canvas given without steps takes one step a token, not the model's 192.
+    p = params("--max-new-tokens", "64", "--block-length", "32", model=bundled)
+    assert (p.max_new_tokens, p.steps, p.block_length, p.top_p) == (64, 64, 32, 0.95)
+    # A model that sets nothing: the built-in settings.
+    p = params(model={})
+    assert (p.max_new_tokens, p.steps, p.block_length, p.top_p, p.alg) == (128, 128, 32, None, "entropy")

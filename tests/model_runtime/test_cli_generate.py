@@ -324,6 +324,15 @@ def test_a_model_that_recommends_the_fast_decoder_gets_it_unless_one_is_named(ti
     assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "reference"
 
 
+def test_without_flags_generate_takes_the_models_own_settings(tiny_dir, tmp_path, capsys):
+    # As the bundled model's generation_config.json sets the chat's: canvas, steps, decoder and blocks.
+    keys = {"max_new_tokens": 12, "steps": 12, "diffu_decoder": "fast", "block_length": 4}
+    model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, **keys)
+    assert main(["generate", "--local", "--model", str(model), "--raw", "--prompt", "x", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert (stats["new_tokens"], stats["decoder"]) == (12, "fast")  # not the built-in 128, reference
+
+
 def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
     model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_decoder="turbo")
     assert main(["generate", "--model", str(model), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
