@@ -58,6 +58,9 @@ class Config:
     """Clients only: talk to this daemon instead of looking for one (``DIFFU_URL``)."""
     autostart: bool = True
     """Clients only: start a background daemon when none is running."""
+    stop_daemon_with_chat: bool = False
+    """``diffu chat`` stops the daemon it started when it quits; by default the daemon stays, keeping the
+    model loaded and its programs compiled for the next chat, ``diffu generate``, ``eval`` and editors."""
     allowed_hosts: tuple[str, ...] = ()
     """Extra Host-header names accepted on a loopback bind (the DNS-rebinding allowlist)."""
     cors_origins: tuple[str, ...] = ()

@@ -20,7 +20,6 @@ cost for every free place: an upper bound, as the growth includes the compiler's
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from model_runtime import compile_cache, fast
 from model_runtime.config import DreamConfig
 from model_runtime.inflight import InFlight
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
+from model_runtime.memory import resident_bytes
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.placement import Placed, output_shardings
 from model_runtime.sampling import SamplerSpec
@@ -295,12 +295,3 @@ class ProgramCache:
             jax.clear_caches()
         hits = hits1 - hits0
         return Built(program, seconds, (requests1 - requests0) - hits, hits)
-
-
-def resident_bytes() -> int | None:
-    """The process's resident memory (Linux ``/proc/self/statm``; None elsewhere)."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from assistant.client import AsyncClient, Done, Step, Waiting, resolve_endpoint
+from assistant.client import AsyncClient, Done, Endpoint, Step, Waiting, resolve_endpoint
 from assistant.config import Config
 from tui.settings import ChatSettings
 
@@ -89,3 +89,8 @@ class DaemonBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    @property
+    def started_daemon(self) -> Endpoint | None:
+        """The daemon this chat started itself (None: it found one running, or reached DIFFU_URL)."""
+        return self._client.started_daemon

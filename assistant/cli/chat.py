@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assistant.errors import UsageError
+
+if TYPE_CHECKING:
+    from assistant.client import Endpoint
+    from assistant.config import Config
 
 
 def register(subparsers: Any) -> None:
@@ -83,11 +87,12 @@ def run(args: argparse.Namespace) -> int:
     from tui.store import ChatStore
 
     store = ChatStore()
+    backend = DaemonBackend(config)
     try:
         if args.conversation and store.conversation(args.conversation) is None:
             raise UsageError(f"--conversation: no saved conversation {args.conversation!r}")
         app = ChatApp(
-            DaemonBackend(config),
+            backend,
             store,
             baseline=chat_config.settings,
             for_model=chat_config.for_model,
@@ -98,4 +103,30 @@ def run(args: argparse.Namespace) -> int:
         app.run()
     finally:
         store.close()
+    if backend.started_daemon is not None:
+        after_chat(config, backend.started_daemon)
     return app.return_code or 0
+
+
+def after_chat(config: Config, started: Endpoint) -> None:
+    """What becomes of the daemon this chat started, said on stderr: stopped with the chat
+    (``stop_daemon_with_chat``), or left running with the model warm, and how to stop it."""
+    from assistant.client import discovery
+    from model_runtime.memory import resident_bytes
+
+    info = started.info
+    if info is None:
+        return
+    if config.stop_daemon_with_chat:
+        stopped = discovery.stop_daemon(info, timeout=config.shutdown_grace + 5)
+        state = "stopped" if stopped else "could not stop (see 'diffu daemon logs')"
+        print(f"diffu: {state} the daemon this chat started (pid {info.pid})", file=sys.stderr)
+        return
+    resident = resident_bytes(info.pid)
+    memory = f", {resident / 2**20:.0f} MB" if resident else ""
+    print(
+        f"diffu: the daemon this chat started (pid {info.pid}, {started.url}{memory}) keeps the model "
+        "loaded and compiled for the next chat, diffu generate and your editor; 'diffu daemon stop' "
+        "stops it (stop_daemon_with_chat = true in config.toml: with the chat)",
+        file=sys.stderr,
+    )

@@ -60,6 +60,7 @@ class AsyncClient:
         self.progress = progress
         self._http = httpx.AsyncClient(timeout=limits)
         self._endpoint: Endpoint | None = None
+        self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -81,7 +82,7 @@ class AsyncClient:
         if endpoint is None:
             if not self.autostart:
                 raise no_daemon()
-            endpoint = await asyncio.to_thread(start_daemon, self.config)
+            endpoint = self.started_daemon = await asyncio.to_thread(start_daemon, self.config)
         await self.wait_ready(endpoint)
         self._endpoint = endpoint
         return endpoint

@@ -59,6 +59,7 @@ class Client:
         self.progress = progress
         self._http = httpx.Client(timeout=limits)
         self._endpoint: Endpoint | None = None
+        self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
 
     def __enter__(self) -> Client:
         return self
@@ -82,7 +83,7 @@ class Client:
         if endpoint is None:
             if not self.autostart:
                 raise no_daemon()
-            endpoint = start_daemon(self.config)
+            endpoint = self.started_daemon = start_daemon(self.config)
         self.wait_ready(endpoint)
         self._endpoint = endpoint
         return endpoint

@@ -20,7 +20,9 @@ import pytest
 from rich.console import Console
 from textual.widgets import Button
 
+from assistant.cli.chat import after_chat
 from assistant.client import Client, SamplingOptions
+from assistant.client import start_daemon as start_background
 from assistant.config import Config, load_config
 from tests.assistant.helpers import (
     REPO,
@@ -217,6 +219,27 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
     assert "Traceback" not in gone.stderr
     no_tty = chat()
     assert no_tty.returncode == 2 and "diffu chat needs a terminal; use --once" in no_tty.stderr
+
+
+def test_quitting_says_the_daemon_keeps_the_model_warm_or_stops_it_when_set(
+    diffu_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = load_config({"model": "fake:warmup_delay=0.1", "port": 0})[0]
+    started = start_background(config)
+    assert started.info is not None
+    try:
+        after_chat(config, started)
+        said = capsys.readouterr().err
+        pid = started.info.pid
+        assert said.startswith(f"diffu: the daemon this chat started (pid {pid}, {started.url}, ")
+        assert "'diffu daemon stop' stops it (stop_daemon_with_chat = true in config.toml" in said
+        assert " MB) keeps the model loaded" in said and said.count("\n") == 1
+        assert httpx.get(started.url + "/health").status_code == 200  # still there, warm
+        after_chat(config.replace(stop_daemon_with_chat=True), started)
+        assert capsys.readouterr().err == f"diffu: stopped the daemon this chat started (pid {pid})\n"
+        assert not list((diffu_home / "run").glob("*.json"))  # gone: lock and discovery file removed
+    finally:
+        stop_background_daemons(diffu_home)
 
 
 def test_once_on_a_daemon_it_starts_says_each_stage_on_one_line_each(diffu_home: Path) -> None:
