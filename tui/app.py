@@ -25,7 +25,7 @@ from assistant.client import DaemonUnavailable, Done, Step, Waiting
 from tui import keys
 from tui.backend import Backend
 from tui.errors import describe_error, is_settings_error
-from tui.render import Trace, retried_stats, retry_label
+from tui.render import MASK_GLYPH, SPECIAL_GLYPH, Trace, retried_stats, retry_label
 from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
 from tui.settings import ChatSettings, apply_saved
 from tui.store import ChatStore
@@ -34,9 +34,10 @@ from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, User
 log = logging.getLogger("diffu.chat")
 
 WELCOME = (
-    "Type a prompt and press Enter. The answer is denoised live: [dim]░[/] still masked, "
-    "[$background on $success] highlighted [/] unmasked in this step. Escape cancels; ctrl+r replays; "
-    "f2 settings; f1 help."
+    f"Type a prompt and press Enter. The answer is denoised live: [dim]{MASK_GLYPH}[/] still masked, "
+    f"[$background on $success] highlighted [/] unmasked in this step, [dim]{SPECIAL_GLYPH}[/] the end of "
+    "the answer (stop and padding tokens). The model sees the whole conversation: ctrl+n starts a new one "
+    "for a new topic. Escape cancels; ctrl+r replays; f2 settings; f1 help."
 )
 CANCEL_WAIT = 3.0  # seconds to wait for the daemon to confirm a cancel before dropping the stream
 
@@ -377,6 +378,7 @@ class ChatApp(App[None]):
                         finish_reason=message.finish_reason,
                         stats=message.stats,
                         message_id=message.id,
+                        has_trace=message.has_trace,
                         trace=self.store.trace(message.id) if cancelled else None,
                         id=f"answer-{self._answers}",
                     )
@@ -387,7 +389,7 @@ class ChatApp(App[None]):
 
     # -- replay ----------------------------------------------------------------------------------------
     def _replayable(self) -> list[AnswerView]:
-        return [a for a in self.query(AnswerView) if a.trace.frames or a.message_id is not None]
+        return [a for a in self.query(AnswerView) if a.replayable]
 
     def action_replay(self) -> None:
         answers = self._replayable()

@@ -284,6 +284,7 @@ class AnswerView(Vertical):
         stats: dict[str, Any] | None = None,
         trace: Trace | None = None,
         message_id: int | None = None,
+        has_trace: bool = False,
         live: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -293,6 +294,7 @@ class AnswerView(Vertical):
         self.finish_reason = finish_reason
         self.stats = stats or {}
         self.message_id = message_id
+        self.has_trace = has_trace  # a reopened answer whose history is in the database, loaded on replay
         self.live = live
         self.request_id = ""
         if live:
@@ -307,6 +309,12 @@ class AnswerView(Vertical):
     @property
     def denoise(self) -> DenoiseView:
         return self.query_one(DenoiseView)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether there is a denoising history to replay (none for an answer cancelled before its first
+        step)."""
+        return bool(self.trace.frames) or self.has_trace
 
     @property
     def answered(self) -> bool:
@@ -385,7 +393,7 @@ class AnswerView(Vertical):
             note = _FINISH_NOTES.get(self.finish_reason or "")
             if note:
                 markup += f" · [i]{note}[/i]"
-        if self.trace.frames or self.message_id is not None:
+        if self.replayable:
             # A link: clicking it opens this answer's denoising history.
             markup += f"  [@click=app.replay_answer('{self.id}')]⟲ replay[/]"
         return Content.from_markup(markup)
