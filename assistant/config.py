@@ -98,7 +98,8 @@ class Config:
     read_timeout: float = 15.0
     """Seconds a client has to send a whole request (head and body); a half-sent one is closed after it."""
     max_connections: int = 256
-    """Open connections at most; past it new ones get 503, so idle sockets cannot lock clients out."""
+    """Open connections at most; past it a new one closes the longest idle or unauthenticated one, so
+    idle sockets cannot lock clients with the token out (503 only when all serve such clients)."""
     """Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled."""
     log_level: str = "info"
 
