@@ -203,6 +203,18 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path.name}: cannot read it as JSON ({exc})") from None
+    except RecursionError:
+        raise ModelError(f"{path.name}: nested too deep to be a tokenizer file") from None
+
+
+# Token ids are unsigned 32-bit in the tokenizers library, and no vocabulary comes near that.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def _token_id(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_ID:
+        raise ModelError(f"{where}: a token id must be an integer in 0..{MAX_TOKEN_ID}, got {value!r}")
+    return value
 
 
 def _added_tokens(model_dir: Path) -> dict[str, tuple[int, bool]]:
@@ -213,19 +225,20 @@ def _added_tokens(model_dir: Path) -> dict[str, tuple[int, bool]]:
         decoder = _read_json(cfg_path).get("added_tokens_decoder") or {}
         for key, entry in decoder.items():
             try:
-                added[str(entry["content"])] = (int(key), bool(entry.get("special", True)))
+                token_id = int(key)
+                added[str(entry["content"])] = (token_id, bool(entry.get("special", True)))
             except (KeyError, TypeError, ValueError):
                 raise ModelError(
                     f"tokenizer_config.json: added_tokens_decoder[{key!r}] is malformed"
                 ) from None
+            _token_id(token_id, f"tokenizer_config.json: added_tokens_decoder[{key!r}]")
     path = model_dir / "added_tokens.json"
     if path.is_file():
         data = _read_json(path)
         if not isinstance(data, dict):
             raise ModelError("added_tokens.json: expected an object mapping tokens to ids")
         for content, token_id in data.items():
-            if not isinstance(token_id, int):
-                raise ModelError(f"added_tokens.json: id of {content!r} must be an integer, got {token_id!r}")
+            _token_id(token_id, f"added_tokens.json: {content!r}")
             special = added.get(content, (token_id, content not in _NON_SPECIAL))[1]
             added[content] = (token_id, special)
     return added
@@ -251,6 +264,8 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
         vocab = _read_json(vocab_path)
         if not isinstance(vocab, dict):
             raise ModelError("vocab.json: expected an object mapping tokens to ids")
+        for content, token_id in vocab.items():
+            _token_id(token_id, f"vocab.json: {content!r}")
         merges = []
         for lineno, line in enumerate(merges_path.read_text(encoding="utf-8").splitlines(), 1):
             if not line or line.startswith("#version"):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant import paths
+from assistant.errors import UsageError
 
 log = logging.getLogger("diffu.security")
 
@@ -71,6 +72,12 @@ def read_token(path: Path | None = None) -> str | None:
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory there, a file we may not read, binary junk
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(
+            f"cannot read the API token {path} ({reason}); remove it to have a new one made, or set "
+            "--api-key / DIFFU_API_KEY"
+        ) from None
     if mode & 0o077:
         log.warning("token file %s was readable by others; setting its mode to 0600", path)
         os.chmod(path, 0o600)

@@ -99,6 +99,27 @@ def test_a_log_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_a_token_path_that_is_a_directory_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.assistant.helpers import isolated_env
+
+    env = isolated_env(tmp_path)
+    token = tmp_path / "config" / "token"
+    token.mkdir(parents=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant", "serve", "--model", "fake", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"diffu: error: cannot read the API token {token} (Is a directory)")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_are_not(tmp_path):
     import time
 
