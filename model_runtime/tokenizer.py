@@ -127,8 +127,8 @@ class DreamTokenizer:
         """The chat prompt's ids. What people wrote never becomes a control token: a message holding
         ``<|im_start|>`` or ``<|im_end|>`` is encoded as that text, so it cannot forge a turn."""
         parts = chat_parts(messages)
-        specials = self._special_strings()
-        if not any(content and any(sp in text for sp in specials) for text, content in parts):
+        controls = self._control_strings()
+        if not any(content and any(sp in text for sp in controls) for text, content in parts):
             return self.encode("".join(text for text, _ in parts))  # byte-exact with the reference
         ids: list[int] = []
         for text, content in parts:
@@ -136,16 +136,23 @@ class DreamTokenizer:
         return ids
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids of ``text`` with special-token strings in it encoded as plain text."""
+        """Ids of ``text`` as text: the string of any added token in it (``<|endoftext|>``, ``<|mask|>``,
+        ``<|im_end|>``, ``<|file_sep|>``, ...) is encoded as its characters, never as that token. Text
+        without such strings gets the same ids as ``encode``."""
         if self._text_tok is None:
-            # A copy that reads special-token strings as text (a flag on the shared tokenizer would
-            # race with other threads encoding prompts at the same time).
-            self._text_tok = Tokenizer.from_str(self._tok.to_str())
-            self._text_tok.encode_special_tokens = True
+            # A copy that reads every added token's string as text (a flag on the shared tokenizer would
+            # race with other threads encoding prompts at the same time). Qwen2 leaves the FIM and
+            # repository markers plain added tokens, which that flag does not split: mark them special.
+            text_tok = Tokenizer.from_str(self._tok.to_str())
+            text_tok.add_special_tokens(
+                [AddedToken(c, special=True, normalized=False) for c in self._control_strings()]
+            )
+            text_tok.encode_special_tokens = True
+            self._text_tok = text_tok
         return self._text_tok.encode(text, add_special_tokens=False).ids
 
-    def _special_strings(self) -> list[str]:
-        return [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+    def _control_strings(self) -> list[str]:
+        return [t.content for t in self._tok.get_added_tokens_decoder().values()]
 
     # -- decoding -------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
