@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_task_options(p: argparse.ArgumentParser) -> None:
     """Which benchmark, which of its tasks, and the answers' canvas."""
+    from assistant.cli.model_options import add_max_new_tokens
+
     p.add_argument(
         "benchmark",
         metavar="BENCHMARK",
@@ -89,11 +91,8 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--n", type=int, default=1, help="samples per task (pass@k needs n >= k; default 1)")
     p.add_argument("--k", default="1,10,100", help="pass@k values to report, where k <= n (default 1,10,100)")
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="canvas per answer (default: 256 for humaneval, 32 single-line, 128 multi-line infill)",
+    add_max_new_tokens(
+        p, default=None, default_text="256 for humaneval, 32 single-line, 128 multi-line infill"
     )
 
 
@@ -456,10 +455,13 @@ def _print_table(name: str, reports: list, labels: list[str], *, json_out: bool)
         console.print(line, highlight=False)
     iso = first.get("isolation") or {}
     if iso:
-        granted = [k for k in ("user_ns", "net_ns", "pid_ns") if iso.get(k)]
+        granted = [k for k in ("user_ns", "net_ns", "pid_ns", "mount_ns") if iso.get(k)]
+        budgets = [k[len("cgroup_") :] for k in ("cgroup_memory", "cgroup_pids", "cgroup_kill") if iso.get(k)]
         console.print(
-            f"sandbox: namespaces {', '.join(granted) or 'none'}; "
-            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}"
+            f"sandbox: uid {iso.get('uid', '?')}; namespaces {', '.join(granted) or 'none'}; "
+            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}; "
+            f"work dir {iso.get('work_dir', '?')}; "
+            f"cgroup {', '.join(budgets) or 'none (per-process limits only)'}"
         )
     print(file=sys.stderr, end="")
 

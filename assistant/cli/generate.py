@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from assistant.cli.model_options import (
+    SAMPLING,
+    add_max_new_tokens,
     add_multihost_options,
     add_sampling_options,
     add_where_options,
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 
     from assistant.client import Client, Done, Step, Waiting
     from assistant.config import Config
+
+
+MAX_NEW = SAMPLING["max_new_tokens"].default  # the canvas when neither a flag nor the model says
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,12 +79,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="size of the hole with --suffix (default: --max-new-tokens)",
     )
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="canvas length to generate (default: the model's generation_config.json, else 128)",
-    )
+    add_max_new_tokens(p, default=None, default_text=f"the model's generation_config.json, else {MAX_NEW}")
     add_sampling_options(p)
     add_multihost_options(p)
 

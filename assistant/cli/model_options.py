@@ -3,10 +3,11 @@ generate``, ``diffu bench``, ``diffu eval`` and ``diffu serve``, and what they b
 model's recommended decoder, a process group, a runtime loaded with a progress bar, or the running daemon
 to ask instead (:func:`daemon_config`).
 
-The sampler flags a model's ``generation_config.json`` also sets (``steps``, ``temperature``, ``top_p``,
-``top_k``, ``alg``, ``alg_temp``, ``block_length``, ``threshold``, and the commands' ``max_new_tokens``)
-are unset (None) unless given: :func:`sampling_params` layers the given ones over the model's, over the
-built-in defaults, so ``diffu generate`` and ``diffu eval`` run the bundled model as the chat does.
+The sampler flags a model's ``generation_config.json`` also sets (``CHAT_KEYS``: ``steps``,
+``temperature``, ``top_p``, ``top_k``, ``alg``, ``alg_temp``, ``block_length``, ``threshold``, and the
+commands' ``max_new_tokens``) are unset (None) unless given: :func:`sampling_params` layers the given ones
+over the model's, over the declared defaults, so ``diffu generate`` and ``diffu eval`` run the bundled
+model as the chat does.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from assistant.cli.flags import add_flag, flag, flag_error
 from model_runtime.generation_config import CHAT_KEYS
-from model_runtime.params import ALGS, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
+from model_runtime.options import options
+from model_runtime.params import ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from assistant.config import Config
@@ -26,37 +29,33 @@ if TYPE_CHECKING:
     from model_runtime.runtime import Runtime
 
 
+SAMPLING = options(SamplingParams)
+# The sampling flags: every knob but max_new_tokens, which each command names its own way (the prompt
+# flags' --max-new-tokens and --infill-tokens, eval's per-benchmark default).
+SAMPLING_FLAGS = tuple(name for name in SAMPLING if name != "max_new_tokens")
+# Flags whose "not given" leaves the knob to a later layer rather than to the declared default: the
+# model's generation_config.json for the chat's knobs (then the declared default), the model's
+# recommendation for the decoder.
+_LATER = {
+    "steps": "the model's, else one per new token",
+    "decoder": "the model's recommendation: reference unless its generation_config.json names "
+    "diffu_decoder, as the bundled demo model's does",
+    **{
+        name: f"the model's generation_config.json, else {SAMPLING[name].default}"
+        for name in CHAT_KEYS
+        if name not in ("steps", "max_new_tokens")
+    },
+}
+
+
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     """Model, sampler, decoder and device flags, shared by generate, bench generate and eval."""
     p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
-    p.add_argument(
-        "--steps", type=int, default=None, help="denoising steps (default: the model's, else max new tokens)"
-    )
-    p.add_argument(
-        "--alg",
-        choices=ALGS,
-        default=None,
-        help=f"unmasking order (default: the model's, else {BUILTIN['alg']})",
-    )
-    p.add_argument(
-        "--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0)"
-    )
-    p.add_argument(
-        "--top-p", type=float, default=None, help="nucleus filtering (default: the model's, else off)"
-    )
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        help=f"top-k filtering; unset means {DEFAULT_TOP_K}, as the published sampler inherits "
-        "it from transformers' generation defaults; 0 switches it off",
-    )
-    p.add_argument(
-        "--alg-temp", type=float, default=None, help="sample positions by confidence at this temperature"
-    )
-    p.add_argument("--eps", type=float, default=1e-3, help="final noise level of the schedule (default 1e-3)")
-    p.add_argument("--seed", type=int, default=0)
-    add_decoder_options(p)
+    for name in SAMPLING_FLAGS:
+        if name in _LATER:
+            add_flag(p, SAMPLING[name], default=None, default_text=_LATER[name])
+        else:
+            add_flag(p, SAMPLING[name])
     p.add_argument(
         "--dtype",
         default=None,
@@ -70,6 +69,11 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp", type=int, default=None, help="data parallel replicas (default: the remaining devices)"
     )
+
+
+def add_max_new_tokens(p: argparse.ArgumentParser, **changes: Any) -> None:
+    """``--max-new-tokens``, as declared (``changes``: another default, its meaning, a metavar)."""
+    add_flag(p, SAMPLING["max_new_tokens"], **changes)
 
 
 def add_quantize_option(p: argparse.ArgumentParser) -> None:
@@ -110,74 +114,42 @@ def init_multihost(args: argparse.Namespace) -> None:
         )
 
 
-def add_decoder_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        default=None,
-        help="reference: exact published sampler; fast: DualCache blocks with confidence-threshold "
-        "parallel unmasking (default: the model's recommendation, reference unless its "
-        "generation_config.json names diffu_decoder, as the bundled demo model's does)",
-    )
-    p.add_argument(
-        "--block-length",
-        type=int,
-        default=None,
-        help=f"fast decoder: block size (default: the model's, else {BUILTIN['block_length']})",
-    )
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="fast decoder: commit every masked position at least this confident (default: the model's, "
-        f"else {BUILTIN['threshold']})",
-    )
-    p.add_argument(
-        "--factor",
-        type=float,
-        default=None,
-        help="fast decoder: use the factor rule with this factor instead of the threshold",
-    )
-
-
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
     """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
     return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
-
-
-# What an unset sampler flag is when the model's generation_config.json does not set it either.
-BUILTIN: dict[str, Any] = {"max_new_tokens": 128, "alg": "entropy", "temperature": 0.0, "block_length": 32,
-                           "threshold": 0.9}  # fmt: skip
 
 
 def sampling_params(
     args: argparse.Namespace, max_new_tokens: int | None = None, model: Mapping[str, Any] | None = None
 ) -> SamplingParams:
     """The sampling flags as SamplingParams: the flags given, over ``model`` (the model's chat defaults,
-    its generation_config.json), over :data:`BUILTIN`. ``max_new_tokens`` (a command's own canvas, e.g.
-    an eval benchmark's) goes over the model's; the model's ``steps`` only go with its own canvas."""
+    its generation_config.json), over the declared defaults. ``max_new_tokens`` (a command's own canvas,
+    e.g. an eval benchmark's) goes over the model's; the model's ``steps`` only go with its own canvas."""
     from assistant.errors import UsageError
 
     model = {k: v for k, v in (model or {}).items() if k in CHAT_KEYS}
-    given = {k: getattr(args, k) for k in CHAT_KEYS if getattr(args, k, None) is not None}
     if getattr(args, "suffix", None) is not None and getattr(args, "infill_tokens", None):
         max_new_tokens = args.infill_tokens
-    if max_new_tokens is not None or "max_new_tokens" in given:
-        model.pop("steps", None)
-    knobs = {**BUILTIN, **model, **given}
+    if max_new_tokens is None and getattr(args, "max_new_tokens", None) is not None:
+        max_new_tokens = args.max_new_tokens
     if max_new_tokens is not None:
-        knobs["max_new_tokens"] = max_new_tokens
-    knobs.setdefault("steps", knobs["max_new_tokens"])
+        model.pop("steps", None)
+    knobs = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    for name in knobs:
+        if knobs[name] is None and name in model:
+            knobs[name] = model[name]
+        elif knobs[name] is None and name in _LATER and name not in ("steps", "decoder"):
+            knobs[name] = SAMPLING[name].default
+    max_new = max_new_tokens if max_new_tokens is not None else model.get("max_new_tokens")
+    max_new = max_new if max_new is not None else SAMPLING["max_new_tokens"].default
+    if knobs["steps"] is None:
+        knobs["steps"] = max_new
+    knobs["decoder"] = knobs["decoder"] or "reference"  # model_decoder() puts the model's in its place
+    knobs.pop("max_new_tokens", None)
     try:
-        return SamplingParams(
-            **knobs,
-            eps=args.eps,
-            seed=args.seed,
-            decoder=args.decoder or "reference",
-            factor=args.factor,
-        )
+        return SamplingParams(max_new_tokens=max_new, **knobs)
     except ParamError as exc:
-        raise UsageError(f"--{exc.field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from None
+        raise UsageError(flag_error(exc)) from None
 
 
 def add_where_options(p: argparse.ArgumentParser) -> None:
@@ -211,9 +183,7 @@ def daemon_config(args: argparse.Namespace, *, local_only: Sequence[str] = ()) -
     flags = [n for n in (*_LOAD_FLAGS, *local_only) if getattr(args, n, None)]
     flags += ["tp"] if getattr(args, "tp", 1) != 1 else []
     if args.daemon and flags:
-        raise UsageError(
-            f"--daemon: --{flags[0].replace('_', '-')} works in this process only; leave one out"
-        )
+        raise UsageError(f"--daemon: {flag(flags[0])} works in this process only; leave one of them out")
     if args.local or flags:
         return None
     try:
