@@ -201,7 +201,11 @@ class DaemonLink:
             raise DaemonUnavailable(f"diffu configuration error: {exc}") from None
         self.config = config
         # Reads wait for whole generations; connecting has its own 10 s limit inside the client.
-        return AsyncClient(config=config, progress=self.progress, timeout=config.max_seconds + 60)
+        # The editor's shapes are not the chat's: it connects once the daemon takes requests, and asks for
+        # its own programs (``_warm``) instead of waiting for the chat's to compile.
+        return AsyncClient(
+            config=config, progress=self.progress, timeout=config.max_seconds + 60, wait_compiled=False
+        )
 
     def start(self) -> None:
         """Begin connecting in the background (the editor just finished initializing)."""

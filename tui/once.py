@@ -63,7 +63,9 @@ def run_once(
     messages = [{"role": "user", "content": prompt}]
     try:
         with (
-            Client(config=config, progress=_loading_progress()) as client,
+            # Its request goes as soon as the daemon takes it: the chat's first program, if still being
+            # compiled, is waited for then, and the daemon's other ready-time compiles are not.
+            Client(config=config, progress=_loading_progress(), wait_compiled=False) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
             if for_model is not None:

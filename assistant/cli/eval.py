@@ -367,7 +367,8 @@ def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any]
     if config is not None:
         from assistant.client import Client, stderr_progress
 
-        with Client(config=config, autostart=args.daemon, progress=stderr_progress("diffu eval")) as client:
+        said = stderr_progress("diffu eval")
+        with Client(config=config, autostart=args.daemon, progress=said, wait_compiled=False) as client:
             model = dict(client.status().get("chat_defaults") or {})
 
         def daemon(params: Any) -> runner.Generator:

@@ -131,7 +131,9 @@ def _run_daemon(args: argparse.Namespace, config: Config) -> int:
     from assistant.errors import UsageError
 
     try:
-        with Client(config=config, autostart=args.daemon, progress=stderr_progress()) as client:
+        with Client(
+            config=config, autostart=args.daemon, progress=stderr_progress(), wait_compiled=False
+        ) as client:
             # The model's settings where no flag is given, as in-process (the daemon reports them).
             params = sampling_params(args, model=client.status().get("chat_defaults"))
             results = [_daemon_answer(client, args, prompt, params) for prompt in args.prompt]

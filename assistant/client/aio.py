@@ -55,12 +55,17 @@ class AsyncClient:
         autostart: bool | None = None,
         progress: Progress | None = None,
         timeout: float | None = None,
+        wait_compiled: bool = True,
     ) -> None:
         self.config, self.autostart, limits = client_settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.AsyncClient(timeout=limits)
         self._endpoint: Endpoint | None = None
         self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
+        # Connecting waits until a chat's first prompt is answered without a compile (/health ok); off,
+        # only until the daemon takes requests: a request of another shape compiles its own program at
+        # once instead of waiting for the chat's.
+        self.wait_compiled = wait_compiled
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -95,7 +100,9 @@ class AsyncClient:
                 if response.status_code >= 400:
                     raise_for_status(response, await response.aread())
                 async for event in sse.aiter_events(response.aiter_lines()):
-                    if event.event == "status" and health_update(event, self.progress):
+                    if event.event == "status" and health_update(
+                        event, self.progress, wait_compiled=self.wait_compiled
+                    ):
                         return
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the diffu daemon at {endpoint.url}: {exc}") from None

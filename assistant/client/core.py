@@ -308,13 +308,16 @@ class Endpoint:
         return {"authorization": f"Bearer {self.api_key or 'none'}"}
 
 
-def health_update(event: sse.ServerSentEvent, progress: Progress | None) -> bool:
-    """Handle one /health?stream=1 event; True once ready. Raises if the daemon failed to load."""
+def health_update(
+    event: sse.ServerSentEvent, progress: Progress | None, *, wait_compiled: bool = True
+) -> bool:
+    """Handle one /health?stream=1 event; True once ready (``wait_compiled`` off: once it takes requests,
+    which it does while the chat's first programs still compile). Raises if the daemon failed to load."""
     data = event.json()
     status = data.get("status")
     if progress:
         progress(status, float(data.get("progress", 0.0)), data.get("detail", ""))
-    if status == "ok":
+    if status == "ok" or (not wait_compiled and data.get("serving")):
         return True
     if status in ("failed", "stopping"):
         message = (data.get("error") or {}).get("message") or status

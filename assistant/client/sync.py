@@ -54,12 +54,17 @@ class Client:
         autostart: bool | None = None,
         progress: Progress | None = None,
         timeout: float | None = None,
+        wait_compiled: bool = True,
     ) -> None:
         self.config, self.autostart, limits = client_settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.Client(timeout=limits)
         self._endpoint: Endpoint | None = None
         self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
+        # Connecting waits until a chat's first prompt is answered without a compile (/health ok); off,
+        # only until the daemon takes requests: a request of another shape compiles its own program at
+        # once instead of waiting for the chat's.
+        self.wait_compiled = wait_compiled
 
     def __enter__(self) -> Client:
         return self
@@ -95,7 +100,9 @@ class Client:
             ) as response:
                 raise_for_status(response, response.read() if response.status_code >= 400 else None)
                 for event in sse.iter_events(response.iter_lines()):
-                    if event.event == "status" and health_update(event, self.progress):
+                    if event.event == "status" and health_update(
+                        event, self.progress, wait_compiled=self.wait_compiled
+                    ):
                         return
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the diffu daemon at {endpoint.url}: {exc}") from None

@@ -151,7 +151,7 @@ class DaemonGenerator:
 
         def client() -> Client:
             if not hasattr(local, "client"):
-                local.client = Client(config=self.config)
+                local.client = Client(config=self.config, wait_compiled=False)
                 with lock:
                     clients.append(local.client)
             return local.client

@@ -241,7 +241,7 @@ class HttpApp:
             # A chat's first prompt is answered without a compile from here on: "warming" only says other
             # programs still compile in the background ("warmed" of "shapes", "eta_seconds" once one
             # compile was timed).
-            return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
+            return 200, {"status": "ok", **st.to_dict(), "serving": True, "model": self.model_name()}
         if st.stage == "failed":
             message = st.error or "model load failed"
         elif st.stage in SERVING:  # requests are taken, but a chat's first one would wait for a compile
@@ -251,6 +251,7 @@ class HttpApp:
         return 503, {
             "status": st.stage,
             **st.to_dict(),
+            "serving": st.stage in SERVING,  # requests are taken (clients that need no compile go ahead)
             "model": self.model_name(),
             "error": {"code": 503, "message": message, "type": "unavailable_error"},
         }
