@@ -170,6 +170,9 @@ def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
     access = logging.getLogger("uvicorn.access")
     access.setLevel(max(level, logging.INFO))
     access.addFilter(_redact_secrets)
+    # JAX logs each backend it cannot start ("Unable to initialize backend 'tpu'", 'cuda' ...) at INFO on
+    # every machine without that accelerator: noise in every log, unless debugging.
+    logging.getLogger("jax._src.xla_bridge").setLevel(max(level, logging.WARNING))
 
 
 def _guarded_protocol(seconds: float, max_connections: int, api_key: str | None) -> type:

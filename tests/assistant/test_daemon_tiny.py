@@ -166,6 +166,21 @@ def test_llama_cpp_infill(tiny_daemon: DaemonProcess) -> None:
     assert "".join(e.json()["content"] for e in events) == data["content"]
 
 
+def test_the_log_leaves_out_jaxs_search_for_accelerators_the_machine_lacks(
+    tmp_path: Path, micro_dir: Path
+) -> None:
+    # As a user's daemon starts: no JAX_PLATFORMS, so JAX tries every backend it knows (the TPU one first)
+    # and says so at INFO for each it cannot start.
+    env = {k: v for k, v in isolated_env(tmp_path).items() if k != "JAX_PLATFORMS"}
+    daemon = start_daemon(tmp_path, str(micro_dir), "--no-warmup", env=env, wait=False)
+    try:
+        daemon.wait_ready(warm=False)
+    finally:
+        daemon.stop()
+    log = daemon.log_text()
+    assert "engine serving" in log and "Unable to initialize backend" not in log, log
+
+
 def test_models_and_status(tiny_daemon: DaemonProcess) -> None:
     with tiny_daemon.client() as c:
         models = c.get("/v1/models").json()
