@@ -114,7 +114,7 @@ def run_suite(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'diffu[plot]'") from None
+            raise UsageError("--plot needs matplotlib: pip install -e '.[plot]' in the clone") from None
     _fresh_cache(args)
     generate = args.generate or [(128, 128)]
     console = Console(stderr=True, soft_wrap=True)
