@@ -87,6 +87,10 @@ class DaemonBackend:
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)
 
+    async def status(self) -> dict[str, Any]:
+        """The daemon's ``/v1/diffu/status`` (its stage and what it compiles now among it)."""
+        return await self._client.status()
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

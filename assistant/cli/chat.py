@@ -14,6 +14,9 @@ from assistant.errors import UsageError
 if TYPE_CHECKING:
     from assistant.client import Endpoint
     from assistant.config import Config
+    from tui.app import ChatApp
+    from tui.backend import Backend
+    from tui.store import ChatStore
 
 
 def register(subparsers: Any) -> None:
@@ -82,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("diffu chat needs a terminal; use --once PROMPT for scripts and pipes")
 
-    from tui.app import ChatApp
     from tui.backend import DaemonBackend
     from tui.store import ChatStore
 
@@ -91,21 +93,33 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.conversation and store.conversation(args.conversation) is None:
             raise UsageError(f"--conversation: no saved conversation {args.conversation!r}")
-        app = ChatApp(
-            backend,
-            store,
-            baseline=chat_config.settings,
-            for_model=chat_config.for_model,
-            keymap=chat_config.keymap,
-            config_file=paths.config_file(),
-            conversation_id=args.conversation,
-        )
+        app = chat_app(backend, store, conversation_id=args.conversation)
         app.run()
     finally:
         store.close()
     if backend.started_daemon is not None:
         after_chat(config, backend.started_daemon)
     return app.return_code or 0
+
+
+def chat_app(backend: Backend, store: ChatStore, *, conversation_id: str | None = None) -> ChatApp:
+    """The full-screen chat as ``diffu chat`` runs it: settings and keymap from config.toml, layered over
+    the model's chat defaults once connected (``scripts/first_use.py`` drives this same app)."""
+    from assistant import paths
+    from tui import keys
+    from tui.app import ChatApp
+    from tui.settings import read_chat_config
+
+    chat_config = read_chat_config(paths.config_file(), keys.DESCRIPTIONS)
+    return ChatApp(
+        backend,
+        store,
+        baseline=chat_config.settings,
+        for_model=chat_config.for_model,
+        keymap=chat_config.keymap,
+        config_file=paths.config_file(),
+        conversation_id=conversation_id,
+    )
 
 
 def after_chat(config: Config, started: Endpoint) -> None:
