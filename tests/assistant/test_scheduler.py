@@ -265,8 +265,11 @@ def test_warmup_progress_goes_from_loading_through_compiling_and_warming_to_read
         ready = asyncio.Event()
         loop = asyncio.get_running_loop()
 
+        runs_when: dict[str, int] = {}
+
         def listen(st: Any) -> None:
             seen.append((st.stage, st.progress, st.detail, st.eta_seconds))
+            runs_when.setdefault(st.stage, len(rt.runs))
             if st.stage == "ready":
                 loop.call_soon_threadsafe(ready.set)
 
@@ -291,6 +294,9 @@ def test_warmup_progress_goes_from_loading_through_compiling_and_warming_to_read
         # No estimate before one compile was timed, one after it.
         assert [eta for s, _, _, eta in seen if s == "compiling"][0] is None and warming[-1][2] is not None
         assert len(rt.programs) == 3  # the fourth shape's program was the first's: found compiled
+        # Each program compiled by the warm-up ran once on made-up rows (its first run costs more than the
+        # next, so a request does not pay it); the chat's before "warming" (ready) was said.
+        assert rt.runs == [1, 1, 2] and runs_when["warming"] == 1
 
     asyncio.run(main())
 
