@@ -17,6 +17,20 @@ from model_runtime.programs import ProgramCache
 from model_runtime.sampling import SamplerSpec
 
 
+def one_step(runtime, program) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """One denoising step of a (1, 32) reference ``program`` on a canvas of masks."""
+    inputs = StepInputs(
+        attn=jnp.ones((1, 32), bool),
+        ratio=jnp.float32(0.5),
+        is_last=jnp.bool_(False),
+        key=step_keys(row_keys([0], 1), 0),
+        index=jnp.int32(0),
+        knobs=Knobs.of(SamplingParams(steps=4)),
+    )
+    x = jnp.full((1, 32), runtime.config.mask_token_id, jnp.int32)
+    return np.asarray(program(runtime.state, x, inputs))
+
+
 def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -> None:
     cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=2)
     entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
@@ -29,17 +43,7 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
     assert (info["held"], info["max_programs"], info["compiled"], info["evicted"]) == (2, 2, 3, 1)
     assert cache.reference("step", (1, 32), entropy).program is kept
     # A kept program still runs after the eviction cleared JAX's own caches.
-    params = SamplingParams(steps=4)
-    inputs = StepInputs(
-        attn=jnp.ones((1, 32), bool),
-        ratio=jnp.float32(0.5),
-        is_last=jnp.bool_(False),
-        key=step_keys(row_keys([0], 1), 0),
-        index=jnp.int32(0),
-        knobs=Knobs.of(params),
-    )
-    x = np.full((1, 32), runtime.config.mask_token_id, np.int32)
-    assert np.asarray(kept(runtime.state, jnp.asarray(x), inputs)).shape == (1, 32)
+    assert one_step(runtime, kept).shape == (1, 32)
     with pytest.raises(ValueError, match="max_programs: must be >= 2"):
         ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
 
@@ -119,16 +123,7 @@ def test_two_threads_asking_for_one_program_compile_it_once_and_one_runs_meanwhi
     with ThreadPoolExecutor(2) as pool:
         both = list(pool.map(lambda _: cache.reference("step", (2, 64), spec), range(2)))
         # Meanwhile (or after, on a quick machine) the held program runs on this thread.
-        x = jnp.full((1, 32), runtime.config.mask_token_id, jnp.int32)
-        inputs = StepInputs(
-            attn=jnp.ones((1, 32), bool),
-            ratio=jnp.float32(0.5),
-            is_last=jnp.bool_(False),
-            key=step_keys(row_keys([0], 1), 0),
-            index=jnp.int32(0),
-            knobs=Knobs.of(SamplingParams(steps=4)),
-        )
-        assert np.asarray(held(runtime.state, x, inputs)).shape == (1, 32)
+        assert one_step(runtime, held).shape == (1, 32)
     assert both[0].program is both[1].program
     assert sorted(b.compiled + b.hits for b in both) == [0, 1]  # built once; the other waited for it
     assert cache.info()["compiled"] == 2
