@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
@@ -24,7 +26,7 @@ from model_runtime.checkpoint import (
     refuse_pickle_only,
     resolve_model_dir,
 )
-from model_runtime.config import load_config
+from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
@@ -88,6 +90,42 @@ def load(
     if batch_buckets is None:
         batch_buckets = daemon_batch_buckets()
     compile_cache.enable(cache_dir)
+    mesh = _mesh(tp, dp, qspec)
+    report = progress or (lambda stage, frac: None)
+    model_dir = _model_dir(model, report)
+    report("reading config", 0.0)
+    cfg = load_config(model_dir)
+    tokenizer = load_tokenizer(
+        model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
+    )
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is {cfg.vocab_size}"
+        )
+    jdtype = _dtype(dtype)
+    graphdef, state = _place_weights(model_dir, cfg, jdtype, qspec, mesh, report)
+    report("ready", 1.0)
+    return Runtime(
+        cfg,
+        tokenizer,
+        graphdef,
+        state,
+        model_name=str(model if model is not None else model_dir),
+        model_dir=model_dir,
+        dtype=jdtype,
+        max_context=max_context,
+        length_buckets=length_buckets,
+        batch_buckets=batch_buckets,
+        mesh=mesh,
+        default_decoder=generation_config.recommended_decoder(model_dir),
+        quantize=qspec,
+        chat_defaults=generation_config.chat_defaults(model_dir),
+        max_programs=max_programs,
+    )
+
+
+def _mesh(tp: int, dp: int | None, qspec: quant.QuantSpec | None) -> Mesh | None:
+    """The tp x dp device mesh, or None for one device; refuses what the mesh cannot run."""
     mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
     if (
         qspec is not None
@@ -101,6 +139,11 @@ def load(
             "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
             "use --quantize int8, or one device (tp=1, dp=1)"
         )
+    return mesh
+
+
+def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
+    """The checkpoint directory of ``model`` (downloaded if a hub id), or of the bundled demo model."""
     if model is None:
         # No model configured: the small demo model trained by `diffu train` that ships in the package.
         from model_runtime.bundled import bundled_model_dir
@@ -111,21 +154,23 @@ def load(
                 "no model given and the bundled demo model is missing from this installation: "
                 "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
             )
-    report = progress or (lambda stage, frac: None)
     model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
     refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
-    report("reading config", 0.0)
-    cfg = load_config(model_dir)
-    tokenizer = load_tokenizer(
-        model_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
-    )
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ModelError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is {cfg.vocab_size}"
-        )
+    return model_dir
+
+
+def _place_weights(
+    model_dir: Path,
+    cfg: DreamConfig,
+    jdtype: jnp.dtype,
+    qspec: quant.QuantSpec | None,
+    mesh: Mesh | None,
+    report: Progress,
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's (graphdef, state) with every checkpoint tensor converted (or quantized) on the host
+    and placed on the device, or its shards on the mesh, one tensor at a time."""
     tensors = list_tensors(model_dir)
     targets = check_names(cfg, tensors)
-    jdtype = _dtype(dtype)
     if qspec is not None:
         for spec in targets.values():
             if qspec.applies(spec):
@@ -160,21 +205,4 @@ def load(
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
-    report("ready", 1.0)
-    return Runtime(
-        cfg,
-        tokenizer,
-        graphdef,
-        state,
-        model_name=str(model),
-        model_dir=model_dir,
-        dtype=jdtype,
-        max_context=max_context,
-        length_buckets=length_buckets,
-        batch_buckets=batch_buckets,
-        mesh=mesh,
-        default_decoder=generation_config.recommended_decoder(model_dir),
-        quantize=qspec,
-        chat_defaults=generation_config.chat_defaults(model_dir),
-        max_programs=max_programs,
-    )
+    return graphdef, state
