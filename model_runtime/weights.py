@@ -72,7 +72,7 @@ def _table(cfg: DreamConfig) -> tuple[ParamSpec, ...]:
             "model.embed_tokens.weight", ("embed",), (v, d), (v, d), ("vocab", "embed"), _same, _same,
             contract=(1,),
         ),
-        _norm(cfg, "model.norm.weight", ("norm", "weight")),
+        _norm("model.norm.weight", ("norm", "weight"), d),
     ]  # fmt: skip
     if not cfg.tie_word_embeddings:
         specs.append(
@@ -82,19 +82,17 @@ def _table(cfg: DreamConfig) -> tuple[ParamSpec, ...]:
             )
         )  # fmt: skip
     for n in range(cfg.num_hidden_layers):
-        # Table order is the order tensors are drawn (tiny.random_tensors), checked and exported in;
-        # it is the old name map's, so seeded tiny checkpoints keep their weights.
         specs += _layer(cfg, n)
     return tuple(specs)
 
 
-def _norm(cfg: DreamConfig, name: str, path: Path_) -> ParamSpec:
-    d = cfg.hidden_size
+def _norm(name: str, path: Path_, d: int) -> ParamSpec:
     return ParamSpec(name, path, (d,), (d,), ("embed",), _same, _same, init="ones")
 
 
 def _layer(cfg: DreamConfig, n: int) -> list[ParamSpec]:
-    """Decoder layer ``n``: its two norms, the attention projections and the MLP."""
+    """Decoder layer ``n``'s tensors. Table order is the order tensors are drawn (tiny.random_tensors),
+    checked and exported in; it is the old name map's, so seeded tiny checkpoints keep their weights."""
     d, f = cfg.hidden_size, cfg.intermediate_size
     h, k, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
@@ -106,13 +104,12 @@ def _layer(cfg: DreamConfig, n: int) -> list[ParamSpec]:
 
     o_in: Convert = lambda w: w.T.reshape(h, e, d)  # noqa: E731  [D, H*E] -> [H, E, D]
     o_out: Convert = lambda w: w.reshape(h * e, d).T  # noqa: E731
-
     p = f"model.layers.{n}."
-    layer: Path_ = ("layers", n)
-    a, mlp = layer + ("attn",), layer + ("mlp",)
+    a: Path_ = ("layers", n, "attn")
+    mlp: Path_ = ("layers", n, "mlp")
     return [
-        _norm(cfg, p + "input_layernorm.weight", layer + ("input_layernorm", "weight")),
-        _norm(cfg, p + "post_attention_layernorm.weight", layer + ("post_attention_layernorm", "weight")),
+        _norm(p + "input_layernorm.weight", ("layers", n, "input_layernorm", "weight"), d),
+        _norm(p + "post_attention_layernorm.weight", ("layers", n, "post_attention_layernorm", "weight"), d),
         ParamSpec(
             p + "self_attn.q_proj.weight", a + ("q_kernel",), (h * e, d), (d, h, e),
             ("embed", "heads", "head_dim"), *heads_in(h), contract=(0,), quantizable=True,
