@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
+    TensorInfo,
     check_names,
     list_tensors,
     read_tensors,
@@ -32,6 +33,7 @@ from model_runtime.model import DreamModel
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
 from model_runtime.tokenizer import load_tokenizer
+from model_runtime.weights import ParamSpec
 
 Progress = Callable[[str, float], None]
 
@@ -102,8 +104,14 @@ def load(
         raise ModelError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is {cfg.vocab_size}"
         )
+    tensors = list_tensors(model_dir)
+    targets = check_names(cfg, tensors)
     jdtype = _dtype(dtype)
-    graphdef, state = _place_weights(model_dir, cfg, jdtype, qspec, mesh, report)
+    if qspec is not None:
+        for spec in targets.values():
+            if qspec.applies(spec):
+                qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    graphdef, state = _place_weights(tensors, targets, cfg, jdtype, qspec, mesh, report)
     report("ready", 1.0)
     return Runtime(
         cfg,
@@ -160,21 +168,17 @@ def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
 
 
 def _place_weights(
-    model_dir: Path,
+    tensors: dict[str, TensorInfo],
+    targets: dict[str, ParamSpec],
     cfg: DreamConfig,
     jdtype: jnp.dtype,
     qspec: quant.QuantSpec | None,
     mesh: Mesh | None,
     report: Progress,
 ) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model's (graphdef, state) with every checkpoint tensor converted (or quantized) on the host
-    and placed on the device, or its shards on the mesh, one tensor at a time."""
-    tensors = list_tensors(model_dir)
-    targets = check_names(cfg, tensors)
-    if qspec is not None:
-        for spec in targets.values():
-            if qspec.applies(spec):
-                qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    """The model's (graphdef, state) with every checkpoint tensor (``targets``: its parameter, by tensor
+    name) converted (or quantized) on the host and placed on the device, or its shards on the mesh, one
+    tensor at a time."""
     # Abstract shapes first (nothing allocated), then each tensor goes straight into its shards.
     abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0), quant=qspec))
     graphdef, state = nnx.split(abstract)
