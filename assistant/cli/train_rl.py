@@ -108,7 +108,7 @@ def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]
     """(model_runtime Reward objects, things to close afterwards)."""
     from assistant.errors import UsageError
     from assistant.evals import rewards
-    from model_runtime.train.rl.trainer import Reward
+    from model_runtime.train.rl.config import Reward
 
     built, closers = [], []
     for name, weight in specs:
@@ -130,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from model_runtime.errors import DiffuError
+    from model_runtime.train.rl.config import RLOptions
     from model_runtime.train.rl.run import train_rl
-    from model_runtime.train.rl.trainer import RLOptions
 
     console = Console(stderr=True)
     log = lambda msg: console.print(msg, highlight=False, markup=False)  # noqa: E731
@@ -192,8 +192,8 @@ def _check(args: argparse.Namespace) -> list[tuple[str, float]]:
 def _rl_config(args: argparse.Namespace) -> Any:
     """The flags as the trainer's RLConfig; without --steps, one epoch as the recipe (every task once,
     each rollout used num_iterations times)."""
+    from model_runtime.train.rl.config import RLConfig
     from model_runtime.train.rl.tasks import read_tasks
-    from model_runtime.train.rl.trainer import RLConfig
 
     steps = args.steps
     if steps is None:
