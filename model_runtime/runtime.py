@@ -50,9 +50,6 @@ class Runtime(CanvasBuilder):
 
     # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
     supports_holes = True
-    # JAX lowers and XLA compiles on any thread, beside a program running on another; the program cache
-    # builds each program once however many threads ask (programs.ProgramCache).
-    concurrent_compile = True
 
     def __init__(
         self,
@@ -95,6 +92,11 @@ class Runtime(CanvasBuilder):
         self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
         self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
+        # JAX lowers and XLA compiles on any thread, beside a program running on another (the program
+        # cache builds each program once however many threads ask). Measured on CPU, where a compile is
+        # host work; an accelerator's compile also runs kernels on it (GPU autotuning), so there it stays
+        # on the device thread until measured there.
+        self.concurrent_compile = devices[0].platform == "cpu"
         self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
 
     @property
