@@ -239,6 +239,9 @@ class DaemonLink:
                 self.client = self._build()
             client = self.client
             endpoint = await client.connect()
+            # It takes requests now (the chat's programs may still compile: not the editor's business),
+            # so the start-up progress ends here rather than at the daemon's "ok".
+            self.progress("ok", 1.0, "")
             models = await client.request("GET", "/v1/models")
             status = await client.status()
         except (DaemonUnavailable, APIError) as exc:

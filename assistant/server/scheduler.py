@@ -91,8 +91,8 @@ class Scheduler:
         self._warm = WarmQueue()
         self._busy: WarmTask | None = None  # the warm-up task being compiled
         # Warm-up tasks compiled on the warm-up thread, waiting for their first run on the device thread
-        # (with the compile seconds): see ``_prime``.
-        self._priming: deque[tuple[WarmTask, float | None]] = deque()
+        # (with what compiling them cost): see ``_prime``.
+        self._priming: deque[tuple[WarmTask, CompileReport]] = deque()
         self._native: set[int] = set()  # threads inside a load or compile (native work, cannot stop)
         self._compiling: dict[int, str] = {}  # what each thread compiles now, for the status
         self._exited = False
@@ -340,7 +340,7 @@ class Scheduler:
         )
         while True:
             task = None
-            primed: tuple[WarmTask, float | None] | None = None
+            primed: tuple[WarmTask, CompileReport] | None = None
             with self._cond:
                 while not (self._pending or self._priming or self._warm_here() or self._stopping):
                     self._cond.wait()
@@ -440,34 +440,26 @@ class Scheduler:
     def _warm_up(self, task: WarmTask) -> None:
         """Compile one warm-up task (nothing when its programs are compiled already), then have its
         programs run once (``_prime``): here on the device thread, else handed to it."""
-        seconds = None
+        report = None
         try:
             if not self.runtime.compiled(task.rows, task.params):
                 report = self._compile(task.rows, task.params, f"warm-up: {task.label}")
-                seconds = report.seconds
-                log.info(
-                    "warmed up %s in %.1fs (%d compiled, %d from the cache)",
-                    task.label,
-                    report.seconds,
-                    report.compiled,
-                    report.cache_hits,
-                )
         except InputError as exc:  # a shape this runtime cannot run: nothing to warm
             log.warning("warm-up skipped %s: %s", task.label, exc)
         except Exception:
             log.exception("warm-up of %s failed", task.label)
         with self._cond:
             self._busy = None  # compiled: what is left (its first run) is the device thread's
-            if seconds is not None and self._warmer is not None:
-                self._priming.append((task, seconds))
+            if report is not None and self._warmer is not None:
+                self._priming.append((task, report))
                 self._cond.notify_all()
                 return
-        if seconds is None:
+        if report is None:
             self._warmed(task, None)
         else:
-            self._prime(task, seconds)
+            self._prime(task, report)
 
-    def _prime(self, task: WarmTask, seconds: float | None) -> None:
+    def _prime(self, task: WarmTask, report: CompileReport) -> None:
         """Run a freshly compiled task's programs once, on made-up rows, on the device thread. A program's
         first run costs more than its later ones (measured on 2 loaded cores for the bundled model's chat
         programs: the first step 0.68 s instead of 0.11 s, the answer 2.15 s instead of 1.4 s); paid here,
@@ -484,10 +476,17 @@ class Scheduler:
                 close = getattr(events, "close", None)
                 if close is not None:
                     close()
-            log.info("first run of %s in %.2fs", task.label, time.perf_counter() - t0)
         except Exception:  # a made-up row the runtime refuses: its programs are compiled all the same
             log.exception("first run of %s failed", task.label)
-        self._warmed(task, seconds)
+        log.info(
+            "warmed up %s in %.1fs (%d compiled, %d from the cache), first run %.2fs",
+            task.label,
+            report.seconds,
+            report.compiled,
+            report.cache_hits,
+            time.perf_counter() - t0,
+        )
+        self._warmed(task, report.seconds)
 
     def _warmed(self, task: WarmTask, seconds: float | None) -> None:
         with self._cond:
