@@ -171,9 +171,9 @@ def suite(
     tick = tick or (lambda label: None)
     result: dict[str, Any] = {
         "environment": environment(),
-        "model": rt.model_name,
-        "dtype": rt.dtype,
-        "quantize": rt.quantize_mode,
+        "model": rt.info.model_name,
+        "dtype": rt.info.dtype,
+        "quantize": rt.info.quantize_mode,
         "config": {k: v for k, v in rt.config.to_dict().items() if isinstance(v, int | float)},
     }
     if load_seconds is not None:

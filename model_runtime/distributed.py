@@ -18,7 +18,6 @@ import numpy as np
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
-from model_runtime.rows import CanvasBuilder
 
 if TYPE_CHECKING:
     from model_runtime.runtime import Runtime
@@ -109,49 +108,23 @@ def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
     ]
 
 
-class Leader(CanvasBuilder):
+class Leader:
     """Process 0's runtime: answers from the runtime it wraps, and publishes every call that runs device
     programs (``compile``, ``run``) to the followers before making it; ``shutdown()`` releases them.
 
-    It satisfies ``RuntimeProtocol`` member by member (rows are built by the shared ``CanvasBuilder``
-    from the wrapped runtime's tokenizer), so the daemon serves it like any runtime.
+    What the runtime is (``info``) and how it builds rows (``rows``) are the wrapped runtime's own, so
+    the daemon serves it like any runtime and it builds exactly the rows the runtime would.
     """
 
     def __init__(self, runtime: RuntimeProtocol) -> None:
         self._runtime = runtime
         self._client = _client()
         self._seq = 0
-        self.tokenizer = runtime.tokenizer
-        self.max_context = runtime.max_context
-        self.model_name = runtime.model_name
-        self.device = runtime.device
-        self.dtype = runtime.dtype
-        self.default_decoder = runtime.default_decoder
-        self.chat_defaults = runtime.chat_defaults
-        self.supports_holes = runtime.supports_holes
+        self.info = runtime.info
+        self.rows = runtime.rows
 
-    @property
-    def quantize_mode(self) -> str | None:
-        return self._runtime.quantize_mode
-
-    @property
-    def mesh_info(self) -> dict[str, object] | None:
-        return self._runtime.mesh_info
-
-    @property
     def program_cache(self) -> dict[str, int | None] | None:
-        return self._runtime.program_cache  # this process's; every process compiles the same programs
-
-    @property
-    def vocab_size(self) -> int:
-        return self._runtime.vocab_size
-
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        return self._runtime.buckets
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self._runtime.encode_chat(messages)
+        return self._runtime.program_cache()  # this process's; every process compiles the same programs
 
     def _publish(self, call: dict) -> str:
         import json

@@ -24,7 +24,7 @@ from model_runtime import distributed, fast, quant, sharding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeInfo, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
 from model_runtime.programs import ProgramCache
@@ -45,11 +45,8 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in sorted(buckets) if b >= n), None)
 
 
-class Runtime(CanvasBuilder):
+class Runtime:
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
-
-    # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
-    supports_holes = True
 
     def __init__(
         self,
@@ -72,57 +69,43 @@ class Runtime(CanvasBuilder):
     ) -> None:
         self.config = cfg
         self.quantize = quantize
-        # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
-        # ``diffu_decoder``, see generation_config.py), else the reference decoder.
-        self.default_decoder = default_decoder
-        # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
-        self.chat_defaults = dict(chat_defaults or {})
         self.mesh = mesh
         self.tokenizer: DreamTokenizer = tokenizer
         self.graphdef = graphdef
         self.state = state
-        self.model_name = model_name
         self.model_dir = model_dir
-        self.dtype = jnp.dtype(dtype).name
-        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
-        lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
-        self.length_buckets = tuple(lengths)
+        dtype_name = jnp.dtype(dtype).name
+        context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
+        self.length_buckets = tuple(sorted({b for b in length_buckets if b <= context} | {context}))
         dp = int(mesh.shape["dp"]) if mesh is not None else 1
         # With data parallelism every batch bucket is a multiple of dp, so each replica gets whole rows.
         self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
-        self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
-        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
+        self.info = RuntimeInfo(
+            model_name=model_name,
+            device=f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}",
+            dtype=dtype_name,
+            max_context=context,
+            vocab_size=cfg.vocab_size,
+            buckets=tuple((b, n) for b in self.batch_buckets for n in self.length_buckets),
+            # The decoder a request gets when it names none: the model's recorded choice
+            # (generation_config.json ``diffu_decoder``, see generation_config.py), else the reference one.
+            default_decoder=default_decoder,
+            # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
+            chat_defaults=dict(chat_defaults or {}),
+            # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
+            supports_holes=True,
+            quantize_mode=quantize.mode if quantize is not None else None,
+            mesh=sharding.describe(mesh),
+        )
+        self.rows = CanvasBuilder(tokenizer, context)
+        self._programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
 
-    @property
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
         return self._programs.info()
 
-    @property
-    def mesh_info(self) -> dict[str, object]:
-        """The device mesh (dp x tp, devices, processes), for status reports."""
-        return sharding.describe(self.mesh)
-
-    @property
-    def quantize_mode(self) -> str | None:
-        return self.quantize.mode if self.quantize is not None else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
-
-    # -- building rows (the rest is CanvasBuilder's) ---------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        try:
-            return self.tokenizer.encode_chat(messages)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-
+    # -- library use: prompts in, events out ------------------------------------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -134,19 +117,20 @@ class Runtime(CanvasBuilder):
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Left-padded batch generation: one BatchStep per step, then a BatchDone."""
-        rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        rows = [self.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
         return self.run(rows, params, stream=stream, logits_hook=logits_hook, tokens_hook=tokens_hook)
 
     def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
-        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+        return self.run([self.rows.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
     # -- compiling ------------------------------------------------------------------------------
     def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
-        if length > self.max_context:
+        context = self.info.max_context
+        if length > context:
             raise InputError(
                 f"the prompt and canvas need {length} tokens, more than the context of "
-                f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens",
-                details={"row_tokens": length, "context_length": self.max_context},
+                f"{context} tokens; shorten the prompt or lower max_new_tokens",
+                details={"row_tokens": length, "context_length": context},
             )
         b = _pick(self.batch_buckets, batch)
         if b is None:

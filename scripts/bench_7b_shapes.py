@@ -169,7 +169,7 @@ def fast_parts(rt, prompt: list[int], repeat: int) -> dict[str, float]:
     from model_runtime.sampling import SamplerSpec
 
     params = SamplingParams(max_new_tokens=NEW_TOKENS, decoder="fast")
-    row = rt.make_row(prompt, NEW_TOKENS, chat=False)
+    row = rt.rows.make_row(prompt, NEW_TOKENS, chat=False)
     shape = rt.bucket_for(1, len(row.ids))
     batch = PlacedBatch.of([row], shape, rt.config.pad_token_id)
     x_host, attn_host = batch.x, batch.attn
@@ -233,7 +233,7 @@ def main() -> int:
         weight_bytes_per_device(cfg, 1, quantize=rt.quantize) - 2 * cfg.vocab_size * cfg.hidden_size
     )  # embedding (never quantized here): a gather
     result["model"] = {
-        "name": rt.model_name,
+        "name": rt.info.model_name,
         "parameters": cfg.param_count(),
         "weight_bytes_read": weight_bytes,
         "quantize": args.quantize,

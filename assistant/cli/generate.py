@@ -254,13 +254,13 @@ def _json_shape(
 def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
     """One canvas row per --prompt (chat template unless --raw), or the infill row with --suffix."""
     if args.suffix is not None:
-        return [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
+        return [rt.rows.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
     chat = not args.raw
     prompts = [
-        rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
+        rt.rows.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
         for p in args.prompt
     ]
-    return [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+    return [rt.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
 
 
 def check_prompt_args(args: argparse.Namespace) -> None:

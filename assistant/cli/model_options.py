@@ -115,8 +115,8 @@ def add_decoder_options(p: argparse.ArgumentParser) -> None:
 
 
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
-    """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
-    return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
+    """Without --decoder, the decoder the loaded model recommends (``RuntimeInfo.default_decoder``)."""
+    return params if args.decoder else dataclasses.replace(params, decoder=rt.info.default_decoder)
 
 
 def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None) -> SamplingParams:

@@ -61,17 +61,17 @@ class LocalGenerator:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model": self.rt.model_name,
-            "device": self.rt.device,
-            "dtype": self.rt.dtype,
+            "model": self.rt.info.model_name,
+            "device": self.rt.info.device,
+            "dtype": self.rt.info.dtype,
             "through": "in-process",
             "sampling": self.params.to_dict(),
         }
 
     def _row(self, job: Job) -> Any:
         if job.suffix is not None:
-            return self.rt.make_infill_row(job.prompt, job.suffix, job.tokens)
-        return self.rt.make_row(self.rt.tokenizer.encode(job.prompt), job.tokens, chat=job.chat)
+            return self.rt.rows.make_infill_row(job.prompt, job.suffix, job.tokens)
+        return self.rt.rows.make_row(self.rt.tokenizer.encode(job.prompt), job.tokens, chat=job.chat)
 
     def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
         import dataclasses
@@ -80,13 +80,13 @@ class LocalGenerator:
         groups: dict[tuple, list[tuple[int, Any]]] = {}
         for i, job in enumerate(jobs):
             row = self._row(job)
-            if len(row.ids) > self.rt.max_context:
+            if len(row.ids) > self.rt.info.max_context:
                 out[i] = Generated(
                     "",
                     0.0,
                     0,
                     f"prompt too long: {len(row.ids)} tokens with the canvas, "
-                    f"the model's context is {self.rt.max_context}",
+                    f"the model's context is {self.rt.info.max_context}",
                 )
                 advance(1)
                 continue

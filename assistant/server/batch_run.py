@@ -69,7 +69,7 @@ def run_batch(
         counters["failed"] += 1
         jobs[0].emit(JobError(400, str(exc), "invalid_request_error", param=exc.field, details=exc.details))
         return
-    mask_id = runtime.tokenizer.mask_id
+    mask_id = runtime.rows.tokenizer.mask_id
     active = dict(enumerate(jobs))
     last: dict[int, JobStep] = {}
     try:
@@ -118,7 +118,7 @@ def finish_done(
     runtime: RuntimeProtocol, counters: dict[str, int], job: Job, event: BatchDone, i: int, batch_size: int
 ) -> None:
     ids = list(event.generated[i])
-    stops = set(runtime.tokenizer.stop_ids(chat=job.chat))
+    stops = set(runtime.rows.tokenizer.stop_ids(chat=job.chat))
     cut = next((k for k, t in enumerate(ids) if t in stops), None)
     new_tokens = len(ids) if cut is None else cut
     counters["completed"] += 1
@@ -132,7 +132,7 @@ def finish_partial(
     runtime: RuntimeProtocol, counters: dict[str, int], job: Job, step: JobStep, *, batch_size: int
 ) -> None:
     """Out of time: answer with the text committed so far, left to right up to the first mask."""
-    tok = runtime.tokenizer
+    tok = runtime.rows.tokenizer
     stops = set(tok.stop_ids(chat=job.chat)) | {tok.mask_id}
     cut = next((k for k, t in enumerate(step.ids) if t in stops), len(step.ids))
     counters["timed_out"] += 1

@@ -285,8 +285,7 @@ class Scheduler:
                 runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
-            largest = max((b for b, _ in runtime.buckets), default=1)
-            self.max_batch = max(1, min(self.max_batch, largest))
+            self.max_batch = max(1, min(self.max_batch, runtime.info.largest_batch))
             plan = self._planner(runtime) if self._planner is not None else []
         except Exception as exc:
             if isinstance(exc, DiffuError):  # a bad checkpoint: the message says it all
@@ -302,10 +301,10 @@ class Scheduler:
             self._publish_warming()
         log.info(
             "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up",
-            runtime.model_name,
-            runtime.device,
-            runtime.dtype,
-            runtime.buckets,
+            runtime.info.model_name,
+            runtime.info.device,
+            runtime.info.dtype,
+            list(runtime.info.buckets),
             len(plan),
         )
         while True:
@@ -326,7 +325,7 @@ class Scheduler:
                         self._cond.wait(left)  # woken by each submit and each finished preparation
                     if not self._pending:  # everything queued was cancelled meanwhile
                         continue
-                    batch = take_batch(self._pending, self.max_batch, self.runtime.buckets)
+                    batch = take_batch(self._pending, self.max_batch, self.runtime.info.buckets)
                     self._running = batch
             if task is not None:
                 self._warm_up(task)

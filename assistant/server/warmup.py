@@ -79,7 +79,7 @@ class WarmTask:
 def shape_rows(rt: RuntimeProtocol, shape: Shape) -> tuple[CanvasRow, ...]:
     """Made-up rows of ``shape``: the context (split around the hole for an infill) and the masks. Only
     the shape reaches a compiled program, never the tokens."""
-    filler, mask = rt.tokenizer.pad_id, rt.tokenizer.mask_id
+    filler, mask = rt.rows.tokenizer.pad_id, rt.rows.tokenizer.mask_id
     n = shape.prompt_tokens
     suffix = min(n, max(1, n // 4)) if shape.infill else 0
     prefix = n - suffix
@@ -92,15 +92,15 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
     """The generic warm-up, most likely first (see the module's docstring)."""
     chat = {**CHAT_REQUEST, **chat_defaults(rt)}
     chat_new = int(chat.pop("max_new_tokens"))
-    lengths = sorted({n for _, n in rt.buckets})
-    batches = sorted({b for b, _ in rt.buckets})
+    lengths = sorted({n for _, n in rt.info.buckets})
+    batches = sorted({b for b, _ in rt.info.buckets})
     # The chat's first bucket holds a first question and its answer; the longer ones, longer talks.
     first = chat_new + CHAT_PROMPT_TOKENS
     fits = [n for n in lengths if n >= first]
     chat_rows = [first, *fits[1:]] if fits else []
     editor_rows = [n for n in lengths if n > config.infill_tokens]
     plan: list[Shape] = []
-    retry = rt.chat_defaults.get(RETRY_KEY) or 0
+    retry = rt.info.chat_defaults.get(RETRY_KEY) or 0
     for i in range(max(len(chat_rows), len(editor_rows))):
         if i < len(chat_rows):
             plan.append(Shape(chat_rows[i] - chat_new, chat_new, sampling=chat))
@@ -121,7 +121,7 @@ def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> l
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
     """The model's own chat defaults (its generation_config.json) as request fields: the decoder and the
     chat's retry aside."""
-    return {k: v for k, v in rt.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
+    return {k: v for k, v in rt.info.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
 
 
 @dataclass

@@ -30,10 +30,10 @@ def test_a_prompt_beyond_the_context_is_refused_with_its_numbers_as_fields() -> 
 
 def test_defaults_and_limits_are_applied_to_the_sampling_parameters() -> None:
     rt = FakeRuntime()
-    job, truncated = build_job(rt, spec_of({"prompt": "def f(", "top_k": rt.vocab_size + 5}), Config())
+    job, truncated = build_job(rt, spec_of({"prompt": "def f(", "top_k": rt.info.vocab_size + 5}), Config())
     assert not truncated and job.id and job.loop is None  # the HTTP layer attaches its loop
     assert job.params.top_k == 0  # every token kept: no filtering (and lax.top_k needs k <= vocab)
-    assert job.params.steps == 16 and job.params.decoder == rt.default_decoder
+    assert job.params.steps == 16 and job.params.decoder == rt.info.default_decoder
     assert job.row.ids[-16:] == (rt.tokenizer.mask_id,) * 16 and job.prompt_tokens == len("def f(")
     with pytest.raises(RequestError, match=r"steps: must be <= 8 \(the daemon's max_steps\), got 16") as info:
         build_job(rt, spec_of({"prompt": "x"}), Config(max_steps=8))

@@ -30,7 +30,7 @@ def make_job(
     **params: Any,
 ) -> Job:
     ids = rt.tokenizer.encode(prompt)
-    row = rt.make_row(ids, tokens, chat=False)
+    row = rt.rows.make_row(ids, tokens, chat=False)
     params.setdefault("steps", tokens)
     return Job(
         row=row,
@@ -99,7 +99,7 @@ def test_queued_jobs_with_equal_params_run_as_one_batch_with_unchanged_results()
         for prompt, result in zip(prompts, results, strict=True):
             single = list(
                 alone.run(
-                    [alone.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
+                    [alone.rows.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
                     SamplingParams(max_new_tokens=8, steps=8),
                 )
             )[-1]

@@ -17,7 +17,9 @@ from model_runtime.sampling import SamplerSpec
 
 
 def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -> None:
-    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=2)
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=2
+    )
     entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
     kept = cache.reference("step", (1, 32), entropy).program
     cache.reference("step", (1, 32), maskgit)
@@ -40,7 +42,9 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
     x = np.full((1, 32), runtime.config.mask_token_id, np.int32)
     assert np.asarray(kept(runtime.state, jnp.asarray(x), inputs)).shape == (1, 32)
     with pytest.raises(ValueError, match="max_programs: must be >= 2"):
-        ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
+        ProgramCache(
+            runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=1
+        )
 
 
 @pytest.mark.parametrize("decoder", ["reference", "fast"])
@@ -57,7 +61,7 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
     tok = runtime.tokenizer
 
     def row(text: str, seed: int):
-        return dataclasses.replace(runtime.make_row(tok.encode(text), 16, chat=False), seed=seed)
+        return dataclasses.replace(runtime.rows.make_row(tok.encode(text), 16, chat=False), seed=seed)
 
     def texts(rows) -> list[str]:
         done = [e for e in runtime.run(rows, params, stream=False) if isinstance(e, BatchDone)][-1]

@@ -123,7 +123,7 @@ class ScriptedBackend:
         request_id = f"req-{next(self._ids)}"
         tokens = params["max_new_tokens"]
         sampling = SamplingParams(max_new_tokens=tokens, steps=params.get("steps", tokens))
-        row = self.runtime.make_row(self.runtime.encode_chat(messages), tokens, chat=True)
+        row = self.runtime.rows.make_row(self.runtime.rows.encode_chat(messages), tokens, chat=True)
         for event in self.runtime.run([row], sampling):
             if isinstance(event, BatchStep):
                 if request_id in self.cancelled:

@@ -87,7 +87,7 @@ class HttpApp:
     def _plan(self, rt: RuntimeProtocol) -> list[WarmTask]:  # scheduler thread, once loaded
         """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks; shapes that do not fit
         this model (a context shorter than the chat's canvas) are left out."""
-        accelerator = not rt.device.startswith("cpu")
+        accelerator = not rt.info.device.startswith("cpu")
         tasks = []
         for shape in warmup.default_plan(rt, self.config, accelerator=accelerator):
             try:
@@ -148,13 +148,13 @@ class HttpApp:
 
     def _loaded_chat_defaults(self) -> dict[str, Any]:
         sched = self.scheduler
-        return dict(sched.runtime.chat_defaults) if sched is not None and sched.loaded else {}
+        return dict(sched.runtime.info.chat_defaults) if sched is not None and sched.loaded else {}
 
     def model_name(self) -> str:
         """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
         sched = self.scheduler
         rt = sched.runtime if sched is not None and sched.loaded else None  # named while it compiles too
-        name = str((rt.model_name if rt is not None else None) or self.config.model)
+        name = str((rt.info.model_name if rt is not None else None) or self.config.model)
         if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
             return BUNDLED_MODEL_NAME
         if os.path.isabs(name) or os.path.isdir(name):
@@ -274,18 +274,7 @@ class HttpApp:
                 "model_path": self.config.model,
                 "version": __version__,
                 "pid": os.getpid(),
-                "device": rt.device if rt else None,
-                "dtype": rt.dtype if rt else None,
-                "quantize": rt.quantize_mode if rt else None,
-                "max_context": rt.max_context if rt else None,
-                "default_decoder": rt.default_decoder if rt else None,
-                # The model's chat defaults (generation_config.json); diffu chat starts from them. Known
-                # once the weights are loaded, while programs may still compile.
-                "chat_defaults": self._loaded_chat_defaults(),
-                "mesh": rt.mesh_info if rt else None,
-                "buckets": [list(b) for b in rt.buckets] if rt else [],
-                # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
-                "programs": rt.program_cache if rt else None,
+                **_runtime_status(rt, self._loaded_chat_defaults()),
                 "engine": sched.status.to_dict(),
                 "queue": sched.queue_info(),
                 "counters": dict(sched.counters),
@@ -298,7 +287,7 @@ class HttpApp:
                 },
                 "auth": self.config.auth,
                 # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
-                "features": ["holes"] if rt is not None and rt.supports_holes else [],
+                "features": ["holes"] if rt is not None and rt.info.supports_holes else [],
             }
         )
 
@@ -345,6 +334,25 @@ class HttpApp:
             cors_origins=self.config.cors_origins,
             max_body_bytes=self.config.max_body_bytes,
         )
+
+
+def _runtime_status(rt: RuntimeProtocol | None, chat_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The serving runtime's part of ``/v1/diffu/status`` (nulls while the model is not ready)."""
+    info = rt.info if rt is not None else None
+    return {
+        "device": info.device if info else None,
+        "dtype": info.dtype if info else None,
+        "quantize": info.quantize_mode if info else None,
+        "max_context": info.max_context if info else None,
+        "default_decoder": info.default_decoder if info else None,
+        # The model's chat defaults (generation_config.json); diffu chat starts from them. Known once the
+        # weights are loaded, while programs may still compile.
+        "chat_defaults": chat_defaults,
+        "mesh": dict(info.mesh) if info and info.mesh is not None else None,
+        "buckets": [list(b) for b in info.buckets] if info else [],
+        # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
+        "programs": rt.program_cache() if rt is not None else None,
+    }
 
 
 def usage(job: Job, done: JobDone) -> dict[str, int]:

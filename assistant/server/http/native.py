@@ -96,7 +96,7 @@ def routes(app: HttpApp) -> list[Route]:
             "usage": usage(job, done),
         }
         if job.kind == "holes":
-            body["holes"] = app.runtime.hole_fills(job.row, done.ids)
+            body["holes"] = app.runtime.rows.hole_fills(job.row, done.ids)
         if spec.return_ids:
             # The row as the runtime denoised it: the prompt before the region (templated for a chat), and
             # the whole canvas after the last step (prompt, region, and an infill's suffix).
@@ -105,13 +105,13 @@ def routes(app: HttpApp) -> list[Route]:
             body["ids"] = {
                 "prompt": list(ids[:lo]),
                 "sequence": [*ids[:lo], *(done.ids or ids[lo:hi]), *ids[hi:]],
-                "pad_id": app.runtime.tokenizer.pad_id,
+                "pad_id": app.runtime.rows.tokenizer.pad_id,
             }
         return body
 
     async def events(job: Job, spec: GenSpec) -> AsyncIterator[bytes]:
         if not pieces:
-            pieces.append(Pieces(app.runtime.tokenizer))
+            pieces.append(Pieces(app.runtime.rows.tokenizer))
         render = pieces[0].render
         yield sse.comment(f"queued {job.id}")  # flushes the headers so the client sees the request accepted
         async for event in job.events():

@@ -21,7 +21,7 @@ from assistant.server.http.app import HttpApp, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
-from model_runtime.interface import RuntimeProtocol
+from model_runtime.interface import RuntimeInfo
 
 _FINISH_OPENAI = {"stop": "stop", "length": "length", "time": "length", "cancelled": "cancelled"}
 
@@ -33,24 +33,24 @@ def _text(done: JobDone, spec: GenSpec) -> tuple[str, str]:
 
 
 def routes(app: HttpApp) -> list[Route]:
-    def model_entry(rt: RuntimeProtocol) -> dict[str, Any]:
+    def model_entry(info: RuntimeInfo) -> dict[str, Any]:
         return {
             "id": app.model_name(),
             "object": "model",
             "created": int(app.started),
             "owned_by": "diffu",
-            "max_model_len": rt.max_context,
-            "context_length": rt.max_context,
+            "max_model_len": info.max_context,
+            "context_length": info.max_context,
         }
 
     async def models(request: Request) -> Response:
         del request
-        return JSONResponse({"object": "list", "data": [model_entry(app.runtime)]})
+        return JSONResponse({"object": "list", "data": [model_entry(app.runtime.info)]})
 
     async def model(request: Request) -> Response:
-        rt = app.runtime
+        info = app.runtime.info
         model_id = request.path_params["model_id"]
-        if model_id not in (app.model_name(), rt.model_name):
+        if model_id not in (app.model_name(), info.model_name):
             raise RequestError(
                 f"model {model_id!r} not found; this daemon serves {app.model_name()!r}",
                 status=404,
@@ -58,7 +58,7 @@ def routes(app: HttpApp) -> list[Route]:
                 kind="not_found_error",
                 code="model_not_found",
             )
-        return JSONResponse(model_entry(rt))
+        return JSONResponse(model_entry(info))
 
     async def chat_completions(request: Request) -> Response:
         data = request_fields.parse_json(await request.body())

@@ -51,7 +51,7 @@ def main(model_dir: str) -> None:
             {
                 "tp": tp,
                 "dp": dp,
-                "device": rt.device,
+                "device": rt.info.device,
                 "batch_buckets": list(rt.batch_buckets),
                 "max_rel_err": float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))),
                 "greedy_equal": list(rt.generate(prompts, greedy, chat=False))[-1].sequences == want,
