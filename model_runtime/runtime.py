@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import distributed, fast, quant, sharding
+from model_runtime import fast, processes, quant, sharding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
@@ -188,7 +188,7 @@ class Runtime:
             index=jnp.int32(step),
             knobs=Knobs.of(params),
         )
-        return distributed.host(program(self.state, jnp.asarray(x), inputs))
+        return processes.host(program(self.state, jnp.asarray(x), inputs))
 
     def run(
         self,
@@ -289,9 +289,9 @@ class Runtime:
             padded = np.ones(n_ratios, np.float32)
             padded[: params.steps] = ratios
             loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
-            prev = distributed.host(program(self.state, x, loop))
+            prev = processes.host(program(self.state, x, loop))
         else:
-            prev = distributed.host(x)
+            prev = processes.host(x)
             for i in range(params.steps):
                 t0 = time.perf_counter()
                 inputs = StepInputs(
@@ -303,7 +303,7 @@ class Runtime:
                     knobs=knobs,
                 )
                 x = program(self.state, x, inputs)
-                cur = distributed.host(x)  # the one host transfer per step that streaming needs
+                cur = processes.host(x)  # the one host transfer per step that streaming needs
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
         yield batch.done_event(
@@ -385,7 +385,7 @@ class Runtime:
             # more it may run in this call.
             loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
             if stream and every_forward:
-                cur = distributed.host(x)  # one host sync per forward: the event
+                cur = processes.host(x)  # one host sync per forward: the event
                 seconds = time.perf_counter() - t0
                 yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
                 prev = cur
@@ -397,7 +397,7 @@ class Runtime:
                     t0 = time.perf_counter()
                     x, caches, _ = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
                     forwards += 1
-                    cur = distributed.host(x)
+                    cur = processes.host(x)
                     yield batch.step_event(
                         prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
                     )
@@ -405,8 +405,8 @@ class Runtime:
                 cur = np.array(cur)
             else:
                 x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
-                cur = np.array(distributed.host(x))  # one host sync per block: the event, end-of-text check
-                forwards += int(distributed.host(iters))
+                cur = np.array(processes.host(x))  # one host sync per block: the event, end-of-text check
+                forwards += int(processes.host(iters))
                 if stream:
                     yield batch.step_event(
                         prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where

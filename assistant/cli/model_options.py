@@ -83,11 +83,9 @@ def add_multihost_options(p: argparse.ArgumentParser) -> None:
 def init_multihost(args: argparse.Namespace) -> None:
     """Join the process group before the first device is touched (no-op without the options)."""
     if args.coordinator or args.multihost_auto:
-        from model_runtime import distributed
+        from model_runtime import processes
 
-        distributed.initialize(
-            args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto
-        )
+        processes.initialize(args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto)
 
 
 def add_decoder_options(p: argparse.ArgumentParser) -> None:

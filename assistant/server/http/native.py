@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from assistant import sse
 from assistant.server import protocol, request_fields
-from assistant.server.http.app import HttpApp, job_error_event, usage
+from assistant.server.http.service import JobService, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from model_runtime.interface import TokenizerProtocol
@@ -64,7 +64,7 @@ def _spans(positions: list[int], starts: list[int]) -> list[list[int]]:
     return spans
 
 
-def routes(app: HttpApp) -> list[Route]:
+def routes(app: JobService) -> list[Route]:
     pieces: list[Pieces] = []  # made once the runtime (and so its tokenizer) exists
 
     async def generate(request: Request) -> Response:

@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from assistant import sse
 from assistant.server import protocol, request_fields
-from assistant.server.http.app import HttpApp, job_error_event, usage
+from assistant.server.http.service import JobService, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
@@ -32,7 +32,7 @@ def _text(done: JobDone, spec: GenSpec) -> tuple[str, str]:
     return text, "stop" if cut else _FINISH_OPENAI.get(done.finish_reason, done.finish_reason)
 
 
-def routes(app: HttpApp) -> list[Route]:
+def routes(app: JobService) -> list[Route]:
     def model_entry(info: RuntimeInfo) -> dict[str, Any]:
         return {
             "id": app.model_name(),
