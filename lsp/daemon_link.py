@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable
 from assistant.config import Config, ConfigError, load_config
+from assistant.wire import ErrorCode
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 5.0  # after a failed attempt, requests fail fast for this long instead of retrying
 FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the daemon's error code (OpenAI's) for an overflow
 
 
 class Progress:
@@ -314,7 +314,7 @@ class DaemonLink:
 
 def is_overflow(exc: APIError) -> bool:
     """Whether the daemon refused a prompt that, with its canvas, exceeds the model's context."""
-    return exc.code == CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
+    return exc.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
 
 
 def overflow_facts(exc: APIError) -> tuple[int | None, int | None]:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from assistant.errors import UsageError
+from assistant.wire import DaemonCounters
 
 NOT_RUNNING = 3
 
@@ -145,7 +146,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  device:  {server.get('device')} ({server.get('dtype')}), "
             f"context {server.get('max_context')}\n"
             f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
-            f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
+            f"  served:  {DaemonCounters.from_dict(server.get('counters') or {}).completed} requests, "
             f"up {server.get('uptime_seconds', 0):.0f}s"
         )
         if server.get("programs"):

@@ -26,6 +26,7 @@ from assistant.cli.model_options import (
     quantize_of,
     sampling_params,
 )
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone
 from model_runtime.params import SamplingParams
 
@@ -207,23 +208,23 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
     return 0
 
 
-def _daemon_stats(per_request: list[dict[str, Any]]) -> dict[str, Any]:
+def _daemon_stats(per_request: list[DoneStats]) -> dict[str, Any]:
     """The stats of the daemon's requests (one per prompt, run in turn) in the in-process shape
     (``GenerationStats``): ``new_tokens`` counts the canvas positions denoised, as in-process."""
-    new = sum(int(s.get("canvas_tokens", 0)) for s in per_request)
-    seconds = sum(float(s.get("generate_seconds", 0.0)) for s in per_request)
-    buckets = [s["bucket"] for s in per_request if s.get("bucket")]
+    new = sum(s.canvas_tokens for s in per_request)
+    seconds = sum(s.generate_seconds for s in per_request)
+    buckets = [list(s.bucket) for s in per_request if s.bucket]
     return {
-        "steps": max((int(s.get("steps", 0)) for s in per_request), default=0),
+        "steps": max((s.steps for s in per_request), default=0),
         "new_tokens": new,
-        "batch_size": max((int(s.get("batch_size", 0)) for s in per_request), default=0),
-        "compile_seconds": round(sum(float(s.get("compile_seconds", 0.0)) for s in per_request), 4),
+        "batch_size": max((s.batch_size for s in per_request), default=0),
+        "compile_seconds": round(sum(s.compile_seconds for s in per_request), 4),
         "generate_seconds": round(seconds, 4),
         "tokens_per_second": round(new / seconds, 2) if seconds > 0 else 0.0,
-        "compiled_programs": sum(int(s.get("compiled_programs", 0)) for s in per_request),
-        "cache_hits": sum(int(s.get("cache_hits", 0)) for s in per_request),
+        "compiled_programs": sum(s.compiled_programs for s in per_request),
+        "cache_hits": sum(s.cache_hits for s in per_request),
         "bucket": max(buckets, default=[0, 0]),
-        "decoder": per_request[0].get("decoder", "") if per_request else "",
+        "decoder": per_request[0].decoder if per_request else "",
     }
 
 

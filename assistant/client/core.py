@@ -15,6 +15,7 @@ import httpx
 from assistant import sse
 from assistant.client import discovery
 from assistant.config import Config, load_config
+from assistant.wire import DoneStats
 
 Progress = Callable[[str, float, str], None]
 RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
@@ -128,13 +129,14 @@ class WarmShape:
 class Done:
     """The final answer. ``finish_reason``: stop, length, time (budget spent) or cancelled.
 
+    ``stats``: what it cost (tokens, steps, seconds queued, compiling and generating).
     ``holes``: for a prompt whose ``<|mask|>`` holes were filled (``max_new_tokens=0``), each hole's text.
     """
 
     id: str
     text: str
     finish_reason: str
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: DoneStats = field(default_factory=DoneStats)
     usage: dict[str, int] = field(default_factory=dict)
     holes: list[str] | None = None
     ids: dict[str, Any] | None = None
@@ -162,7 +164,7 @@ def parse_done(data: dict[str, Any]) -> Done:
         id=data.get("id", ""),
         text=data["text"],
         finish_reason=data["finish_reason"],
-        stats=data.get("stats", {}),
+        stats=DoneStats.from_dict(data.get("stats") or {}),
         usage=data.get("usage", {}),
         holes=data.get("holes"),
         ids=data.get("ids"),

@@ -163,7 +163,7 @@ class DaemonGenerator:
                 advance(1)
                 return Generated("", 0.0, 0, exc.message)  # this task's input (too long a prompt)
             advance(1)
-            return Generated(done.text, float(done.stats.get("generate_seconds", 0.0)), job.tokens)
+            return Generated(done.text, done.stats.generate_seconds, job.tokens)
 
         try:
             self._status = client().status()

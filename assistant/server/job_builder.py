@@ -18,11 +18,10 @@ from assistant.server.job import Job
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
 from assistant.server.warmup import Shape, WarmTask, shape_rows
+from assistant.wire import ErrorCode
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import MAX_TOP_K, ParamError, SamplingParams
-
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the OpenAI code for a prompt beyond the context
 
 
 def build_job(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, bool]:
@@ -43,7 +42,7 @@ def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, boo
             f"{spec.canvas_tokens} tokens to generate do not fit the model's context of "
             f"{rt.info.max_context} tokens",
             param="max_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             details={"max_new_tokens": spec.canvas_tokens, "context_length": rt.info.max_context},
         )
     params = _params(rt, spec, config)
@@ -65,7 +64,7 @@ def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, boo
             f"{length}, beyond the model's context of {rt.info.max_context} tokens; shorten the prompt or "
             "ask for fewer tokens",
             param="messages" if spec.mode == "chat" else "prompt",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             details={
                 "prompt_tokens": prompt_tokens,
                 "max_new_tokens": spec.canvas_tokens,
@@ -97,7 +96,7 @@ def warm_task(rt: RuntimeProtocol, shape: Shape, config: Config) -> WarmTask:
             f"prompt_tokens + max_new_tokens: {shape.prompt_tokens} + {shape.max_new_tokens} = {length} "
             f"tokens do not fit the model's context of {rt.info.max_context} tokens",
             param="prompt_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             details={
                 "prompt_tokens": shape.prompt_tokens,
                 "max_new_tokens": shape.max_new_tokens,

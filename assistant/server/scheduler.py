@@ -44,6 +44,7 @@ from assistant.server.status import (
     ShuttingDown,
 )
 from assistant.server.warmup import WarmQueue, WarmTask
+from assistant.wire import DaemonCounters, ErrorType
 from model_runtime.errors import DiffuError, InputError
 from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
@@ -92,19 +93,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
-        self.counters = {
-            "requests": 0,
-            "completed": 0,
-            "cancelled": 0,
-            "timed_out": 0,
-            "failed": 0,
-            "rejected": 0,
-            "batches": 0,
-            "rows": 0,
-            "batched_rows": 0,
-            "largest_batch": 0,
-            "generated_tokens": 0,
-        }
+        self.counters = DaemonCounters()
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[SchedulerStatus], None]) -> None:
@@ -191,14 +180,14 @@ class Scheduler:
                 )
             busy = self._busy
             if len(self._pending) >= self.queue_size:
-                self.counters["rejected"] += 1
+                self.counters.rejected += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
                 raise QueueFull(
                     f"the queue is full ({self.queue_size} requests waiting); retry later",
                     retry_after=max(1, math.ceil(waits * self._batch_seconds)),
                 )
             job.id = job.id or f"gen-{next(self._ids)}"
-            self.counters["requests"] += 1
+            self.counters.requests += 1
             if job.session:
                 older = self._sessions.get(job.session)
                 if older is not None and not older.finished:
@@ -336,9 +325,11 @@ class Scheduler:
                 log.exception("engine batch failed")
                 for job in batch:
                     if not job.finished:
-                        self.counters["failed"] += 1
+                        self.counters.failed += 1
                         job.emit(
-                            JobError(500, "internal error in the engine (see the daemon log)", "server_error")
+                            JobError(
+                                500, "internal error in the engine (see the daemon log)", ErrorType.SERVER
+                            )
                         )
             finally:
                 with self._cond:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from assistant.wire import ErrorType
+
 # Scheduler stages as /health reports them. From WARMING on, requests are served.
 STARTING, LOADING, WARMING, READY, FAILED, STOPPING = (
     "starting",
@@ -26,7 +28,7 @@ class SchedulerError(Exception):
     """A request the scheduler cannot take now; ``status`` is the HTTP status to answer with."""
 
     status = 503
-    kind = "server_error"
+    kind: str = ErrorType.SERVER
 
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -34,15 +36,15 @@ class SchedulerError(Exception):
 
 
 class QueueFull(SchedulerError):
-    kind = "server_overloaded"
+    kind = ErrorType.OVERLOADED
 
 
 class NotReady(SchedulerError):
-    kind = "model_loading"
+    kind = ErrorType.MODEL_LOADING
 
 
 class ShuttingDown(SchedulerError):
-    kind = "shutting_down"
+    kind = ErrorType.SHUTTING_DOWN
 
 
 @dataclass

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from assistant.client.core import SamplingOptions, generate_body, infill_body
+from assistant.client.core import SamplingOptions, generate_body, infill_body, parse_done
+from assistant.wire import DaemonCounters, DoneStats, ErrorCode, ErrorType, error_body
 from model_runtime.params import SamplingParams
 
 
@@ -36,4 +38,32 @@ def test_bodies_carry_only_what_was_set() -> None:
         "suffix": "b",
         "max_seconds": 2.5,
         "stream": False,
+    }
+
+
+def test_the_done_stats_cross_the_wire_whole() -> None:
+    sent = DoneStats(steps=3, new_tokens=5, canvas_tokens=8, bucket=(4, 128), generate_seconds=0.25)
+    body = json.loads(json.dumps({"id": "x", "text": "t", "finish_reason": "stop", "stats": sent.to_dict()}))
+    assert body["stats"]["bucket"] == [4, 128] and "cancel_reason" not in body["stats"]
+    assert parse_done(body).stats == sent
+    cancelled = dataclasses.replace(sent, cancel_reason="superseded")
+    assert DoneStats.from_dict(json.loads(json.dumps(cancelled.to_dict()))) == cancelled
+    # A field a newer daemon adds is ignored; one it leaves out keeps its default.
+    assert DoneStats.from_dict({"steps": 2, "later_field": 1}) == DoneStats(steps=2)
+    assert parse_done({"text": "", "finish_reason": "cancelled"}).stats == DoneStats()
+
+
+def test_counters_and_error_names_are_plain_json() -> None:
+    counters = DaemonCounters(requests=3, completed=2, rejected=1)
+    assert DaemonCounters.from_dict(json.loads(json.dumps(counters.to_dict()))) == counters
+    body = json.loads(
+        json.dumps(error_body("too long", ErrorType.INVALID_REQUEST, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED))
+    )
+    assert body == {
+        "error": {
+            "message": "too long",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "context_length_exceeded",
+        }
     }

@@ -104,7 +104,7 @@ def test_queued_jobs_with_equal_params_run_as_one_batch_with_unchanged_results()
                 )
             )[-1]
             assert isinstance(result, JobDone) and result.text == single.texts[0]
-        assert engine.counters["batched_rows"] == 5 and engine.counters["largest_batch"] == 5
+        assert engine.counters.batched_rows == 5 and engine.counters.largest_batch == 5
 
     asyncio.run(main())
 
@@ -138,9 +138,9 @@ def test_cancel_between_steps_frees_the_engine_for_the_next_job() -> None:
         assert isinstance(done, JobDone) and done.finish_reason == "cancelled" and done.steps_run < 10
         assert isinstance(result, JobDone) and result.finish_reason in ("stop", "length")
         # The next job waited for at most the step in flight (20 ms), not the 10 s the long one needed.
-        assert result.stats["queue_seconds"] < 0.5
+        assert result.stats.queue_seconds < 0.5
         assert time.monotonic() - t0 < 1.0
-        assert engine.counters["cancelled"] == 1
+        assert engine.counters.cancelled == 1
 
     asyncio.run(main())
 
@@ -155,7 +155,7 @@ def test_full_queue_is_refused_with_retry_after() -> None:
         with pytest.raises(QueueFull) as info:
             engine.submit(make_job(rt, "one too many"))
         assert info.value.retry_after is not None and info.value.retry_after >= 1
-        assert engine.counters["rejected"] == 1
+        assert engine.counters.rejected == 1
         engine.cancel(running)
         for job in queued:
             assert isinstance(await final(job), JobDone)
@@ -188,7 +188,7 @@ def test_a_newer_request_of_the_same_session_supersedes_the_older() -> None:
         old_done, new_done = await final(old), await final(new)
         engine.stop()
         assert isinstance(old_done, JobDone) and old_done.finish_reason == "cancelled"
-        assert old_done.stats["cancel_reason"] == "superseded"
+        assert old_done.stats.cancel_reason == "superseded"
         assert isinstance(new_done, JobDone) and new_done.finish_reason != "cancelled"
 
     asyncio.run(main())
@@ -303,8 +303,8 @@ def test_a_request_is_served_while_the_warm_up_goes_on_and_waits_for_its_own_pro
         assert isinstance(done, JobDone) and done.finish_reason in ("stop", "length")
         assert waited < 1.5  # at most the compile in progress and its own, not the 2.4 s plan
         # Its time and rate count generation only: the compile is reported apart.
-        assert done.stats["compile_seconds"] >= 0.4 and done.stats["compiled_programs"] == 1
-        assert done.stats["generate_seconds"] < 0.2
+        assert done.stats.compile_seconds >= 0.4 and done.stats.compiled_programs == 1
+        assert done.stats.generate_seconds < 0.2
         engine.stop()
 
     asyncio.run(main())

@@ -22,6 +22,7 @@ from textual.widgets import Markdown
 from assistant.client import APIError, DaemonUnavailable, Done, Step
 from assistant.server.fake_runtime import IM_END_ID, FakeRuntime
 from assistant.server.http.native import Pieces
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
 from tui.settings import ChatSettings
@@ -127,7 +128,7 @@ class ScriptedBackend:
         for event in self.runtime.run([row], sampling):
             if isinstance(event, BatchStep):
                 if request_id in self.cancelled:
-                    yield Done(request_id, "", "cancelled", stats={"steps": event.step})
+                    yield Done(request_id, "", "cancelled", stats=DoneStats(steps=event.step))
                     return
                 self.steps_sent += 1
                 yield Step(
@@ -149,12 +150,12 @@ class ScriptedBackend:
                     request_id,
                     event.texts[0],
                     "stop",
-                    stats={
-                        "steps": event.stats.steps,
-                        "new_tokens": new,
-                        "generate_seconds": seconds,
-                        "tokens_per_second": new / seconds,
-                    },
+                    stats=DoneStats(
+                        steps=event.stats.steps,
+                        new_tokens=new,
+                        generate_seconds=seconds,
+                        tokens_per_second=new / seconds,
+                    ),
                     usage={"prompt_tokens": len(row.ids) - tokens, "completion_tokens": new},
                 )
 

@@ -35,11 +35,12 @@ from assistant.server.http.streaming import EventStream, HealthFeed, wait_discon
 from assistant.server.job import Job, JobDone, JobError
 from assistant.server.job_builder import build_job, warm_task
 from assistant.server.protocol import GenSpec
-from assistant.server.request_fields import RequestError, error_body
+from assistant.server.request_fields import RequestError
 from assistant.server.scheduler import Loader, Scheduler
 from assistant.server.security import GuardMiddleware, is_loopback
 from assistant.server.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
 from assistant.server.warmup import Shape, WarmTask
+from assistant.wire import ErrorType, error_body
 from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.interface import RuntimeProtocol
 
@@ -242,7 +243,7 @@ class HttpApp:
             "status": st.stage,
             **st.to_dict(),
             "model": self.model_name(),
-            "error": {"code": 503, "message": message, "type": "unavailable_error"},
+            "error": {"code": 503, "message": message, "type": ErrorType.UNAVAILABLE},
         }
 
     async def health(self, request: Request) -> Response:
@@ -279,7 +280,7 @@ class HttpApp:
                 **_runtime_status(rt, self._loaded_chat_defaults()),
                 "engine": sched.status.to_dict(),
                 "queue": sched.queue_info(),
-                "counters": dict(sched.counters),
+                "counters": sched.counters.to_dict(),
                 "uptime_seconds": round(time.time() - self.started, 3),
                 "limits": {
                     "max_steps": self.config.max_steps,
@@ -301,7 +302,10 @@ class HttpApp:
             job_id = job_id.removeprefix(prefix)
         if not self.sched.cancel(job_id, "cancelled by the client"):
             raise RequestError(
-                f"id: no queued or running request {job_id!r}", status=404, param="id", kind="not_found_error"
+                f"id: no queued or running request {job_id!r}",
+                status=404,
+                param="id",
+                kind=ErrorType.NOT_FOUND,
             )
         return JSONResponse({"id": job_id, "cancelled": True})
 
@@ -371,7 +375,7 @@ async def _scheduler_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
     message = {
         404: f"no route {request.url.path}",
         405: f"method {request.method} not allowed on {request.url.path}",
@@ -382,7 +386,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
-        error_body("internal server error (see the daemon log)", "server_error"), status_code=500
+        error_body("internal server error (see the daemon log)", ErrorType.SERVER), status_code=500
     )
 
 

@@ -70,7 +70,7 @@ def routes(app: JobService) -> list[Route]:
         text, cut_stop = protocol.apply_stop(done.text, spec.stop)
         text, cut_indent = protocol.apply_n_indent(text, spec.n_indent)
         stop_type = "word" if cut_stop else "limit" if cut_indent or done.finish_reason != "stop" else "eos"
-        gen_ms = float(done.stats.get("generate_seconds", 0.0)) * 1000
+        gen_ms = done.stats.generate_seconds * 1000
         return {
             "index": 0,
             "content": text,

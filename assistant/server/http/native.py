@@ -92,7 +92,7 @@ def routes(app: JobService) -> list[Route]:
             "id": job.id,
             "text": done.text,
             "finish_reason": done.finish_reason,
-            "stats": done.stats,
+            "stats": done.stats.to_dict(),
             "usage": usage(job, done),
         }
         if job.kind == "holes":

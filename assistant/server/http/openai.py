@@ -21,6 +21,7 @@ from assistant.server.http.service import JobService, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
+from assistant.wire import ErrorCode, ErrorType
 from model_runtime.interface import RuntimeInfo
 
 _FINISH_OPENAI = {"stop": "stop", "length": "length", "time": "length", "cancelled": "cancelled"}
@@ -55,8 +56,8 @@ def routes(app: JobService) -> list[Route]:
                 f"model {model_id!r} not found; this daemon serves {app.model_name()!r}",
                 status=404,
                 param="model",
-                kind="not_found_error",
-                code="model_not_found",
+                kind=ErrorType.NOT_FOUND,
+                code=ErrorCode.MODEL_NOT_FOUND,
             )
         return JSONResponse(model_entry(info))
 

@@ -17,8 +17,8 @@ from starlette.responses import Response
 from assistant.config import Config
 from assistant.server.job import Job, JobDone, JobError
 from assistant.server.protocol import GenSpec
-from assistant.server.request_fields import error_body
 from assistant.server.warmup import Shape
+from assistant.wire import error_body
 from model_runtime.interface import RuntimeProtocol
 
 
