@@ -1,21 +1,69 @@
-"""What crosses the process boundary between the daemon and its clients, declared once for both sides.
+"""What crosses the process boundary between the daemon and its clients, declared once for both sides,
+free of JAX and of HTTP code: the request's sampling options and the rule a prompt must fit the model's
+context by, the error shape with its types and codes, the stats of a finished request, and the daemon's
+counters.
 
 The daemon writes these values and the clients (``assistant.client``, and through it ``diffu chat``,
 ``diffu lsp`` and the CLI) read them back, so each is one type here rather than a string or a dict key
-spelled on both sides: the error shape with its types and codes, the stats of a finished request, and
-the daemon's counters. Standard library only: clients import it without JAX or an HTTP stack.
+spelled on both sides. The editors and the chat keep the sampling options in their settings (imported when
+an editor starts the server, before ``httpx`` is), and the daemon reads the same declaration
+(``SamplingParams``, ``model_runtime.options``) when it parses a request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from model_runtime.options import like, mirror
+from model_runtime.params import SamplingParams
 
-# -- errors ---------------------------------------------------------------------------------------------
+
+# -- a request -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """The sampling knobs of one request: ``SamplingParams``' options (their bounds, choices and help)
+    but ``max_new_tokens``, which each call names its own way. None leaves a knob to the daemon, which
+    applies its model's defaults; the daemon validates every value and answers a bad one with a 400.
+
+    The fields are written out so that mypy checks a caller's names and types; ``mirror`` below checks
+    them against the declaration when this module is imported.
+    """
+
+    steps: int | None = like(SamplingParams, "steps", default=None)
+    alg: str | None = like(SamplingParams, "alg", default=None)
+    alg_temp: float | None = like(SamplingParams, "alg_temp", default=None)
+    temperature: float | None = like(SamplingParams, "temperature", default=None)
+    top_p: float | None = like(SamplingParams, "top_p", default=None)
+    top_k: int | None = like(SamplingParams, "top_k", default=None)
+    eps: float | None = like(SamplingParams, "eps", default=None)
+    seed: int | None = like(SamplingParams, "seed", default=None)
+    decoder: str | None = like(SamplingParams, "decoder", default=None)
+    block_length: int | None = like(SamplingParams, "block_length", default=None)
+    threshold: float | None = like(SamplingParams, "threshold", default=None)
+    factor: float | None = like(SamplingParams, "factor", default=None)
+
+    def body(self) -> dict[str, Any]:
+        """The knobs that are set, as request fields."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+mirror(SamplingOptions, SamplingParams, omit=("max_new_tokens",))
+
+
+def prompt_budget(budget_tokens: int, canvas_tokens: int, max_context: int | None) -> int:
+    """The prompt's token budget: ``budget_tokens``, but no more than the model's context (when known)
+    leaves beside a canvas of ``canvas_tokens``, less 2 tokens of slack. The daemon refuses a prompt that
+    does not fit its context together with the canvas. May be <= 0: the canvas alone fills the context."""
+    if not max_context:
+        return budget_tokens
+    return min(budget_tokens, int(max_context) - canvas_tokens - 2)
+
+
+# -- errors --------------------------------------------------------------------------------------------------
 class ErrorType(StrEnum):
     """An error's ``type`` (OpenAI's field): what kind of failure, for a client deciding what to do."""
 
@@ -56,7 +104,7 @@ def error_body(
     return {"error": error}
 
 
-# -- a finished request ---------------------------------------------------------------------------------
+# -- a finished request --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DoneStats:
     """What a finished request cost: the ``stats`` of a native ``done`` event or response.
@@ -100,7 +148,7 @@ class DoneStats:
         return cls(**values)
 
 
-# -- the daemon's totals ----------------------------------------------------------------------------------
+# -- the daemon's totals -------------------------------------------------------------------------------------
 @dataclass
 class DaemonCounters:
     """The daemon's totals since it started (``counters`` of ``/v1/diffu/status``): requests taken and

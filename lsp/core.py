@@ -50,19 +50,6 @@ _LEVELS = {
     "info": types.MessageType.Info,
     "debug": types.MessageType.Log,
 }
-# Settings that change what a suggestion would be: cached suggestions made under others are dropped.
-_SHAPING = (
-    "max_tokens",
-    "steps",
-    "temperature",
-    "context_tokens",
-    "prefix_fraction",
-    "snippet_tokens",
-    "current_file_only",
-    "min_chars",
-    "url",
-    "model",
-)
 
 
 class DiffuProtocol(ConformantProtocol):
@@ -175,7 +162,7 @@ class DiffuLanguageServer(LanguageServer):
         for problem in problems:
             self.log(f"diffu settings ({source}): {problem}", level="warning", show=True)
         self._configure_link()
-        if any(getattr(before, k) != getattr(self.settings, k) for k in _SHAPING):
+        if before.fingerprint() != self.settings.fingerprint():
             self.cache.clear()  # cached suggestions were made under other settings
         self.status_changed()
         return problems

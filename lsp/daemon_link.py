@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable
 from assistant.config import Config, ConfigError, load_config
-from assistant.wire import ErrorCode
+from assistant.wire import ErrorCode, prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
@@ -291,9 +291,7 @@ class DaemonLink:
 
     def budget_chars(self, budget_tokens: int, reserve_tokens: int) -> int:
         """Characters of prompt for ``budget_tokens``, leaving ``reserve_tokens`` of the context free."""
-        if self.max_context:
-            # The daemon refuses a prompt that does not fit its context together with the canvas.
-            budget_tokens = min(budget_tokens, int(self.max_context) - reserve_tokens - 2)
+        budget_tokens = prompt_budget(budget_tokens, reserve_tokens, self.max_context)
         return int(max(budget_tokens, 8) * self.chars_per_token)
 
     async def fitting(self, build: Callable[[], tuple[int, Awaitable[T]]]) -> T:

@@ -28,7 +28,7 @@ DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from assistant.cli.model_options import add_multihost_options, add_sampling_options
+    from assistant.cli.model_options import add_max_new_tokens, add_multihost_options, add_sampling_options
 
     p = subparsers.add_parser(
         "eval",
@@ -76,11 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--n", type=int, default=1, help="samples per task (pass@k needs n >= k; default 1)")
     p.add_argument("--k", default="1,10,100", help="pass@k values to report, where k <= n (default 1,10,100)")
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="canvas per answer (default: 256 for humaneval, 32 single-line, 128 multi-line infill)",
+    add_max_new_tokens(
+        p, default=None, default_text="256 for humaneval, 32 single-line, 128 multi-line infill"
     )
     add_sampling_options(p)
     add_multihost_options(p)

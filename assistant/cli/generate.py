@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from assistant.cli.model_options import (
+    add_max_new_tokens,
     add_multihost_options,
     add_sampling_options,
     init_multihost,
@@ -72,7 +73,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="size of the hole with --suffix (default: --max-new-tokens)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128, help="canvas length to generate (default 128)")
+    add_max_new_tokens(p)
     add_sampling_options(p)
     add_multihost_options(p)
 

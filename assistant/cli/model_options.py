@@ -10,33 +10,35 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from model_runtime.params import ALGS, DECODERS, DEFAULT_TOP_K, ParamError, SamplingParams
+from assistant.cli.flags import add_flag, flag_error
+from model_runtime.options import options
+from model_runtime.params import ParamError, SamplingParams
 
 if TYPE_CHECKING:
     from model_runtime.interface import RuntimeProtocol
     from model_runtime.runtime import Runtime
 
 
+SAMPLING = options(SamplingParams)
+# The sampling flags: every knob but max_new_tokens, which each command names its own way (the prompt
+# flags' --max-new-tokens and --infill-tokens, eval's per-benchmark default).
+SAMPLING_FLAGS = tuple(name for name in SAMPLING if name != "max_new_tokens")
+# Flags whose "not given" leaves the knob to a later layer rather than to the declared default.
+_LATER = {
+    "steps": "one per new token",
+    "decoder": "the model's recommendation: reference unless its generation_config.json names "
+    "diffu_decoder, as the bundled demo model's does",
+}
+
+
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     """Model, sampler, decoder and device flags, shared by generate, bench generate and eval."""
     p.add_argument("--model", default=None, help="checkpoint directory or hub id (default: $DIFFU_MODEL)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: max new tokens)")
-    p.add_argument("--alg", choices=ALGS, default="entropy", help="unmasking order (default entropy)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus filtering (default off)")
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        help=f"top-k filtering; unset means {DEFAULT_TOP_K}, as the published sampler inherits "
-        "it from transformers' generation defaults; 0 switches it off",
-    )
-    p.add_argument(
-        "--alg-temp", type=float, default=None, help="sample positions by confidence at this temperature"
-    )
-    p.add_argument("--eps", type=float, default=1e-3, help="final noise level of the schedule (default 1e-3)")
-    p.add_argument("--seed", type=int, default=0)
-    add_decoder_options(p)
+    for name in SAMPLING_FLAGS:
+        if name in _LATER:
+            add_flag(p, SAMPLING[name], default=None, default_text=_LATER[name])
+        else:
+            add_flag(p, SAMPLING[name])
     p.add_argument(
         "--dtype",
         default=None,
@@ -50,6 +52,11 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dp", type=int, default=None, help="data parallel replicas (default: the remaining devices)"
     )
+
+
+def add_max_new_tokens(p: argparse.ArgumentParser, **changes: Any) -> None:
+    """``--max-new-tokens``, as declared (``changes``: another default, its meaning, a metavar)."""
+    add_flag(p, SAMPLING["max_new_tokens"], **changes)
 
 
 def add_quantize_option(p: argparse.ArgumentParser) -> None:
@@ -88,30 +95,6 @@ def init_multihost(args: argparse.Namespace) -> None:
         processes.initialize(args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto)
 
 
-def add_decoder_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        default=None,
-        help="reference: exact published sampler; fast: DualCache blocks with confidence-threshold "
-        "parallel unmasking (default: the model's recommendation, reference unless its "
-        "generation_config.json names diffu_decoder, as the bundled demo model's does)",
-    )
-    p.add_argument("--block-length", type=int, default=32, help="fast decoder: block size (default 32)")
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=0.9,
-        help="fast decoder: commit every masked position at least this confident (default 0.9)",
-    )
-    p.add_argument(
-        "--factor",
-        type=float,
-        default=None,
-        help="fast decoder: use the factor rule with this factor instead of the threshold",
-    )
-
-
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
     """Without --decoder, the decoder the loaded model recommends (``RuntimeInfo.default_decoder``)."""
     return params if args.decoder else dataclasses.replace(params, decoder=rt.info.default_decoder)
@@ -127,24 +110,14 @@ def sampling_params(args: argparse.Namespace, max_new_tokens: int | None = None)
         max_new = args.infill_tokens
     else:
         max_new = args.max_new_tokens
+    knobs = {name: getattr(args, name) for name in SAMPLING_FLAGS}
+    if knobs["steps"] is None:
+        knobs["steps"] = max_new
+    knobs["decoder"] = knobs["decoder"] or "reference"  # model_decoder() puts the model's in its place
     try:
-        return SamplingParams(
-            max_new_tokens=max_new,
-            steps=args.steps if args.steps is not None else max_new,
-            alg=args.alg,
-            alg_temp=args.alg_temp,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            eps=args.eps,
-            seed=args.seed,
-            decoder=args.decoder or "reference",
-            block_length=args.block_length,
-            threshold=args.threshold,
-            factor=args.factor,
-        )
+        return SamplingParams(max_new_tokens=max_new, **knobs)
     except ParamError as exc:
-        raise UsageError(f"--{exc.field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from None
+        raise UsageError(flag_error(exc)) from None
 
 
 def load_with_progress(

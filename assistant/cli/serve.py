@@ -42,15 +42,20 @@ log = logging.getLogger("diffu.serve")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by ``diffu serve`` and ``diffu daemon start``; unset flags leave the config alone."""
-    parser.add_argument("--model", help="checkpoint directory or hub id (config: model, env: DIFFU_MODEL)")
-    parser.add_argument("--host", help="bind address (default 127.0.0.1; anything else exposes the model)")
-    parser.add_argument("--port", type=int, help="TCP port (default 8012; 0 picks a free one and prints it)")
-    parser.add_argument(
-        "--api-key",
-        dest="api_key",
-        help="Bearer token clients must send (default: the token file in the config dir)",
-    )
+    """Flags shared by ``diffu serve`` and ``diffu daemon start``, from the config's declaration; unset
+    flags leave the config alone."""
+    from assistant.cli.flags import add_flag
+    from assistant.config import ENV_PREFIX, Config
+    from model_runtime.options import options
+
+    declared = options(Config)
+    for name in FLAG_KEYS:
+        if declared[name].kind is bool:
+            continue  # the switches below turn a default-on option off
+        opt = declared[name]
+        default = f", else {opt.default}" if opt.default is not None else ""
+        where = f"{ENV_PREFIX}{name.upper()} or config.toml's {name}{default}"
+        add_flag(parser, opt, default=None, default_text=where, **_FLAG_EXTRA.get(name, {}))
     parser.add_argument(
         "--no-auth",
         dest="auth",
@@ -58,12 +63,6 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         const=False,
         help="accept requests without a token (any key is accepted)",
     )
-    parser.add_argument("--dtype", help="parameter dtype, e.g. bfloat16 or float32")
-    parser.add_argument(
-        "--quantize", metavar="int8|int4", help="weight-only quantization at load (config: quantize)"
-    )
-    parser.add_argument("--queue-size", dest="queue_size", type=int, help="requests waiting before 503")
-    parser.add_argument("--max-batch", dest="max_batch", type=int, help="requests per canvas batch")
     parser.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -71,9 +70,6 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         const=False,
         help="compile nothing ahead of requests: each program when a request first needs it",
     )
-    parser.add_argument("--log-level", dest="log_level", choices=("debug", "info", "warning", "error"))
-    parser.add_argument("--tp", type=int, help="tensor parallel degree: devices per model copy (default 1)")
-    parser.add_argument("--dp", type=int, help="data parallel replicas (default: the remaining devices)")
 
 
 FLAG_KEYS = (
@@ -91,6 +87,9 @@ FLAG_KEYS = (
     "tp",
     "dp",
 )
+
+
+_FLAG_EXTRA: dict[str, dict[str, Any]] = {"quantize": {"metavar": "int8|int4"}}
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:

@@ -19,7 +19,8 @@ DEFAULT_CHECKPOINT_EVERY = 10  # an RL step is a rollout's worth of work: checkp
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "reinforcement learning (--rl coupled-grpo; --steps defaults to one epoch of the tasks, --lr to 1e-6)"
+        "reinforcement learning (--rl coupled-grpo; --steps defaults to one epoch of the tasks, --lr to 1e-6,"
+        " --warmup to 0; --warmup 1 is the recipe's one step at learning rate 0)"
     )
     g.add_argument("--rl", choices=("coupled-grpo",), default=None, help="improve --init-from with rewards")
     g.add_argument("--tasks", type=Path, default=None, metavar="TASKS", help="AceCode-format JSONL tasks")
@@ -34,7 +35,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-generations", type=int, default=10, help="completions per prompt (10)")
     g.add_argument("--prompts-per-step", type=int, default=8, help="prompts per rollout (8)")
     g.add_argument("--chunk", type=int, default=5, help="completions per token-normalised loss chunk (5)")
+    g.add_argument(
+        "--accumulation",
+        type=int,
+        default=2,
+        help="chunks per published device (its gradient_accumulation_steps); each --chunk x this rows draw "
+        "their own masks (2)",
+    )
     g.add_argument("--num-iterations", type=int, default=2, help="updates per rollout (2)")
+    g.add_argument(
+        "--mask-seed-pick",
+        choices=("iteration", "published"),
+        default="iteration",
+        help="iteration: step s uses iteration s %% num-iterations's masks; published: the published pick, "
+        "after its micro-step counter moved (default iteration)",
+    )
     g.add_argument("--beta", type=float, default=0.01, help="KL weight (0.01)")
     g.add_argument("--epsilon", type=float, default=0.5, help="ratio clip (0.5)")
     g.add_argument("--ref-sync-steps", type=int, default=64, help="steps between reference syncs (64)")
@@ -144,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
             prompts_per_step=args.prompts_per_step,
             num_generations=args.num_generations,
             chunk=args.chunk,
+            accumulation=args.accumulation,
             num_iterations=args.num_iterations,
+            mask_seed_pick=args.mask_seed_pick,
             beta=args.beta,
             epsilon=args.epsilon,
             ref_sync_steps=args.ref_sync_steps,

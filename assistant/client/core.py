@@ -1,13 +1,13 @@
-"""What the sync and async clients share: the events and errors they return, the typed sampling options
-they take, request bodies, response and event parsing, and the retry decisions. No I/O here; the two
-clients in ``assistant.client`` only differ in how they wait.
+"""What the sync and async clients share: the events and errors they return, request bodies (with the
+typed sampling options of ``assistant.wire``), response and event parsing, and the retry decisions. No
+I/O here; the two clients in ``assistant.client`` only differ in how they wait.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ import httpx
 from assistant import sse
 from assistant.client import discovery
 from assistant.config import Config, load_config
-from assistant.wire import DoneStats
+from assistant.wire import DoneStats, SamplingOptions
 
 Progress = Callable[[str, float, str], None]
 RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
@@ -52,30 +52,6 @@ class APIError(Exception):
         self.retry_after = retry_after
         self.code = code
         self.details: dict[str, Any] = dict(details or {})
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplingOptions:
-    """The sampling knobs of one request, in the reference's vocabulary (``SamplingParams`` without
-    ``max_new_tokens``, which each call names its own way). None leaves a knob to the daemon, which
-    applies its model's defaults; the daemon validates every value and answers a bad one with a 400."""
-
-    steps: int | None = None
-    alg: str | None = None
-    alg_temp: float | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    eps: float | None = None
-    seed: int | None = None
-    decoder: str | None = None
-    block_length: int | None = None
-    threshold: float | None = None
-    factor: float | None = None
-
-    def body(self) -> dict[str, Any]:
-        """The knobs that are set, as request fields."""
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
 # -- events -------------------------------------------------------------------------------------------

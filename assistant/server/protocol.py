@@ -9,7 +9,6 @@ features we cannot honour (``n > 1``, logprobs, tools) rather than silently doin
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,15 +23,14 @@ from assistant.server.request_fields import (
     reject_unknown,
 )
 from assistant.server.warmup import Shape
+from model_runtime.options import OptionError, options
 from model_runtime.params import ParamError, SamplingParams
 
-# Sampling fields a request may set directly: every SamplingParams field but max_new_tokens, which each
-# route names its own way (max_new_tokens / canvas_tokens / max_tokens / n_predict). Taken from the
-# dataclass, so a knob the runtime gains is served without a change here.
-_SAMPLING_TYPES = {
-    f.name: str(f.type) for f in dataclasses.fields(SamplingParams) if f.name != "max_new_tokens"
-}
-SAMPLING_FIELDS = tuple(_SAMPLING_TYPES)
+# Sampling fields a request may set directly: every SamplingParams option but max_new_tokens, which each
+# route names its own way (max_new_tokens / canvas_tokens / max_tokens / n_predict). Read from the
+# declaration, so a knob the runtime gains is served without a change here.
+_SAMPLING = {name: opt for name, opt in options(SamplingParams).items() if name != "max_new_tokens"}
+SAMPLING_FIELDS = tuple(_SAMPLING)
 MAX_STOP_STRINGS = 16
 MAX_EXTRA_CHUNKS = 256
 MAX_MESSAGES = 1024
@@ -61,26 +59,16 @@ class GenSpec:
 
 
 def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> dict[str, Any]:
-    """The sampling fields present in ``data``, type-checked by their SamplingParams annotation.
-
-    Ranges and choices (``alg``, ``eps``, ...) are SamplingParams' to check: :func:`check_sampling`
-    builds one and turns its ParamError into a 400 naming the field.
-    """
+    """The sampling fields present in ``data``, each read and checked by its declaration (a bad one is
+    a 400 naming it); :func:`check_sampling` then checks them together, as SamplingParams."""
     out: dict[str, Any] = {}
-    for name, kind in _SAMPLING_TYPES.items():
+    for name, opt in _SAMPLING.items():
         if data.get(name) is None:
             continue
-        base = kind.replace(" | None", "")
-        if base == "int":
-            out[name] = get_int(data, name)
-        elif base == "float":
-            out[name] = get_float(data, name)
-        elif base == "str":
-            out[name] = get_str(data, name, max_len=100)
-        elif base == "bool":
-            out[name] = get_bool(data, name, False)
-        else:  # a kind this parser does not know yet: SamplingParams validates the raw value
-            out[name] = data[name]
+        try:
+            out[name] = opt.read(data[name], json=True)
+        except OptionError as exc:
+            raise RequestError(str(exc), param=name) from None
     if "temperature" not in out and temperature_default is not None:
         out["temperature"] = temperature_default
     return out

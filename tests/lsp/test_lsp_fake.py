@@ -264,7 +264,7 @@ async def test_did_change_configuration(lsp, fake_daemon) -> None:
     assert [f["language"] for f in reg.register_options["documentSelector"]] == ["rust"]
     assert (await session.inline(uri, 6, 17)).items == ()  # python is not in the languages any more
     warnings = session.logs(types.MessageType.Warning)
-    assert any("debounceMs: expected a number" in w for w in warnings)
+    assert any("debounceMs: expected an integer" in w for w in warnings)
     assert any("bogus: unknown setting" in w for w in warnings)
 
     session.configure({"languages": [], "maxTokens": 8})
