@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from assistant.client.core import SamplingOptions, generate_body, infill_body, parse_done
+from assistant.client.calls import generate_body, infill_body
+from assistant.client.core import SamplingOptions, parse_done
 from assistant.wire import DaemonCounters, DoneStats, ErrorCode, ErrorType, error_body
 from model_runtime.params import SamplingParams
 
@@ -67,3 +68,48 @@ def test_counters_and_error_names_are_plain_json() -> None:
             "code": "context_length_exceeded",
         }
     }
+
+
+def test_both_clients_make_every_call_of_the_table_alike() -> None:
+    import inspect
+    import typing
+
+    from assistant.client import AsyncClient, Client, calls
+
+    def returns(entry: object) -> object:
+        return typing.get_type_hints(entry).get("return") if inspect.isfunction(entry) else None
+
+    entries = {
+        name: entry
+        for name, entry in vars(calls).items()
+        if returns(entry) is calls.Stream or typing.get_origin(returns(entry)) is calls.Call
+    }
+    assert {"generate", "stream_infill", "cancel", "status"} <= set(entries)
+    # The I/O each client does its own way; everything else public is a call of the table.
+    own = {
+        "connect",
+        "wait_ready",
+        "request",
+        "stream",
+        "call",
+        "events",
+        "endpoint",
+        "close",
+        "aclose",
+        "health",
+    }
+    for cls in (Client, AsyncClient):
+        public = {n for n in dir(cls) if not n.startswith("_") and n not in own}
+        assert public == set(entries), cls.__name__
+        for name, entry in entries.items():
+            method = inspect.signature(getattr(cls, name))
+            assert list(method.parameters)[1:] == list(inspect.signature(entry).parameters), (
+                cls.__name__,
+                name,
+            )
+            assert getattr(cls, name).__doc__ == entry.__doc__
+    # Calls are awaited on the async client; streams are iterated, on both.
+    assert inspect.iscoroutinefunction(AsyncClient.generate) and not inspect.iscoroutinefunction(
+        Client.generate
+    )
+    assert not inspect.iscoroutinefunction(AsyncClient.stream_generate)

@@ -178,11 +178,13 @@ def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
         with pytest.raises(APIError) as info:
             client.generate(prompt="x", sampling=SamplingOptions(steps=0))
         assert info.value.status == 400 and info.value.param == "steps"
+        assert client.cancel("no-such-request") is False  # a 404, read as the table says
 
     async def run_async() -> tuple[list[object], dict[str, object]]:
         async with AsyncClient(fake_daemon.url, fake_daemon.token, autostart=False) as client:
             two = SamplingOptions(steps=2)
             events = [e async for e in client.stream_infill("def f(", "):\n", canvas_tokens=8, sampling=two)]
+            assert await client.cancel("no-such-request") is False
             return events, await client.status()
 
     events, status = asyncio.run(run_async())
