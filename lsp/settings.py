@@ -116,6 +116,12 @@ class Settings:
         le=3600.0,
         help="Time budget per request in the daemon; when spent it answers with what is unmasked so far.",
     )
+    snooze_minutes: float = option(
+        5.0,
+        ge=0.1,
+        le=1440.0,
+        help="How long ``diffu.snooze`` pauses suggestions while typing when it is given no duration.",
+    )
     # The daemon's address and start-up, as diffu's config declares them (and checks them).
     url: str | None = like(
         Config, "url", help="Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start."

@@ -25,10 +25,6 @@ PACKAGES = ("assistant", "model_runtime", "lsp", "tui")
 KNOWN_CIRCLES: dict[str, frozenset[str]] = {
     # quant.quantize_state builds a DreamModel (#36 moves it to the loading side).
     "#36 model <-> quant": frozenset({"model_runtime.model", "model_runtime.quant"}),
-    # DaemonLink holds the language server and calls back into it (#34 gives it callbacks).
-    "#34 the language server's files": frozenset(
-        {"lsp.server", "lsp.daemon_link", "lsp.suggest", "lsp.fill", "lsp.core"}
-    ),
 }
 
 

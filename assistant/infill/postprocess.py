@@ -1,7 +1,8 @@
 """Post-processing of an infill before it is shown: the pipeline editor completion servers converged on.
 
-Order matters: special tokens first (they end the text), then the single-line cut, suffix overlap,
-repeated lines, indentation scope, and last the minimum length. Every step is a pure function on strings
+Order matters: special tokens first (they end the text), then the single-line cut (or, on a blank
+line, the blank lines a block starts with), suffix overlap, repeated lines, indentation scope, and last
+the minimum length. Every step is a pure function on strings
 so each is tested alone.
 """
 
@@ -40,6 +41,17 @@ def first_line(text: str) -> str:
     if text.startswith("\n"):
         return "\n" + text[1:].split("\n", 1)[0]
     return text.split("\n", 1)[0]
+
+
+def drop_leading_blank_lines(text: str, cursor_line: str) -> str:
+    """On a blank cursor line, the lines the text starts with that hold nothing: the cursor's line is
+    the empty line already, so accepting them would insert blank lines before the code. (After an
+    opener *on* the cursor line the leading newline is what starts the body, and stays.)"""
+    if cursor_line.strip():
+        return text
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    return "\n".join(lines[first:])
 
 
 def _balance(text: str) -> int:
@@ -159,6 +171,8 @@ def postprocess(
         text = first_line(text)
         if text.startswith("\n"):
             return None  # a single-line completion may not break the line it completes
+    else:
+        text = drop_leading_blank_lines(text, cursor_line)
     text = cut_suffix_overlap(text, suffix)
     text = drop_repeated_lines(text, cursor_line, line_above)
     if mode is not Mode.SINGLE_LINE:

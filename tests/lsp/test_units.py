@@ -9,6 +9,7 @@ from assistant.infill.context import Mode
 from assistant.infill.postprocess import (
     cut_special,
     cut_suffix_overlap,
+    drop_leading_blank_lines,
     drop_repeated_lines,
     first_line,
     limit_scope,
@@ -18,7 +19,7 @@ from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
-from lsp.suggest import warm_shapes
+from lsp.suggest import Cursor, clean, plan, warm_shapes
 
 
 # -- context ------------------------------------------------------------------------------------------
@@ -172,6 +173,23 @@ def test_pipeline() -> None:
     assert postprocess("x<|endoftext|>", mode=Mode.SINGLE_LINE, min_chars=4, **kw) is None  # too short
     assert postprocess("   \n", mode=Mode.SINGLE_LINE, min_chars=1, **kw) is None
     assert postprocess("\nnext line", mode=Mode.SINGLE_LINE, min_chars=1, **kw) is None
+
+
+def test_leading_blank_lines_on_a_blank_cursor_line() -> None:
+    """#34 G: Tab on an empty line inserted the blank lines a block suggestion started with."""
+    assert drop_leading_blank_lines("\n  \n    return x\n", "    ") == "    return x\n"
+    assert drop_leading_blank_lines("\n    return x", "def f(x):") == "\n    return x"  # starts the body
+    assert drop_leading_blank_lines(" \n\t\n", "") == ""
+
+
+@pytest.mark.parametrize("line_above", ["    if x:", "    y = 1"])  # a block body, an empty line
+def test_a_suggestion_on_an_empty_line_starts_with_code(line_above: str) -> None:
+    before = f"def f(x):\n{line_above}\n        "
+    cursor = Cursor("a.py", "python", before, "\n    return x\n", invoked=False)
+    p = plan(cursor, Settings())
+    assert p.mode in (Mode.BLOCK, Mode.EMPTY_LINE)
+    model_text = "\n\n        y = x + 1\n        z = y"
+    assert clean(model_text, p, "\n    return x\n", 1) == "y = x + 1\n        z = y"
 
 
 # -- cache --------------------------------------------------------------------------------------------
