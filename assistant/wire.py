@@ -1,7 +1,7 @@
 """What crosses the process boundary between the daemon and its clients, declared once for both sides,
-free of JAX and of HTTP code: the request's sampling options and the rule a prompt must fit the model's
-context by, the error shape with its types and codes, the stats of a finished request, and the daemon's
-counters.
+free of JAX and of HTTP code: the daemon's start-up stages, the request's sampling options and the rule a
+prompt must fit the model's context by, the error shape with its types and codes, the stats of a finished
+request, and the daemon's counters.
 
 The daemon writes these values and the clients (``assistant.client``, and through it ``diffu chat``,
 ``diffu lsp`` and the CLI) read them back, so each is one type here rather than a string or a dict key
@@ -20,6 +20,28 @@ from typing import Any
 
 from model_runtime.options import like, mirror
 from model_runtime.params import SamplingParams
+
+
+# -- start-up -------------------------------------------------------------------------------------------
+class Stage(StrEnum):
+    """The daemon's stage, in order: ``stage`` in ``/health`` and ``engine.stage`` in ``/v1/diffu/status``.
+
+    ``loading`` the weights; from ``warming`` on it serves requests, while the programs of its warm-up
+    compile between them, until ``ready``; ``failed`` when the model could not be loaded; ``stopping`` at
+    the end. A client that starts a daemon reports ``starting`` before the daemon reports anything.
+    """
+
+    STARTING = "starting"
+    LOADING = "loading"
+    WARMING = "warming"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+SERVING = frozenset({Stage.WARMING, Stage.READY})  # requests are answered
+ENDED = frozenset({Stage.FAILED, Stage.STOPPING})  # it will not serve (any more): stop waiting
+HEALTH_OK = "ok"  # ``status`` in ``/health`` while serving (200); before that, and after, the stage (503)
 
 
 # -- a request -----------------------------------------------------------------------------------------------

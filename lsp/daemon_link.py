@@ -29,7 +29,7 @@ from lsprotocol import types
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
-from assistant.wire import ErrorCode, prompt_budget
+from assistant.wire import ENDED, HEALTH_OK, ErrorCode, Stage, prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
@@ -116,8 +116,8 @@ class Progress:
         while True:
             self._changed.clear()
             stage, fraction, detail = self.latest
-            if stage in ("ok", "failed", "stopping"):
-                message = "model ready" if stage == "ok" else stage_message(stage, detail)
+            if stage == HEALTH_OK or stage in ENDED:
+                message = "model ready" if stage == HEALTH_OK else stage_message(stage, detail)
                 progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
             progress.report(
@@ -132,7 +132,7 @@ class Progress:
 def _percent(stage: str, fraction: float) -> int:
     # The daemon serves once its weights are loaded (its programs compile in the background, between
     # requests): loading is all there is to getting ready.
-    return int(min(max(100.0 * fraction, 0.0), 100.0)) if stage == "loading" else 0
+    return int(min(max(100.0 * fraction, 0.0), 100.0)) if stage == Stage.LOADING else 0
 
 
 class DaemonLink:

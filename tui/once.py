@@ -18,6 +18,7 @@ from rich.live import Live
 from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, Waiting, stderr_progress
 from assistant.config import Config
 from assistant.errors import UsageError
+from assistant.wire import HEALTH_OK
 from tui.render import (
     Trace,
     answer_stats,
@@ -44,7 +45,7 @@ def _loading_progress() -> Callable[[str, float, str], None]:
 
     def progress(stage: str, fraction: float, detail: str) -> None:
         nonlocal loading
-        if stage != "ok" or loading:
+        if stage != HEALTH_OK or loading:
             loading = True
             report(stage, fraction, detail)
 

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from assistant.errors import UsageError
-from assistant.wire import DaemonCounters
+from assistant.wire import DaemonCounters, Stage
 
 NOT_RUNNING = 3
 
@@ -135,7 +135,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             continue
         engine, queue = server.get("engine", {}), server.get("queue", {})
         stage, detail = engine.get("stage"), engine.get("detail") or ""
-        if stage == "warming":
+        if stage == Stage.WARMING:
             state = f"ready to serve{_warming(engine, ', ')}"
         else:
             state = stage if detail in ("", stage) else f"{stage} ({detail})"
@@ -168,7 +168,7 @@ def _programs(info: dict[str, Any]) -> str:
 
 def _warming(engine: dict[str, Any], sep: str) -> str:
     """``, warming up 2 of 9 request shapes in the background (about 40 s left)`` while warming."""
-    if engine.get("stage") != "warming":
+    if engine.get("stage") != Stage.WARMING:
         return ""
     eta = engine.get("eta_seconds")
     left = f" (about {eta:.0f} s left)" if eta is not None else ""

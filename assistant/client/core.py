@@ -16,7 +16,7 @@ import httpx
 from assistant import sse
 from assistant.client import discovery
 from assistant.config import Config, load_config
-from assistant.wire import DoneStats, SamplingOptions
+from assistant.wire import ENDED, HEALTH_OK, DoneStats, SamplingOptions
 
 Progress = Callable[[str, float, str], None]
 RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
@@ -235,9 +235,9 @@ def health_update(event: sse.ServerSentEvent, progress: Progress | None) -> bool
     status = data.get("status")
     if progress:
         progress(status, float(data.get("progress", 0.0)), data.get("detail", ""))
-    if status == "ok":
+    if status == HEALTH_OK:
         return True
-    if status in ("failed", "stopping"):
+    if status in ENDED:
         message = (data.get("error") or {}).get("message") or status
         raise DaemonUnavailable(f"the diffu daemon could not load its model: {message}")
     return False

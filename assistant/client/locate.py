@@ -15,6 +15,7 @@ from assistant.client import discovery
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
 from assistant.server.security import read_token
+from assistant.wire import HEALTH_OK
 
 __all__ = ["client_api_key", "resolve_endpoint", "start_daemon", "stderr_progress"]
 
@@ -81,14 +82,14 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     last = {"stage": ""}
 
     def report(stage: str, fraction: float, detail: str) -> None:
-        if stage == "ok" and not last["stage"]:
+        if stage == HEALTH_OK and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
-        if stage == "ok":  # it serves; its warm-up may go on between requests
+        if stage == HEALTH_OK:  # it serves; its warm-up may go on between requests
             text = "ready" if detail in ("", "ready") else f"ready to serve ({detail})"
         else:
             text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():
-            end = "\n" if stage == "ok" else f" {fraction:4.0%}"
+            end = "\n" if stage == HEALTH_OK else f" {fraction:4.0%}"
             sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
             sys.stderr.flush()
         elif stage != last["stage"]:

@@ -31,20 +31,9 @@ from typing import Any
 from assistant.server.batch_run import finish_cancelled, run_batch
 from assistant.server.batching import take_batch
 from assistant.server.job import Job, JobError, JobWaiting
-from assistant.server.status import (
-    FAILED,
-    LOADING,
-    READY,
-    SERVING,
-    STOPPING,
-    WARMING,
-    NotReady,
-    QueueFull,
-    SchedulerStatus,
-    ShuttingDown,
-)
+from assistant.server.status import NotReady, QueueFull, SchedulerStatus, ShuttingDown
 from assistant.server.warmup import WarmQueue, WarmTask
-from assistant.wire import DaemonCounters, ErrorType
+from assistant.wire import SERVING, DaemonCounters, ErrorType, Stage
 from model_runtime.errors import DiffuError, InputError
 from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
@@ -122,8 +111,8 @@ class Scheduler:
                 self._cond.wait_for(lambda: self._exited or self._uninterruptible, timeout)
         if self.abandoned:
             log.info("the engine is inside a load or compile that cannot be interrupted; not waiting for it")
-        if self.status.stage != FAILED:
-            self._set_status(STOPPING, 1.0, "stopped")
+        if self.status.stage != Stage.FAILED:
+            self._set_status(Stage.STOPPING, 1.0, "stopped")
 
     @property
     def abandoned(self) -> bool:
@@ -151,7 +140,7 @@ class Scheduler:
         return self._runtime
 
     def _set_status(
-        self, stage: str, progress: float, detail: str = "", error: str | None = None, **warm: Any
+        self, stage: Stage, progress: float, detail: str = "", error: str | None = None, **warm: Any
     ) -> None:
         self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
         self._listen()
@@ -269,9 +258,9 @@ class Scheduler:
 
     def _serve(self) -> None:
         try:
-            self._set_status(LOADING, 0.0, "loading the model")
+            self._set_status(Stage.LOADING, 0.0, "loading the model")
             with self._native():
-                runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+                runtime = self._loader(lambda detail, frac: self._set_status(Stage.LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
             self.max_batch = max(1, min(self.max_batch, runtime.info.largest_batch))
@@ -281,7 +270,7 @@ class Scheduler:
                 log.error("model load failed: %s", exc)
             else:
                 log.exception("model load failed")
-            self._set_status(FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
+            self._set_status(Stage.FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
             return
         with self._cond:
             if self._stopping:
@@ -394,14 +383,14 @@ class Scheduler:
         if warm.tasks or self._busy is not None:
             detail = f"warming ({warm.done} of {warm.total})"
             self._set_status(
-                WARMING,
+                Stage.WARMING,
                 warm.done / max(warm.total, 1),
                 detail,
                 compiling=self.status.compiling,
                 **warm.counts(busy=self._busy is not None),
             )
-        elif self.status.stage != READY:
-            self._set_status(READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
+        elif self.status.stage != Stage.READY:
+            self._set_status(Stage.READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
             log.info("engine ready: %d shapes warmed up", warm.total)
 
     def _listen(self) -> None:

@@ -1,8 +1,8 @@
 """What the scheduler reports (its stage, for /health and status) and the errors it refuses a request with.
 
-Stages, in order: ``starting``, ``loading`` (the weights), then serving: ``warming`` while programs of the
-warm-up wait to be compiled, ``ready`` when none does; ``failed`` if the model could not be loaded,
-``stopping`` at the end.
+The stages are the wire's (``assistant.wire.Stage``), since the clients read them back: ``starting``,
+``loading`` (the weights), then serving: ``warming`` while programs of the warm-up wait to be compiled,
+``ready`` when none does; ``failed`` if the model could not be loaded, ``stopping`` at the end.
 """
 
 from __future__ import annotations
@@ -10,18 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from assistant.wire import ErrorType
-
-# Scheduler stages as /health reports them. From WARMING on, requests are served.
-STARTING, LOADING, WARMING, READY, FAILED, STOPPING = (
-    "starting",
-    "loading",
-    "warming",
-    "ready",
-    "failed",
-    "stopping",
-)
-SERVING = (WARMING, READY)
+from assistant.wire import ErrorType, Stage
 
 
 class SchedulerError(Exception):
@@ -53,7 +42,7 @@ class SchedulerStatus:
     request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what the device thread
     compiles right now (None: nothing)."""
 
-    stage: str = STARTING
+    stage: Stage = Stage.STARTING
     progress: float = 0.0
     detail: str = ""
     error: str | None = None

@@ -113,3 +113,26 @@ def test_both_clients_make_every_call_of_the_table_alike() -> None:
         Client.generate
     )
     assert not inspect.iscoroutinefunction(AsyncClient.stream_generate)
+
+
+def test_the_clients_read_the_daemons_stages_as_the_wire_declares_them() -> None:
+    import pytest
+
+    from assistant import sse
+    from assistant.client.core import DaemonUnavailable, health_update
+    from assistant.wire import HEALTH_OK, SERVING, Stage
+    from lsp.state import STAGES, stage_message
+
+    def event(status: str) -> sse.ServerSentEvent:
+        return sse.ServerSentEvent("status", json.dumps({"status": status, "progress": 0.5, "detail": "x"}))
+
+    seen: list[tuple[str, float, str]] = []
+    assert health_update(event(Stage.LOADING), lambda *report: seen.append(report)) is False
+    assert seen == [("loading", 0.5, "x")]
+    assert health_update(event(HEALTH_OK), None) is True
+    for ended in (Stage.FAILED, Stage.STOPPING):
+        with pytest.raises(DaemonUnavailable, match="could not load its model"):
+            health_update(event(ended), None)
+    # Every stage the daemon can send has words in the editors' status (none shows as a raw name).
+    assert set(Stage) | {HEALTH_OK} <= set(STAGES)
+    assert stage_message(Stage.WARMING, "") == "warming up" and Stage.WARMING in SERVING

@@ -38,9 +38,9 @@ from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
 from assistant.server.scheduler import Loader, Scheduler
 from assistant.server.security import GuardMiddleware, is_loopback
-from assistant.server.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
+from assistant.server.status import NotReady, SchedulerError, SchedulerStatus
 from assistant.server.warmup import Shape, WarmTask
-from assistant.wire import ErrorType, error_body
+from assistant.wire import ENDED, HEALTH_OK, SERVING, ErrorType, Stage, error_body
 from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.interface import RuntimeProtocol
 
@@ -120,11 +120,11 @@ class HttpApp:
         }
 
     def _on_status(self, status: SchedulerStatus) -> None:  # scheduler thread
-        if status.stage == "failed":
+        if status.stage == Stage.FAILED:
             log.error("cannot serve: %s", status.error)
             if self.on_fatal:
                 self.on_fatal(status.error or "model load failed")
-        elif status.stage == WARMING and self._stage != WARMING:
+        elif status.stage == Stage.WARMING and self._stage != Stage.WARMING:
             log.info("serving (the warm-up goes on between requests)")
         self._stage = status.stage
 
@@ -237,8 +237,8 @@ class HttpApp:
         if st.stage in SERVING:
             # Requests are answered from here on: "warming" only says programs are still compiling between
             # them ("warmed" of "programs", "eta_seconds" once one compile was timed).
-            return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
-        message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
+            return 200, {"status": HEALTH_OK, **st.to_dict(), "model": self.model_name()}
+        message = st.error if st.stage == Stage.FAILED else f"Loading model ({st.stage}: {st.detail})"
         return 503, {
             "status": st.stage,
             **st.to_dict(),
@@ -262,7 +262,7 @@ class HttpApp:
             waiter = asyncio.ensure_future(self.health_feed.wait())
             status, body = self._health_body()
             yield sse.encode(body, event="status")
-            if status == 200 or body["status"] in ("failed", "stopping"):
+            if status == 200 or body["status"] in ENDED:
                 waiter.cancel()
                 return
             await waiter
