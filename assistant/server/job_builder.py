@@ -150,7 +150,9 @@ def _prompt_row(
             )
         prompt_ids = list(spec.prompt_ids)
     else:
-        prompt_ids = rt.rows.tokenizer.encode(spec.prompt or "")
+        prompt_ids = rt.rows.encode_prompt(
+            spec.prompt or "", holes=not spec.canvas_tokens and rt.info.supports_holes
+        )
     if not prompt_ids:
         raise RequestError("prompt: must not be empty", param="prompt")
     if spec.canvas_tokens:
