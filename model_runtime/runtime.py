@@ -27,7 +27,7 @@ from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeInfo, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
-from model_runtime.programs import ProgramCache
+from model_runtime.programs import ProgramCache, ReferenceProgram
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
 from model_runtime.tokenizer import DreamTokenizer
@@ -241,12 +241,17 @@ class Runtime:
         stream: bool,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
-    ) -> tuple:
-        """The arguments of ``ProgramCache.reference`` for a reference-decoder run of ``rows``."""
-        n_ratios = 0 if stream else ratio_bucket(params.steps)
-        window = 0 if logits_hook or tokens_hook else self._window(list(rows), shape[1])
-        kind = "step" if stream else "all"
-        return kind, shape, SamplerSpec.from_params(params), logits_hook, tokens_hook, n_ratios, window
+    ) -> ReferenceProgram:
+        """The program a reference-decoder run of ``rows`` uses."""
+        return ReferenceProgram(
+            kind="step" if stream else "all",
+            shape=shape,
+            spec=SamplerSpec.from_params(params),
+            logits_hook=logits_hook,
+            tokens_hook=tokens_hook,
+            n_ratios=0 if stream else ratio_bucket(params.steps),
+            window=0 if logits_hook or tokens_hook else self._window(list(rows), shape[1]),
+        )
 
     def _window(self, rows: list[CanvasRow], n: int) -> int:
         """For plain generation (masks only in an appended region), the length bucket holding the region.
@@ -273,9 +278,9 @@ class Runtime:
         logits_hook: Hook | None,
         tokens_hook: Hook | None,
     ) -> BatchEvents:
-        args = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
-        program, compile_s, compiled, hits = self._programs.reference(*args)
-        n_ratios = args[5]
+        which = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
+        program, compile_s, compiled, hits = self._programs.reference(*which)
+        n_ratios = which.n_ratios
         batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         if tokens_hook is not None:

@@ -41,24 +41,10 @@ def run_batch(
     ``waiting_estimate()`` is the seconds one compile is expected to take; ``ran(seconds)`` is told how long
     each batch that started ran, compiling not included (for the scheduler's Retry-After estimate).
     """
-    counters.batches += 1
-    counters.rows += len(jobs)
-    if len(jobs) > 1:
-        counters.batched_rows += len(jobs)
-    counters.largest_batch = max(counters.largest_batch, len(jobs))
+    _count(counters, jobs)
     rows, params = [j.row for j in jobs], jobs[0].params
-    compiled = CompileReport()
     try:
-        if not runtime.compiled(rows, params):
-            # Only this batch's programs, now: the warm-up may come to them much later.
-            what = f"{len(rows)} x {max(j.row_length for j in jobs)} tokens, {params.decoder} decoder"
-            for job in jobs:
-                job.emit(JobWaiting("compiling", f"compiling the program for {what}", waiting_estimate()))
-            compiled = compile(rows, params, f"{', '.join(j.id for j in jobs)}: {what}")
-        t0 = time.monotonic()
-        for job in jobs:
-            job.started = t0
-            job.compiled = compiled
+        t0 = _compile_and_start(runtime, jobs, compile, waiting_estimate)
         # Per-forward events only for a client that reads them; the others get one per block.
         gen = runtime.run(rows, params, every_forward=any(j.want_steps for j in jobs))
     except InputError as exc:
@@ -70,33 +56,13 @@ def run_batch(
         counters.failed += 1
         jobs[0].emit(JobError(400, str(exc), ErrorType.INVALID_REQUEST, param=exc.field, details=exc.details))
         return
-    mask_id = runtime.rows.tokenizer.mask_id
     active = dict(enumerate(jobs))
-    last: dict[int, JobStep] = {}
+    steps_run = 0
     try:
         for event in gen:
             if isinstance(event, BatchStep):
-                now = time.monotonic()
-                for i, job in list(active.items()):
-                    step = JobStep(
-                        event.step,
-                        event.steps,
-                        list(event.canvas[i]),
-                        list(event.unmasked[i]),
-                        _masks_left(event, i, mask_id),
-                        event.seconds,
-                        event.block,
-                        event.blocks,
-                    )
-                    last[i] = step
-                    if job.cancelled:
-                        finish_cancelled(counters, job, step.ids, event.step + 1)
-                        del active[i]
-                    elif now - t0 > job.max_seconds and event.step + 1 < event.steps:
-                        finish_partial(runtime, counters, job, step, batch_size=len(jobs))
-                        del active[i]
-                    elif job.want_steps:
-                        job.emit(step)
+                steps_run = event.step + 1
+                _hand_out_step(runtime, counters, active, event, time.monotonic() - t0, len(jobs))
                 if not active:
                     break  # everyone left: closing the generator stops the device work
             elif isinstance(event, BatchDone):
@@ -110,8 +76,68 @@ def run_batch(
         # The runtime ended without a BatchDone: report it rather than leave the client waiting.
         counters.failed += 1
         job.emit(
-            JobError(500, f"the runtime stopped after {len(last)} steps without a result", ErrorType.SERVER)
+            JobError(500, f"the runtime stopped after {steps_run} steps without a result", ErrorType.SERVER)
         )
+
+
+def _count(counters: DaemonCounters, jobs: list[Job]) -> None:
+    counters.batches += 1
+    counters.rows += len(jobs)
+    if len(jobs) > 1:
+        counters.batched_rows += len(jobs)
+    counters.largest_batch = max(counters.largest_batch, len(jobs))
+
+
+def _compile_and_start(
+    runtime: RuntimeProtocol, jobs: list[Job], compile: Compile, waiting_estimate: Callable[[], float | None]
+) -> float:
+    """Compile the batch's programs if they are missing (telling each job it waits), then mark the jobs
+    started; returns the start (monotonic seconds). InputError for rows the runtime refuses."""
+    rows, params = [j.row for j in jobs], jobs[0].params
+    compiled = CompileReport()
+    if not runtime.compiled(rows, params):
+        # Only this batch's programs, now: the warm-up may come to them much later.
+        what = f"{len(rows)} x {max(j.row_length for j in jobs)} tokens, {params.decoder} decoder"
+        for job in jobs:
+            job.emit(JobWaiting("compiling", f"compiling the program for {what}", waiting_estimate()))
+        compiled = compile(rows, params, f"{', '.join(j.id for j in jobs)}: {what}")
+    t0 = time.monotonic()
+    for job in jobs:
+        job.started = t0
+        job.compiled = compiled
+    return t0
+
+
+def _hand_out_step(
+    runtime: RuntimeProtocol,
+    counters: DaemonCounters,
+    active: dict[int, Job],
+    event: BatchStep,
+    elapsed: float,
+    batch_size: int,
+) -> None:
+    """Each active job's part of a batch step: to the job, or its end (cancelled, or out of time: then
+    it leaves ``active``)."""
+    mask_id = runtime.rows.tokenizer.mask_id
+    for i, job in list(active.items()):
+        step = JobStep(
+            event.step,
+            event.steps,
+            list(event.canvas[i]),
+            list(event.unmasked[i]),
+            _masks_left(event, i, mask_id),
+            event.seconds,
+            event.block,
+            event.blocks,
+        )
+        if job.cancelled:
+            finish_cancelled(counters, job, step.ids, event.step + 1)
+            del active[i]
+        elif elapsed > job.max_seconds and event.step + 1 < event.steps:
+            finish_partial(runtime, counters, job, step, batch_size=batch_size)
+            del active[i]
+        elif job.want_steps:
+            job.emit(step)
 
 
 # -- endings -------------------------------------------------------------------------------------------
