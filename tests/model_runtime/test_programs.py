@@ -56,7 +56,7 @@ def test_the_ceiling_is_bounded_by_the_machine_not_by_a_count(runtime) -> None:
     """A count alone bounds nothing: a billion places for programs of a 7B model's size (about 400 MB
     each) used to report a ceiling of 400 PB. The byte budget bounds it by the machine's memory."""
     cache = ProgramCache(
-        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=10**9
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=10**9
     )
     cache.largest_bytes = 400 << 20
     info = cache.info()
@@ -69,7 +69,13 @@ def test_the_cache_evicts_by_bytes_and_keeps_the_newest_pair(runtime, monkeypatc
     """Programs and costs made up (no compile): past ``max_bytes`` the least recently used go, never the
     two newest; the ceiling is resident memory plus the room the bounds leave."""
     cache = ProgramCache(
-        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=64, max_bytes=1000
+        runtime.config,
+        runtime.graphdef,
+        runtime.state,
+        runtime.info.dtype,
+        None,
+        max_programs=64,
+        max_bytes=1000,
     )
     with cache._lock:
         evicted = [cache._keep(("k", i), object(), cost) for i, cost in enumerate([400, 400, 400, 100])]
