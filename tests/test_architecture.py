@@ -255,3 +255,20 @@ def test_no_file_or_function_is_too_long() -> None:
     assert not new, f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a function: {new}"
     gone = sorted(set(KNOWN_LONG) - set(found))
     assert not gone, f"no longer too long, take them out of KNOWN_LONG: {gone}"
+
+
+def test_the_clients_import_no_server_code() -> None:
+    """The client library and the front ends talk to the daemon over HTTP only: none of them imports the
+    server (editors start ``diffu lsp`` on every file open; it must stay light and independent)."""
+
+    def client(name: str) -> bool:
+        return name.split(".")[0] in ("tui", "lsp") or (name + ".").startswith("assistant.client.")
+
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if client(name)
+        for target in sorted(targets)
+        if target == "assistant.server" or target.startswith("assistant.server.")
+    ]
+    assert not wrong, "\n".join(wrong)

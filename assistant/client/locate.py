@@ -11,10 +11,10 @@ import os
 import socket
 import sys
 
+from assistant.api_token import read_token
 from assistant.client import discovery
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
-from assistant.server.security import read_token
 from assistant.wire import HEALTH_OK
 
 __all__ = ["client_api_key", "resolve_endpoint", "start_daemon", "stderr_progress"]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from assistant import api_token
 from assistant.client import discovery
 from assistant.config import Config
 from assistant.errors import UsageError
@@ -171,7 +172,7 @@ def _api_key(config: Config) -> str | None:
     if not config.auth:
         log.warning("authentication is off (--no-auth): any local program can use the daemon")
         return None
-    return config.api_key or security.load_or_create_token()
+    return config.api_key or api_token.load_or_create_token()
 
 
 def _announce(

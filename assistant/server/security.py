@@ -4,7 +4,8 @@ the connection slots that idle sockets cannot exhaust for clients with the token
 One pure-ASGI middleware applies, in order: the Host check on loopback binds (403), the Origin check and
 CORS preflight (403 for foreign browser origins), the Bearer token on every route but ``/health`` (401),
 and the body size limit (413). It reads the whole body up front (bounded by the limit) and replays it to
-the app, so the app never sees an oversized body and can still wait for the client's disconnect.
+the app, so the app never sees an oversized body and can still wait for the client's disconnect. The token
+file itself (created by the daemon, read by clients) is ``assistant.api_token``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import re
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from assistant import paths
-from assistant.errors import UsageError
 from assistant.wire import ErrorType, error_body
 
 log = logging.getLogger("diffu.security")
@@ -37,53 +34,6 @@ PUBLIC_PATHS = ("/health",)
 _LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$")
 # Editor webviews and desktop shells that talk to local servers (as Ollama allows them).
 _LOCAL_SCHEMES = ("vscode-webview://", "vscode-file://", "app://", "tauri://", "file://")
-
-
-# -- the token ----------------------------------------------------------------------------------------
-def load_or_create_token(path: Path | None = None) -> str:
-    """The API token in ``path`` (the config dir's ``token``), created with mode 0600 on first use."""
-    path = path or paths.token_file()
-    paths.ensure_private_dir(path.parent)
-    try:
-        # O_EXCL: two daemons starting at once must not overwrite each other's token.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_token(path) or _replace_empty_token(path)
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    log.info("created API token in %s", path)
-    return token
-
-
-def _replace_empty_token(path: Path) -> str:
-    token = secrets.token_urlsafe(32)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
-    return token
-
-
-def read_token(path: Path | None = None) -> str | None:
-    """The stored token, or None when there is none yet. Tightens a token file others can read."""
-    path = path or paths.token_file()
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:  # a directory there, a file we may not read, binary junk
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise UsageError(
-            f"cannot read the API token {path} ({reason}); remove it to have a new one made, or set "
-            "--api-key / DIFFU_API_KEY"
-        ) from None
-    if mode & 0o077:
-        log.warning("token file %s was readable by others; setting its mode to 0600", path)
-        os.chmod(path, 0o600)
-    return text or None
 
 
 # -- host and origin rules ----------------------------------------------------------------------------
