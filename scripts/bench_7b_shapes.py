@@ -133,7 +133,9 @@ def random_runtime(check: bool, quantize: str | None = None, layers: int | None 
         from model_runtime import quant
 
         qspec = quant.QuantSpec(quantize)
-        graphdef, state = quant.quantize_state(state, cfg, qspec)
+        from model_runtime.loader import quantize_state
+
+        graphdef, state = quantize_state(state, cfg, qspec)
     tok = load_tokenizer(
         _published_ids_tokenizer(cfg.eos_token_id),
         mask_id=cfg.mask_token_id,

@@ -220,7 +220,9 @@ def hlo_checks(cfg, hlo_dir: Path | None) -> dict:
         abstract = nnx.eval_shape(lambda one=one: DreamModel(one, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
         state = jax.tree.map(lambda a: jnp.full(a.shape, 0.01, a.dtype), state)
-        qgraph, qstate = quant.quantize_state(state, one, q)
+        from model_runtime.loader import quantize_state
+
+        qgraph, qstate = quantize_state(state, one, q)
         ids = jnp.asarray(np.arange(32)[None] % 1000, jnp.int32)
         fwd = jax.jit(lambda s, x, g=qgraph: nnx.merge(g, s)(x))
         text = fwd.lower(qstate, ids).compile().as_text()

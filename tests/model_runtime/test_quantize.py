@@ -16,7 +16,7 @@ from assistant.cli import main
 from model_runtime import quant
 from model_runtime.config import DIFFUCODER_7B, DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.model import DreamModel
+from model_runtime.model import DreamModel, named_arrays
 from model_runtime.sharding import weight_bytes_per_device
 from model_runtime.weights import by_path, param_table
 
@@ -25,10 +25,7 @@ PROMPTS = ["def add(a, b):", "import os", "class Stack:", "for i in range(3):"]
 
 
 def _flat(state: nnx.State) -> dict[str, jax.Array]:
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
-        out["/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)] = leaf
-    return out
+    return named_arrays(state)
 
 
 def _bytes(arr: jax.Array) -> int:
