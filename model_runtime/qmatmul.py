@@ -110,16 +110,13 @@ def tiling(
     # (down to 64 columns, 64 bytes of int8 per weight row), then split-K.
     while bn > 64 and n % (bn // 2) == 0 and (n // bn) * (rows // bm) < cores:
         bn //= 2
-    # Split-K while the tiles do not cover the cores, each part keeping at least 512 inputs (int8) or
-    # 2 groups (int4) per program: below that a program's start-up outweighs its share of the weight.
-    splits = 1
-    while (
-        splits < _MAX_SPLITS
-        and (n // bn) * (rows // bm) * splits < cores
-        and stored % (2 * splits * unit) == 0
-        and stored // (2 * splits) >= (2 * unit if mode == "int4" else 512)
-    ):
-        splits *= 2
+    # Split-K until the programs cover the cores: K cut into equal parts of whole inner steps (any
+    # divisor, not only powers of two: 3584 inputs are 7 x 512), each part at least 512 inputs (int8) or
+    # 2 groups (int4) long, below which a program's start-up outweighs its share of the weight.
+    tiles = (n // bn) * (rows // bm)
+    floor = 2 * unit if mode == "int4" else 512
+    fits = [s for s in range(1, _MAX_SPLITS + 1) if stored % (s * unit) == 0 and stored // s >= floor]
+    splits = next((s for s in fits if tiles * s >= cores), fits[-1] if fits else 1)
     k_rows = stored // splits
     step = unit if mode == "int4" else next(b for b in (128, 64, 32, 16) if k_rows % b == 0)
     return Tiling(rows=rows, bm=bm, bn=bn, bk=step, splits=splits, k_rows=k_rows)
