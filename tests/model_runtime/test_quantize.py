@@ -234,3 +234,13 @@ def test_daemon_serves_the_quantized_model(micro_dir: Path, tmp_path: Path) -> N
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
     finally:
         daemon.stop()
+
+
+def test_w8a8_option_follows_weight_only_int8(tiny_dir: Path, quantized) -> None:
+    """``QuantSpec(activations="int8")``: the 4 x 64 canvas makes every product 256 rows, so all of them
+    quantize their activations too; the logits stay close to weight-only int8's."""
+    rt = model_runtime.load(tiny_dir, quantize=quant.QuantSpec("int8", activations="int8"), **KW)
+    ids = np.random.default_rng(3).integers(0, rt.config.vocab_size - 64, (4, 64))
+    w8, w8a8 = _logits(quantized["int8"], ids), _logits(rt, ids)
+    assert 0 < np.abs(w8a8 - w8).max() and _kl(w8, w8a8) < 1e-3
+
