@@ -2,6 +2,6 @@
 
 import sys
 
-from assistant.cli import main
+from assistant.cli.main import main
 
 sys.exit(main())

@@ -17,6 +17,7 @@ from typing import Any
 
 from assistant import paths
 from assistant.errors import UsageError
+from model_runtime.options import OptionError, option, options, validate
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 
 DEFAULT_PORT = 8012  # llama.cpp's llama-server default, so llama.vim / llama.vscode work unconfigured
@@ -34,129 +35,149 @@ class ConfigError(UsageError):
         super().__init__(f"{where}: {message}")
         self.key = key
         self.source = source
+        self.problem = message
+
+
+def http_url(value: str) -> str:
+    """The rule of a daemon URL option (the config's, the editors')."""
+    if value.startswith(("http://", "https://")):
+        return ""
+    return f"must start with http:// or https://, got {value!r}"
+
+
+def _api_key(value: str) -> str:
+    ok = bool(value.strip()) and value.isprintable() and " " not in value
+    return "" if ok else "must be a non-empty string without spaces"
+
+
+def _buckets(values: tuple[int, ...]) -> str:
+    ok = bool(values) and all(v >= 1 for v in values)
+    return "" if ok else f"must be a non-empty list of integers >= 1, got {list(values)}"
+
+
+def _quantize(value: str) -> str:
+    return "" if value in ("int8", "int4") else f"must be int8 or int4 (or unset), got {value!r}"
+
+
+def _host(value: str) -> str:
+    return "" if value else "must not be empty"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """The effective settings of the daemon and its clients."""
+    """The effective settings of the daemon and its clients: each an option (``model_runtime.options``)
+    with its type, default, bounds and help, read alike from config.toml, ``DIFFU_*`` and flags."""
 
-    model: str | None = None
-    """Checkpoint directory or hub id the daemon serves (``fake:`` runs the JAX-free test backend)."""
-    dtype: str | None = None
-    """Parameter dtype (``bfloat16``, ``float32``, ...); None lets the runtime choose."""
-    quantize: str | None = None
-    """Weight-only quantization at load: ``int8`` or ``int4`` (see model_runtime/quant.py); None: off."""
-    host: str = "127.0.0.1"
-    """Bind address. Anything but loopback exposes the model to the network and is logged as a warning."""
-    port: int = DEFAULT_PORT
-    """TCP port; 0 picks a free one."""
-    api_key: str | None = None
-    """Bearer token; None uses (and on first start creates) the token file in the config directory."""
-    auth: bool = True
-    """False switches authentication off: any key, or none, is accepted."""
-    url: str | None = None
-    """Clients only: talk to this daemon instead of looking for one (``DIFFU_URL``)."""
-    autostart: bool = True
-    """Clients only: start a background daemon when none is running."""
-    allowed_hosts: tuple[str, ...] = ()
-    """Extra Host-header names accepted on a loopback bind (the DNS-rebinding allowlist)."""
-    cors_origins: tuple[str, ...] = ()
-    """Extra browser origins allowed besides http(s)://localhost, 127.0.0.1 and [::1] on any port."""
-    queue_size: int = 64
-    """Requests waiting for the engine before new ones get 503 + Retry-After."""
-    max_batch: int = 16
-    """Most requests run together in one canvas batch (the runtime's buckets may allow fewer)."""
-    max_body_bytes: int = 4 * 1024 * 1024
-    """Request bodies larger than this get 413."""
-    max_steps: int = 1024
-    """Largest ``steps`` a request may ask for."""
-    max_seconds: float = 300.0
-    """Time budget of one generation; past it the request ends with what is unmasked so far."""
-    default_max_tokens: int = 256
-    """Generated tokens when an OpenAI-style request gives no ``max_tokens``."""
-    infill_tokens: int = 32
-    """Canvas length of an infill request that gives none."""
-    warmup: bool = True
-    """Compile the likeliest programs between requests from the start (assistant.warmup), so most requests
-    find theirs compiled; off, each is compiled when a request first needs it."""
-    length_buckets: tuple[int, ...] = (256, 384, 512, 1024, 2048)
-    """Canvas lengths (prompt + generated tokens) compiled for; a request is padded to the next one. 384
-    holds a chat's first question with its 256-token answer (on CPU it runs 25% faster than 512)."""
-    batch_buckets: tuple[int, ...] | None = None
-    """Batch sizes compiled for; concurrent requests are batched up to the largest. None: (1, 4, 16) on
-    an accelerator, (1, 4) on CPU (few requests run at once there, and every bucket is a compile)."""
-    max_programs: int = DEFAULT_MAX_PROGRAMS
-    """Compiled programs kept in memory at once; past it the least recently used is dropped (and compiled
-    again if needed). ``/v1/diffu/status`` reports them and the memory ceiling this sets."""
-    max_context: int | None = None
-    """Longest prompt + canvas in tokens; None: the model's limit (2048 for DiffuCoder)."""
-    tp: int = 1
-    """Tensor parallel: devices sharing one copy of the model (heads, MLP hidden and vocabulary split)."""
-    dp: int | None = None
-    """Data parallel replicas when ``tp`` > 1; None: every remaining device."""
-    shutdown_grace: float = 10.0
-    read_timeout: float = 15.0
-    """Seconds a client has to send a whole request (head and body); a half-sent one is closed after it."""
-    max_connections: int = 256
-    """Open connections at most; past it new ones get 503, so idle sockets cannot lock clients out."""
-    """Seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled."""
-    log_level: str = "info"
+    model: str | None = option(
+        None, help="checkpoint directory or hub id the daemon serves (fake: runs the JAX-free test backend)"
+    )
+    dtype: str | None = option(
+        None, help="parameter dtype (bfloat16, float32, ...); unset lets the runtime choose"
+    )
+    quantize: str | None = option(
+        None,
+        rule=_quantize,
+        help="weight-only quantization at load: int8 or int4 (see model_runtime/quant.py); unset: off",
+    )
+    host: str = option(
+        "127.0.0.1",
+        rule=_host,
+        help="bind address; anything but loopback exposes the model to the network (and is logged as a "
+        "warning)",
+    )
+    port: int = option(DEFAULT_PORT, ge=0, le=65535, help="TCP port; 0 picks a free one")
+    api_key: str | None = option(
+        None,
+        rule=_api_key,
+        help="Bearer token; unset uses (and on first start creates) the token file in the config directory",
+    )
+    auth: bool = option(True, help="false switches authentication off: any key, or none, is accepted")
+    url: str | None = option(
+        None, rule=http_url, help="clients only: talk to this daemon instead of looking for one"
+    )
+    autostart: bool = option(True, help="clients only: start a background daemon when none is running")
+    allowed_hosts: tuple[str, ...] = option(
+        (), help="extra Host-header names accepted on a loopback bind (the DNS-rebinding allowlist)"
+    )
+    cors_origins: tuple[str, ...] = option(
+        (), help="extra browser origins allowed besides http(s)://localhost, 127.0.0.1 and [::1] on any port"
+    )
+    queue_size: int = option(
+        64, ge=1, help="requests waiting for the engine before new ones get 503 + Retry-After"
+    )
+    max_batch: int = option(
+        16,
+        ge=1,
+        help="most requests run together in one canvas batch (the runtime's buckets may allow fewer)",
+    )
+    max_body_bytes: int = option(4 * 1024 * 1024, ge=1024, help="request bodies larger than this get 413")
+    max_steps: int = option(1024, ge=1, help="largest steps a request may ask for")
+    max_seconds: float = option(
+        300.0,
+        gt=0,
+        help="time budget of one generation; past it the request ends with what is unmasked so far",
+    )
+    default_max_tokens: int = option(
+        256, ge=1, help="generated tokens when an OpenAI-style request gives no max_tokens"
+    )
+    infill_tokens: int = option(32, ge=1, help="canvas length of an infill request that gives none")
+    warmup: bool = option(
+        True,
+        help="compile the likeliest programs between requests from the start (assistant.server.warmup), so "
+        "most requests find theirs compiled; off, each is compiled when a request first needs it",
+    )
+    # 384 holds a chat's first question with its 256-token answer (on CPU it runs 25% faster than 512).
+    length_buckets: tuple[int, ...] = option(
+        (256, 384, 512, 1024, 2048),
+        rule=_buckets,
+        help="canvas lengths (prompt + generated tokens) compiled for; a request is padded to the next one",
+    )
+    batch_buckets: tuple[int, ...] | None = option(
+        None,
+        rule=_buckets,
+        help="batch sizes compiled for; concurrent requests are batched up to the largest. Unset: (1, 4, 16) "
+        "on an accelerator, (1, 4) on CPU (few requests run at once there, and every bucket is a compile)",
+    )
+    max_programs: int = option(
+        DEFAULT_MAX_PROGRAMS,
+        ge=2,
+        help="compiled programs kept in memory at once; past it the least recently used is dropped (and "
+        "compiled again if needed). /v1/diffu/status reports them and the memory ceiling this sets",
+    )
+    max_context: int | None = option(
+        None, ge=2, help="longest prompt + canvas in tokens; unset: the model's limit (2048 for DiffuCoder)"
+    )
+    tp: int = option(
+        1,
+        ge=1,
+        help="tensor parallel: devices sharing one copy of the model (heads, MLP hidden and vocabulary "
+        "split)",
+    )
+    dp: int | None = option(
+        None, ge=1, help="data parallel replicas when tp > 1; unset: every remaining device"
+    )
+    shutdown_grace: float = option(
+        10.0,
+        ge=0,
+        help="seconds in-flight requests get to finish on SIGTERM/SIGINT before they are cancelled",
+    )
+    read_timeout: float = option(
+        15.0,
+        gt=0,
+        le=3600,
+        help="seconds a client has to send a whole request (head and body); a half-sent one is closed "
+        "after it",
+    )
+    max_connections: int = option(
+        256,
+        ge=8,
+        le=65536,
+        help="open connections at most; past it new ones get 503, so idle sockets cannot lock clients out",
+    )
+    log_level: str = option("info", choices=LOG_LEVELS, help="the daemon's log level")
 
     def __post_init__(self) -> None:
-        def check(cond: bool, key: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(key, "default", msg)
-
-        check(0 <= self.port <= 65535, "port", f"must be in 0..65535, got {self.port}")
-        check(bool(self.host), "host", "must not be empty")
-        for key in ("queue_size", "max_batch", "max_steps", "default_max_tokens", "infill_tokens"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        check(self.max_body_bytes >= 1024, "max_body_bytes", f"must be >= 1024, got {self.max_body_bytes}")
-        check(self.max_seconds > 0, "max_seconds", f"must be > 0, got {self.max_seconds}")
-        for key in ("length_buckets", "batch_buckets"):
-            values = getattr(self, key)
-            if values is None and key == "batch_buckets":
-                continue
-            check(
-                bool(values) and all(isinstance(v, int) and v >= 1 for v in values),
-                key,
-                f"must be a non-empty list of integers >= 1, got {list(values)}",
-            )
-        check(self.max_programs >= 2, "max_programs", f"must be >= 2, got {self.max_programs}")
-        if self.max_context is not None:
-            check(self.max_context >= 2, "max_context", f"must be >= 2, got {self.max_context}")
-        check(
-            self.quantize in (None, "int8", "int4"),
-            "quantize",
-            f"must be int8 or int4 (or unset), got {self.quantize!r}",
-        )
-        check(self.tp >= 1, "tp", f"must be >= 1, got {self.tp}")
-        if self.dp is not None:
-            check(self.dp >= 1, "dp", f"must be >= 1, got {self.dp}")
-        check(self.shutdown_grace >= 0, "shutdown_grace", f"must be >= 0, got {self.shutdown_grace}")
-        check(0 < self.read_timeout <= 3600, "read_timeout", f"must be in (0, 3600], got {self.read_timeout}")
-        check(
-            8 <= self.max_connections <= 65536,
-            "max_connections",
-            f"must be in 8..65536, got {self.max_connections}",
-        )
-        check(
-            self.log_level in LOG_LEVELS,
-            "log_level",
-            f"must be one of {', '.join(LOG_LEVELS)}; got {self.log_level!r}",
-        )
-        if self.api_key is not None:
-            check(
-                bool(self.api_key.strip()) and self.api_key.isprintable() and " " not in self.api_key,
-                "api_key",
-                "must be a non-empty string without spaces",
-            )
-        if self.url is not None:
-            check(
-                self.url.startswith(("http://", "https://")),
-                "url",
-                f"must start with http:// or https://, got {self.url!r}",
-            )
+        validate(self, lambda key, problem: ConfigError(key, "default", problem))
 
     @property
     def log_level_number(self) -> int:
@@ -166,100 +187,18 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+FIELDS = options(Config)
 # Tables of config.toml that belong to a client, which reads and validates them itself: diffu chat's
 # [chat] (generation defaults) and [keymap] (binding id -> keys), see tui/settings.py.
 CLIENT_TABLES = ("chat", "keymap")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
-def _field_kind(name: str) -> str:
-    """The value kind of a field: 'int', 'float', 'bool', 'str', 'optstr' or 'tuple'."""
-    return {
-        int: "int",
-        float: "float",
-        bool: "bool",
-        str: "str",
-        "int": "int",
-        "float": "float",
-        "bool": "bool",
-        "str": "str",
-        "str | None": "optstr",
-        "tuple[str, ...]": "tuple",
-        "tuple[int, ...]": "ints",
-        "tuple[int, ...] | None": "optints",
-        "int | None": "optint",
-    }[FIELDS[name].type]
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """Convert a value from TOML (typed), the environment (a string) or a flag to the field's type."""
-    kind = _field_kind(name)
-    from_text = isinstance(value, str) and source.startswith(ENV_PREFIX)
-    if kind == "optstr":
-        if not isinstance(value, str):
-            raise ConfigError(name, source, f"must be a string, got {value!r}")
-        return value or None
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ConfigError(name, source, f"must be a string, got {value!r}")
-        return value
-    if kind == "bool":
-        if from_text:
-            if value.strip().lower() in _TRUE:
-                return True
-            if value.strip().lower() in _FALSE:
-                return False
-            raise ConfigError(name, source, f"must be a boolean (1/0, true/false), got {value!r}")
-        if not isinstance(value, bool):
-            raise ConfigError(name, source, f"must be true or false, got {value!r}")
-        return value
-    if kind == "optint":
-        if from_text and not value.strip():
-            return None
-        kind = "int"
-    if kind == "optints":
-        if from_text and not value.strip():
-            return None
-        kind = "ints"
-    if kind == "ints":
-        items = [v.strip() for v in value.split(",") if v.strip()] if from_text else value
-        if not isinstance(items, list | tuple):
-            raise ConfigError(name, source, f"must be a list of integers, got {value!r}")
-        out = []
-        for item in items:
-            try:
-                out.append(int(item) if isinstance(item, str) else item)
-            except ValueError:
-                raise ConfigError(name, source, f"must be a list of integers, got {value!r}") from None
-            if not isinstance(out[-1], int) or isinstance(out[-1], bool):
-                raise ConfigError(name, source, f"must be a list of integers, got {value!r}")
-        return tuple(out)
-    if kind == "int":
-        if from_text:
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise ConfigError(name, source, f"must be an integer, got {value!r}") from None
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(name, source, f"must be an integer, got {value!r}")
-        return value
-    if kind == "float":
-        if from_text:
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise ConfigError(name, source, f"must be a number, got {value!r}") from None
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise ConfigError(name, source, f"must be a number, got {value!r}")
-        return float(value)
-    # tuple of strings: a TOML array, or a comma-separated environment variable
-    if from_text:
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(name, source, f"must be a list of strings, got {value!r}")
-    return tuple(value)
+def _read(name: str, value: Any, source: str) -> Any:
+    """A value from TOML (typed), the environment (text) or a flag, read as its option reads it."""
+    try:
+        return FIELDS[name].read(value, text=source.startswith(ENV_PREFIX))
+    except OptionError as exc:
+        raise ConfigError(name, source, exc.problem) from None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -280,7 +219,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
             continue  # read and checked by the client that owns it
         if key not in FIELDS:
             raise ConfigError(key, str(path), f"unknown key (known: {', '.join(sorted(FIELDS))})")
-        out[key] = _coerce(key, value, str(path))
+        out[key] = _read(key, value, str(path))
     return out
 
 
@@ -293,7 +232,7 @@ def env_values(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
     for name in FIELDS:
         var = ENV_PREFIX + name.upper()
         if var in env:
-            out[name] = (_coerce(name, env[var], var), var)
+            out[name] = (_read(name, env[var], var), var)
     return out
 
 
@@ -325,7 +264,7 @@ def load_config(
             continue
         if key not in FIELDS:
             raise ConfigError(key, "flag", "not a config key")
-        values[key], sources[key] = _coerce(key, value, "flag"), "flag"
+        values[key], sources[key] = _read(key, value, "flag"), "flag"
     if values.get("model") is None:
         bundled = bundled_model()
         if bundled is not None:
@@ -334,7 +273,7 @@ def load_config(
         return Config(**values), sources
     except ConfigError as exc:
         # Re-raise with the source of the offending value, so the message says what to fix where.
-        raise ConfigError(exc.key, sources.get(exc.key, "default"), str(exc).split(": ", 1)[1]) from None
+        raise ConfigError(exc.key, sources.get(exc.key, "default"), exc.problem) from None
 
 
 def render_toml(config: Config, sources: Mapping[str, str] | None = None, *, reveal: bool = False) -> str:

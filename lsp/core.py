@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import time
@@ -30,10 +31,14 @@ from lsp.cache import SuggestionCache
 from lsp.jsonrpc import ConformantProtocol, serve
 from lsp.recent import RecentChunks
 from lsp.settings import Settings, parse_settings
-from lsp.state import Timings, new_counters, stage_message, status_item
+from lsp.state import Pause, Timings, new_counters, stage_message, status_item
+from lsp.suggest import warm_shapes
 from lsp.supersede import Supersede
 
 if TYPE_CHECKING:
+    from pygls.progress import Progress
+
+    from assistant.client import WarmShape
     from lsp.daemon_link import DaemonLink
 
 # assistant.client (httpx) is imported after ``initialize`` is answered, where it is needed: importing it
@@ -50,19 +55,16 @@ _LEVELS = {
     "info": types.MessageType.Info,
     "debug": types.MessageType.Log,
 }
-# Settings that change what a suggestion would be: cached suggestions made under others are dropped.
-_SHAPING = (
-    "max_tokens",
-    "steps",
-    "temperature",
-    "context_tokens",
-    "prefix_fraction",
-    "snippet_tokens",
-    "current_file_only",
-    "min_chars",
-    "url",
-    "model",
-)
+
+
+def document_key(uri: str) -> str:
+    """The one form of a document URI that every lookup and every per-document map uses.
+
+    Editors escape URIs differently (VS Code sends ``file:///c%3A/proj/a.py`` and ``my%20file.py``, others
+    the raw characters) and pygls keeps open documents under the unquoted form, so that form is the key;
+    the URI the editor sent (``TextDocument.uri``) is kept for what goes back to it (edit keys, paths).
+    """
+    return unquote(uri)
 
 
 class DiffuProtocol(ConformantProtocol):
@@ -94,8 +96,8 @@ class DiffuLanguageServer(LanguageServer):
         self.recent = RecentChunks()
         self.counters = new_counters()
         self.timings = Timings()
-        self.touched: dict[str, float] = {}  # uri -> when it was last opened or edited
-        self.supersede = Supersede(lambda uri: self.touched.get(uri, 0.0), self.counters)
+        self.touched: dict[str, float] = {}  # document key -> when it was last opened or edited
+        self.supersede = Supersede(lambda key: self.touched.get(key, 0.0), self.counters)
         self.provider = capabilities.Provider()
         self.registrations: dict[str, str] = {}  # method -> registration id
         self.registration_lock = asyncio.Lock()
@@ -104,15 +106,30 @@ class DiffuLanguageServer(LanguageServer):
         self._link: DaemonLink | None = None
         self._logged: dict[str, float] = {}
         self._status_sent: dict[str, Any] | None = None
+        self._pause: Pause | None = None
+        self._resume: asyncio.TimerHandle | None = None
 
     @property
     def link(self) -> DaemonLink:
         if self._link is None:
-            from lsp.daemon_link import DaemonLink
+            from lsp.daemon_link import DaemonLink, LinkHooks
 
-            self._link = DaemonLink(self)
+            hooks = LinkHooks(
+                log=self.log,
+                changed=self.status_changed,
+                warm_shapes=self._warm_shapes,
+                work_done=self._progress,
+            )
+            self._link = DaemonLink(hooks)
             self._configure_link()
         return self._link
+
+    def _warm_shapes(self, max_context: int | None) -> list[WarmShape]:
+        return warm_shapes(self.settings, max_context)
+
+    def _progress(self) -> Progress | None:
+        window = self.client_capabilities.window
+        return self.work_done_progress if window and window.work_done_progress else None
 
     def _configure_link(self) -> None:
         s = self.settings
@@ -147,6 +164,7 @@ class DiffuLanguageServer(LanguageServer):
         stage, _, detail = link.progress.latest if link is not None else ("", 0.0, "")
         item = status_item(
             enabled=self.settings.enable,
+            paused=self.paused,
             link_state=link.state if link is not None else "connecting",
             busy=self.busy > 0,
             error=link.error if link is not None else "",
@@ -167,6 +185,35 @@ class DiffuLanguageServer(LanguageServer):
         except Exception:  # no transport (shutting down)
             log.debug("could not send the status", exc_info=True)
 
+    # -- pausing: the toggle and snooze commands -------------------------------------------------------
+    @property
+    def paused(self) -> Pause | None:
+        """The user's pause of suggestions while typing, while it lasts."""
+        pause = self._pause
+        return pause if pause is not None and pause.active(time.monotonic()) else None
+
+    def pause(self, minutes: float | None) -> None:
+        """Pause suggestions while typing for ``minutes`` (None: until resumed); explicit requests still
+        ask. The status item says so, and says it again when a snooze ends."""
+        self._cancel_resume()
+        if minutes is None:
+            self._pause = Pause(until=math.inf)
+        else:
+            seconds = minutes * 60.0
+            self._pause = Pause(until=time.monotonic() + seconds, wall=time.time() + seconds)
+            self._resume = asyncio.get_running_loop().call_later(seconds, self.status_changed)
+        self.status_changed()
+
+    def resume(self) -> None:
+        self._cancel_resume()
+        self._pause = None
+        self.status_changed()
+
+    def _cancel_resume(self) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+
     # -- settings --------------------------------------------------------------------------------------
     def apply_settings(self, data: Any, *, source: str) -> list[str]:
         """Apply a (partial) settings object; bad keys are reported and the rest applied."""
@@ -175,15 +222,19 @@ class DiffuLanguageServer(LanguageServer):
         for problem in problems:
             self.log(f"diffu settings ({source}): {problem}", level="warning", show=True)
         self._configure_link()
-        if any(getattr(before, k) != getattr(self.settings, k) for k in _SHAPING):
+        if before.fingerprint() != self.settings.fingerprint():
             self.cache.clear()  # cached suggestions were made under other settings
         self.status_changed()
         return problems
 
     # -- documents -------------------------------------------------------------------------------------
+    def open_document(self, uri: str) -> TextDocument | None:
+        """The open document ``uri`` names, however the client escaped it; None when it is not open."""
+        return self.workspace.text_documents.get(document_key(uri))
+
     def document(self, uri: str) -> TextDocument:
         """An open document; an unopened one is the request's error (-32602), never a read from disk."""
-        doc = self.workspace.text_documents.get(unquote(uri))
+        doc = self.open_document(uri)
         if doc is None:
             raise JsonRpcInvalidParams(f"{uri} is not an open document (send textDocument/didOpen first)")
         return doc
@@ -210,30 +261,32 @@ class DiffuLanguageServer(LanguageServer):
 
     def touch(self, uri: str, line: int | None = None) -> None:
         """The user opened or edited ``uri`` (at ``line``): it is recent, and so is the chunk around it."""
-        self.touched[uri] = time.monotonic()
+        key = document_key(uri)
+        self.touched[key] = time.monotonic()
         if line is not None and not self.settings.current_file_only:
-            doc = self.workspace.text_documents.get(unquote(uri))
+            doc = self.open_document(uri)
             if doc is not None:
-                self.recent.note(uri, self.relative_path(uri), doc.source, line)
+                self.recent.note(key, self.relative_path(doc.uri), doc.source, line)
 
     def forget(self, uri: str) -> None:
-        self.touched.pop(uri, None)
-        self.supersede.cancel(uri)
+        key = document_key(uri)
+        self.touched.pop(key, None)
+        self.supersede.cancel(key)
 
     def context_documents(self, uri: str) -> list[tuple[str, str]]:
         """Text beyond the file for the prompt: recent chunks, then other open documents, newest first."""
         if self.settings.current_file_only:
             return []
-        out = [(c.name, c.text) for c in self.recent.chunks(exclude=uri)]
+        key = document_key(uri)
+        out = [(c.name, c.text) for c in self.recent.chunks(exclude=key)]
         others = sorted(
-            (u for u in self.workspace.text_documents if u != unquote(uri)),
-            key=lambda u: self.touched.get(u, 0.0),
+            (doc for doc in self.workspace.text_documents.values() if document_key(doc.uri) != key),
+            key=lambda doc: self.touched.get(document_key(doc.uri), 0.0),
             reverse=True,
         )
-        for other in others[:MAX_OTHER_DOCUMENTS]:
-            doc = self.workspace.text_documents[other]
+        for doc in others[:MAX_OTHER_DOCUMENTS]:
             if doc.source.strip():
-                out.append((self.relative_path(other), doc.source))
+                out.append((self.relative_path(doc.uri), doc.source))
         return out
 
     def start_io(self, stdin: Any = None, stdout: Any = None) -> int:

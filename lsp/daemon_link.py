@@ -2,7 +2,12 @@
 
 The link is made in the background as soon as the editor says ``initialized``, so the model loads and
 warms up while the user types; requests wait on the same attempt rather than starting their own. A
-failure is remembered for a few seconds so a burst of keystrokes does not start a burst of daemons.
+failure is remembered for a few seconds so a burst of keystrokes does not start a burst of daemons; the
+next request after that window tries again, and so does a timer that looks for a daemon (through its
+discovery file, never starting one) while nobody types.
+
+The link knows the language server only through the callbacks of :class:`LinkHooks` (log, state changed,
+the editor's warm-up shapes, its ``$/progress``), so it imports nothing of the server.
 
 The server has no tokenizer (it must not load the model), so prompts are sized with a characters-per-token
 ratio learned from the daemon's answers; a prompt that still does not fit is refused by the daemon with
@@ -17,21 +22,41 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from assistant.client import APIError, AsyncClient, DaemonUnavailable
+from lsprotocol import types
+
+from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
+from assistant.wire import prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
-    from lsp.server import DiffuLanguageServer
+    from pygls.progress import Progress as WorkDoneProgress
 
 log = logging.getLogger("diffu.lsp")
 T = TypeVar("T")
 
-RETRY_SECONDS = 5.0  # after a failed attempt, requests fail fast for this long instead of retrying
+RETRY_SECONDS = 5.0  # after a failure, requests fail fast for this long; then the next one tries again
 FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the daemon's error code (OpenAI's) for an overflow
+# The link's states, as the status item shows them.
+CONNECTING, READY, UNAVAILABLE = "connecting", "ready", "unavailable"
+
+
+class LogFn(Protocol):
+    def __call__(self, message: str, *, level: str = "info", show: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class LinkHooks:
+    """What the link needs of the language server, as callbacks: it never holds the server."""
+
+    log: LogFn  # a line in the editor's log (``show``: also a message the user sees)
+    changed: Callable[[], None]  # the connection state or the daemon's start-up stage changed
+    warm_shapes: Callable[[int | None], list[WarmShape]]  # the shapes typing sends, for a context length
+    work_done: Callable[[], WorkDoneProgress | None]  # the editor's ``$/progress``; None if it has none
 
 
 class Progress:
@@ -42,8 +67,8 @@ class Progress:
     time one arrives. Stage changes also go to the log.
     """
 
-    def __init__(self, server: DiffuLanguageServer) -> None:
-        self.server = server
+    def __init__(self, hooks: LinkHooks) -> None:
+        self.hooks = hooks
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self.latest: tuple[str, float, str] = ("", 0.0, "")  # (stage, fraction, detail)
@@ -51,15 +76,20 @@ class Progress:
 
     def __call__(self, stage: str, fraction: float, detail: str) -> None:
         self.latest = (stage, fraction, detail)
-        self.server.status_changed()
+        self.hooks.changed()
         if stage != self._stage:
             self._stage = stage
-            self.server.log(f"diffu daemon: {stage_message(stage, detail)}", level="info")
+            self.hooks.log(f"diffu: {stage_message(stage, detail)}", level="info")
         if self._task is None or self._task.done():
             if stage == "ok":
                 return  # already ready: nothing to show
             self._task = asyncio.ensure_future(self._run())
         self._changed.set()
+
+    def restart(self) -> None:
+        """A new attempt: what the last one reported (its failure) is no longer the news."""
+        self.latest = ("", 0.0, "")
+        self._stage = ""
 
     def finish(self, error: str) -> None:
         """The attempt failed: end the progress (the error itself is reported by the caller)."""
@@ -68,13 +98,10 @@ class Progress:
         self._changed.set()
 
     async def _run(self) -> None:
-        from lsprotocol import types
-
-        window = self.server.client_capabilities.window
-        if not (window and window.work_done_progress):
+        progress = self.hooks.work_done()
+        if progress is None:
             return
         token = f"diffu-daemon-{uuid.uuid4().hex[:8]}"
-        progress = self.server.work_done_progress
         try:
             await progress.create_async(token)
         except Exception as exc:  # the editor refused the token: progress is a courtesy, not a need
@@ -91,12 +118,8 @@ class Progress:
             self._changed.clear()
             stage, fraction, detail = self.latest
             if stage in ("ok", "failed", "stopping"):
-                progress.end(
-                    token,
-                    types.WorkDoneProgressEnd(
-                        message="model ready" if stage == "ok" else stage_message(stage, detail)
-                    ),
-                )
+                message = "model ready" if stage == "ok" else stage_message(stage, detail)
+                progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
             progress.report(
                 token,
@@ -114,10 +137,14 @@ def _percent(stage: str, fraction: float) -> int:
 
 
 class DaemonLink:
-    """One :class:`AsyncClient` for the current settings, connected at most once at a time."""
+    """One :class:`AsyncClient` for the current settings, connected at most once at a time.
 
-    def __init__(self, server: DiffuLanguageServer) -> None:
-        self.server = server
+    ``state`` is ``connecting`` (finding, starting or waiting for the daemon), ``ready`` or
+    ``unavailable``; every change of it is reported through ``hooks.changed`` as it happens.
+    """
+
+    def __init__(self, hooks: LinkHooks) -> None:
+        self.hooks = hooks
         self.client: AsyncClient | None = None
         self.config: Config | None = None
         self.max_context: int | None = None
@@ -125,13 +152,16 @@ class DaemonLink:
         self.model = ""
         self.url: str | None = None
         self.error = ""
+        self.state = CONNECTING
         self.connected_at = 0.0  # monotonic time of the last successful connection
         self._key: tuple[Any, ...] | None = None
         self._connecting: asyncio.Task[AsyncClient] | None = None
         self._failed_at = 0.0
         self._warming: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._looking: asyncio.Task[None] | None = None
         self.warmed: dict[str, int] | None = None  # the daemon's answer to the warm request, once it came
-        self.progress = Progress(server)
+        self.progress = Progress(hooks)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
         # for code (BPE vocabularies of code models average 3-4).
         self.chars_per_token = 3.0
@@ -151,8 +181,10 @@ class DaemonLink:
         old = self.client
         self.client = None
         self.config = None
-        self._connecting = None
+        self._connecting = None  # an attempt still running for the old settings no longer counts
         self._failed_at = 0.0
+        self._cancel_retry()
+        self._set_state(CONNECTING, "")
         if old is not None:
             asyncio.ensure_future(old.aclose())
 
@@ -178,19 +210,22 @@ class DaemonLink:
             return
         exc = task.exception()
         if exc is not None:
-            self.server.log(f"diffu: {exc}", level="error", show=True)
+            self.hooks.log(f"diffu: {exc}", level="error", show=True)
 
     def _attempt(self) -> asyncio.Task[AsyncClient] | None:
         task = self._connecting
-        if task is not None and (not task.done() or (not task.cancelled() and task.exception() is None)):
+        if task is not None and (not task.done() or self.state == READY):
             return task  # connecting, or connected
         if time.monotonic() - self._failed_at < RETRY_SECONDS:
             return None
+        self._cancel_retry()
+        self.progress.restart()
         self._connecting = asyncio.ensure_future(self._connect())
-        self.server.status_changed()
+        self._set_state(CONNECTING, self.error)
         return self._connecting
 
     async def _connect(self) -> AsyncClient:
+        me = asyncio.current_task()
         try:
             if self.client is None:
                 self.client = self._build()
@@ -199,21 +234,24 @@ class DaemonLink:
             models = await client.request("GET", "/v1/models")
             status = await client.status()
         except (DaemonUnavailable, APIError) as exc:
-            self._failed(describe(exc))
-            self.progress.finish(self.error)
-            raise DaemonUnavailable(self.error) from None
+            error = describe(exc)
+            if self._connecting is me:
+                self._failed(error)
+                self.progress.finish(error)
+            raise DaemonUnavailable(error) from None
+        if self._connecting is not me:
+            return client  # the settings changed meanwhile: this attempt's daemon is not the link's
         entry = (models.get("data") or [{}])[0]
         self.model = str(entry.get("id", ""))
         self.max_context = entry.get("context_length") or entry.get("max_model_len")
         self.features = set(status.get("features") or [])
-        self.error = ""
         self.url = endpoint.url
         self.connected_at = time.monotonic()
-        self.server.log(
+        self.hooks.log(
             f"diffu: connected to {endpoint.url} (model {self.model}, context {self.max_context} tokens)",
             level="info",
         )
-        self.server.status_changed()
+        self._set_state(READY, "")  # now, not when the task ends: the status item follows at once
         self._warm(client)
         return client
 
@@ -221,18 +259,16 @@ class DaemonLink:
         """Ask the daemon to compile the shapes typing will ask for (answered at once, compiled between
         requests), so the first suggestion does not wait for a compile. A daemon without the warm route
         (older versions answer 404) or a refusal costs nothing but a log line."""
-        from lsp.suggest import warm_shapes
-
-        shapes = warm_shapes(self.server.settings, self.max_context)
+        shapes = self.hooks.warm_shapes(self.max_context)
 
         async def send() -> None:
             try:
                 answer = await client.warm(shapes)
             except (DaemonUnavailable, APIError) as exc:
-                self.server.log(f"diffu: warm-up not requested: {describe(exc)}", level="info")
+                self.hooks.log(f"diffu: warm-up not requested: {describe(exc)}", level="info")
                 return
             self.warmed = {"shapes": len(shapes), "queued": int(answer.get("queued", 0))}
-            self.server.log(
+            self.hooks.log(
                 f"diffu: asked the daemon to warm {len(shapes)} editor shapes "
                 f"({answer.get('queued', 0)} queued, {len(answer.get('compiled') or [])} already compiled)",
                 level="info",
@@ -252,28 +288,68 @@ class DaemonLink:
 
     @property
     def connected(self) -> bool:
-        task = self._connecting
-        return task is not None and task.done() and not task.cancelled() and task.exception() is None
-
-    @property
-    def state(self) -> str:
-        """``ready``, ``connecting`` (finding, starting or waiting for the daemon) or ``unavailable``."""
-        if self.connected:
-            return "ready"
-        task = self._connecting
-        if task is not None and not task.done():
-            return "connecting"
-        return "unavailable" if self.error else "connecting"
+        return self.state == READY
 
     def lost(self, error: str) -> None:
-        """A request found the daemon gone: later requests fail fast for a while, then reconnect."""
-        self._failed(error)
+        """A request found the daemon gone: later requests fail fast for a while, then reconnect.
+
+        Only the loss of a live connection counts. The failures the fail-fast window answers, and a
+        failed attempt (already recorded), must not start the window again: with a request every few
+        seconds it would never end, and the server would never look for the daemon again.
+        """
+        if self.state != READY:
+            return
         self._connecting = None
+        self._failed(error)
 
     def _failed(self, error: str) -> None:
-        self.error = error
         self._failed_at = time.monotonic()
-        self.server.status_changed()
+        self._set_state(UNAVAILABLE, error)
+        self._look_later()
+
+    def _look_later(self) -> None:
+        self._cancel_retry()
+        self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self._look_again)
+
+    def _set_state(self, state: str, error: str) -> None:
+        if (state, error) != (self.state, self.error):
+            self.state, self.error = state, error
+            self.hooks.changed()
+
+    def _cancel_retry(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
+    def _look_again(self) -> None:
+        self._retry = None
+        if self.state == UNAVAILABLE:
+            self._looking = asyncio.ensure_future(self._look())
+
+    async def _look(self) -> None:
+        """While nobody types: reconnect when a daemon is there (a configured URL, or one that published
+        its discovery file since), else look again later. Never starts a daemon: that is a request's
+        decision (``autostart``), not a timer's."""
+        config = self.config
+        if config is None or self.state != UNAVAILABLE:
+            return
+        try:
+            found = await asyncio.to_thread(resolve_endpoint, config)
+        except Exception as exc:  # an unreadable discovery directory: try again later
+            log.debug("looking for the daemon failed: %s", exc)
+            found = None
+        if self.state != UNAVAILABLE or self.config is not config:
+            return  # a request reconnected, or the settings changed, meanwhile
+        if found is None:
+            self._look_later()  # requests keep their own window: a look that found nothing is no failure
+            return
+        self._failed_at = 0.0
+        task = self._attempt()
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except DaemonUnavailable as exc:  # recorded by the attempt, which looks again later
+                log.debug("reconnecting failed: %s", exc)
 
     # -- fitting prompts to the context ----------------------------------------------------------------
     def learn_ratio(self, chars: int, prompt_tokens: int) -> None:
@@ -291,9 +367,7 @@ class DaemonLink:
 
     def budget_chars(self, budget_tokens: int, reserve_tokens: int) -> int:
         """Characters of prompt for ``budget_tokens``, leaving ``reserve_tokens`` of the context free."""
-        if self.max_context:
-            # The daemon refuses a prompt that does not fit its context together with the canvas.
-            budget_tokens = min(budget_tokens, int(self.max_context) - reserve_tokens - 2)
+        budget_tokens = prompt_budget(budget_tokens, reserve_tokens, self.max_context)
         return int(max(budget_tokens, 8) * self.chars_per_token)
 
     async def fitting(self, build: Callable[[], tuple[int, Awaitable[T]]]) -> T:

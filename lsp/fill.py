@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lsp.context import header_line, window
+from assistant.infill.context import header_line, window
 from lsp.holes import MASK, Hole, HoleError, HolePrompt, finish_fill, masked_prompt
 from lsp.settings import Settings
 
@@ -50,11 +50,9 @@ class Filler:
 
     def _options(self, tokens: int) -> dict[str, Any]:
         """The typed client's options for a fill of ``tokens`` masks: one step per mask unless set."""
-        from assistant.client import SamplingOptions
-
         s = self.settings
         return {
-            "sampling": SamplingOptions(steps=s.steps or tokens, temperature=s.temperature),
+            "sampling": s.request_sampling(s.steps or tokens),
             "session": self.session,
             "max_seconds": s.max_seconds,
         }

@@ -14,8 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lsp.context import Mode, classify, header_line, window
-from lsp.postprocess import align_indent, postprocess
+from assistant.infill.context import Mode, classify, header_line, window
+from assistant.infill.postprocess import align_indent, postprocess
 
 MASK = "<|mask|>"
 

@@ -24,7 +24,7 @@ from lsprotocol.converters import get_converter
 from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp import capabilities
-from lsp.core import DiffuLanguageServer
+from lsp.core import DiffuLanguageServer, document_key
 from lsp.holes import Hole, HoleError, find_holes
 from lsp.settings import SECTION, settings_section
 from lsp.suggest import Cursor
@@ -34,6 +34,8 @@ log = logging.getLogger("diffu.lsp")
 FILL_HOLES = "diffu.fillHoles"
 ACCEPTED = "diffu.accepted"
 STATUS = "diffu.status"
+TOGGLE = "diffu.toggle"
+SNOOZE = "diffu.snooze"
 CONVERTER = get_converter()
 SERVER = DiffuLanguageServer()
 
@@ -158,12 +160,12 @@ async def _suggestions(
 
     ls.counters["requests"] += 1
     doc = ls.document(uri)
-    if not ls.enabled_for(doc):
+    if not ls.enabled_for(doc) or (ls.paused is not None and not invoked):
         ls.counters["skipped"] += 1
         return []
     version = doc.version
     cursor = Cursor(ls.relative_path(uri), doc.language_id or "", before, after, invoked)
-    ls.recent.note(uri, cursor.path, doc.source, before.count("\n"))  # where the user looks is context
+    ls.recent.note(document_key(uri), cursor.path, doc.source, before.count("\n"))  # where the user looks
     ls.busy += 1
     ls.status_changed()
     try:
@@ -196,7 +198,7 @@ async def _suggestions(
     finally:
         ls.busy -= 1
         ls.status_changed()
-    current = ls.workspace.text_documents.get(doc.uri)
+    current = ls.open_document(uri)
     if texts and (current is None or current.version != version):
         ls.counters["stale"] += 1  # made for text the user has since changed
         return []
@@ -234,7 +236,7 @@ async def inline_completion(
         ]
         return types.InlineCompletionList(items=items)
 
-    return await ls.supersede.run("suggest", uri, work, types.InlineCompletionList(items=[]))
+    return await ls.supersede.run("suggest", document_key(uri), work, types.InlineCompletionList(items=[]))
 
 
 def _word_start(line: str) -> int:
@@ -285,7 +287,8 @@ async def completion(ls: DiffuLanguageServer, params: types.CompletionParams) ->
             items.append(item)
         return types.CompletionList(is_incomplete=True, items=items)
 
-    return await ls.supersede.run("suggest", uri, work, types.CompletionList(is_incomplete=True, items=[]))
+    empty = types.CompletionList(is_incomplete=True, items=[])
+    return await ls.supersede.run("suggest", document_key(uri), work, empty)
 
 
 # -- fill holes ---------------------------------------------------------------------------------------
@@ -359,7 +362,8 @@ async def _fill(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -
 
     try:
         nothing: list[str] = []
-        fills = await ls.supersede.run(f"holes:{uri}", uri, work, nothing)
+        key = document_key(uri)
+        fills = await ls.supersede.run(f"holes:{key}", key, work, nothing)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -371,7 +375,7 @@ async def _fill(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -
         return None
     if not fills:
         return None  # superseded by a newer fill of this document
-    if ls.workspace.text_documents.get(doc.uri) is not doc or doc.version != version:
+    if ls.open_document(uri) is not doc or doc.version != version:
         ls.log("diffu: the document changed while its holes were filled; run fill holes again", show=True)
         return None
     edits = [
@@ -426,7 +430,7 @@ def _fill_args(ls: DiffuLanguageServer, args: tuple[Any, ...]) -> tuple[str, typ
             f"{FILL_HOLES}: expected a document uri as the first argument, got {args!r}"
         )
     uri = args[0]
-    if ls.workspace.text_documents.get(uri) is None:
+    if ls.open_document(uri) is None:
         raise JsonRpcInvalidParams(f"{FILL_HOLES}: {uri} is not an open document")
     range_ = None
     if len(args) > 1 and args[1] is not None:
@@ -446,6 +450,33 @@ def accepted(ls: DiffuLanguageServer, *args: Any) -> None:
     log.debug("suggestion accepted: %s", args)
 
 
+@SERVER.command(TOGGLE)
+def toggle(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
+    """``diffu.toggle``: pause suggestions while typing until toggled again, or resume them (a snooze
+    included). Explicit requests still ask while paused. Returns the new status item."""
+    del args
+    if ls.paused is None:
+        ls.pause(None)
+    else:
+        ls.resume()
+    return ls.status_item()
+
+
+@SERVER.command(SNOOZE)
+def snooze(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
+    """``diffu.snooze(minutes?)``: pause suggestions while typing for a while (the ``snoozeMinutes``
+    setting when no duration is given). Returns the new status item."""
+    minutes = args[0] if args else None
+    if minutes is None:
+        minutes = ls.settings.snooze_minutes
+    if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not 0 < minutes <= 1440:
+        raise JsonRpcInvalidParams(
+            f"{SNOOZE}: expected minutes, more than 0 and at most 1440 (or none), got {minutes!r}"
+        )
+    ls.pause(float(minutes))
+    return ls.status_item()
+
+
 @SERVER.command(STATUS)
 def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
     """Where the server stands: the status item, daemon, model, settings, counters, latency and cache."""
@@ -453,6 +484,7 @@ def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
     link = ls.link
     return {
         "status": ls.status_item(),
+        "paused": ls.paused is not None,
         "connected": link.connected,
         "model": link.model,
         "max_context": link.max_context,

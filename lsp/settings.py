@@ -13,65 +13,164 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from assistant.config import Config
+from assistant.wire import SamplingOptions
+from model_runtime.options import Flat, OptionError, like, option, validate
+from model_runtime.params import SamplingParams
+
 SECTION = "diffu"  # the settings section in VS Code and in Neovim's ``settings`` table
+
+
+def _trimmed(value: str) -> str:
+    return "" if value.strip() == value else "must not start or end with whitespace"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What the user can change; every field has a camelCase JSON key (``debounce_ms`` -> ``debounceMs``)."""
+    """What the user can change; every option has a camelCase JSON key (``debounce_ms`` -> ``debounceMs``).
 
-    enable: bool = True
-    """Answer completion requests at all (fill-holes stays available as an explicit command)."""
-    languages: tuple[str, ...] = ()
-    """Language ids to complete in (``python``, ``rust``...); empty means every language."""
-    debounce_ms: int = 150
-    """Wait this long for more keystrokes before asking the model; manual (Invoked) requests skip it."""
-    max_tokens: int = 64
-    """Canvas size for a block; a single line gets at most 24 tokens and an empty line at most 32."""
-    steps: int | None = None
-    """Denoising steps; unset: half the canvas for automatic requests, the whole canvas when invoked."""
-    temperature: float = 0.0
-    context_tokens: int = 1024
-    """Token budget of the prompt: the file window around the cursor plus snippets of other files."""
-    prefix_fraction: float = 0.75
-    """Share of the file budget that goes before the cursor (the rest after it)."""
-    snippet_tokens: int = 256
-    """Part of the budget kept for snippets of other open documents when the file does not fit."""
-    current_file_only: bool = False
-    """Never send text of other open documents."""
-    min_chars: int = 1
-    """Drop suggestions shorter than this (after stripping whitespace). 1 keeps short right answers
-    (``1``, ``)``, ``self``): a diffusion model's canvas is sized before it runs, so a short answer is the
-    model choosing end-of-text early, not a truncated guess."""
-    max_line_suffix: int = 8
-    """While typing, ask nothing when more than this many characters (besides spaces and closing
-    brackets, quotes and punctuation) follow the cursor on its line: mid-line edits rarely want
-    suggestions (llama.vim's rule). Explicit (invoked) requests always ask."""
-    candidates: int = 3
-    """Suggestions to offer on an explicit (invoked) request, to cycle through; automatic ones offer one."""
-    hole_marker: str = "???"
-    """Marks a hole for fill-holes besides ``<|mask|>``; empty: only ``<|mask|>``."""
-    hole_tokens: int = 16
-    """Canvas tokens per marker hole (a run of N ``<|mask|>`` is a hole of exactly N tokens)."""
-    max_seconds: float | None = None
-    """Time budget per request in the daemon; when spent it answers with what is unmasked so far."""
-    url: str | None = None
-    """Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start."""
-    api_key: str | None = None
-    model: str | None = None
-    """Checkpoint to auto-start a daemon with when none is running (else the diffu config's model)."""
-    autostart: bool | None = None
-    """Start a daemon when none is running; unset: the diffu config's ``autostart``."""
+    Each is an option (``model_runtime.options``). The sampling knobs the server gives a meaning of its
+    own (the canvas, the steps, the greedy temperature) are ``SamplingParams``' options with the editors'
+    defaults and narrower bounds; the others (``alg``, ``topP``, ``decoder``, ...) are ``sampling``'s,
+    read under their own names (see :data:`VIEW`) and sent with every request as they are: unset, the
+    daemon's. Either way they are checked as the daemon checks them.
+    """
+
+    enable: bool = option(
+        True, help="Answer completion requests at all (fill-holes stays available as an explicit command)."
+    )
+    languages: tuple[str, ...] = option(
+        (), help="Language ids to complete in (``python``, ``rust``...); empty means every language."
+    )
+    debounce_ms: int = option(
+        150,
+        ge=0,
+        le=10_000,
+        help="Wait this long for more keystrokes before asking the model; manual (Invoked) requests skip it.",
+    )
+    max_tokens: int = like(
+        SamplingParams,
+        "max_new_tokens",
+        default=64,
+        le=1024,
+        help="Canvas size for a block; a single line gets at most 24 tokens and an empty line at most 32.",
+    )
+    steps: int | None = like(
+        SamplingParams,
+        "steps",
+        default=None,
+        le=1024,
+        help="Denoising steps; unset: half the canvas for automatic requests, the whole canvas when invoked.",
+    )
+    temperature: float = like(SamplingParams, "temperature", default=0.0, le=10.0)
+    context_tokens: int = option(
+        1024,
+        ge=16,
+        le=131_072,
+        help="Token budget of the prompt: the file window around the cursor plus snippets of other files.",
+    )
+    prefix_fraction: float = option(
+        0.75, ge=0.0, le=1.0, help="Share of the file budget that goes before the cursor (the rest after it)."
+    )
+    snippet_tokens: int = option(
+        256,
+        ge=0,
+        le=131_072,
+        help="Part of the budget kept for snippets of other open documents when the file does not fit.",
+    )
+    current_file_only: bool = option(False, help="Never send text of other open documents.")
+    # 1 keeps short right answers (``1``, ``)``, ``self``): a diffusion model's canvas is sized before it
+    # runs, so a short answer is the model choosing end-of-text early, not a truncated guess.
+    min_chars: int = option(
+        1, ge=0, le=1000, help="Drop suggestions shorter than this (after stripping whitespace)."
+    )
+    max_line_suffix: int = option(
+        8,
+        ge=0,
+        le=10_000,
+        help="While typing, ask nothing when more than this many characters (besides spaces and closing "
+        "brackets, quotes and punctuation) follow the cursor on its line: mid-line edits rarely want "
+        "suggestions (llama.vim's rule). Explicit (invoked) requests always ask.",
+    )
+    candidates: int = option(
+        3,
+        ge=1,
+        le=8,
+        help="Suggestions to offer on an explicit (invoked) request, to cycle through; automatic ones "
+        "offer one.",
+    )
+    hole_marker: str = option(
+        "???",
+        rule=_trimmed,
+        help="Marks a hole for fill-holes besides ``<|mask|>``; empty: only ``<|mask|>``.",
+    )
+    hole_tokens: int = option(
+        16,
+        ge=1,
+        le=1024,
+        help="Canvas tokens per marker hole (a run of N ``<|mask|>`` is a hole of exactly N tokens).",
+    )
+    max_seconds: float | None = option(
+        None,
+        ge=0.001,
+        le=3600.0,
+        help="Time budget per request in the daemon; when spent it answers with what is unmasked so far.",
+    )
+    snooze_minutes: float = option(
+        5.0,
+        ge=0.1,
+        le=1440.0,
+        help="How long ``diffu.snooze`` pauses suggestions while typing when it is given no duration.",
+    )
+    # The daemon's address and start-up, as diffu's config declares them (and checks them).
+    url: str | None = like(
+        Config, "url", help="Daemon URL; unset: ``DIFFU_URL``, then the discovery file, then auto-start."
+    )
+    api_key: str | None = like(
+        Config,
+        "api_key",
+        help="Daemon API key; unset: ``DIFFU_API_KEY`` or the token file in diffu's config directory.",
+    )
+    model: str | None = like(
+        Config,
+        "model",
+        help="Checkpoint to auto-start a daemon with when none is running (else the diffu config's model).",
+    )
+    autostart: bool | None = like(
+        Config,
+        "autostart",
+        default=None,
+        help="Start a daemon when none is running; unset: the diffu config's ``autostart``.",
+    )
+
+    sampling: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def request_sampling(
+        self, steps: int, *, temperature: float | None = None, seed: int | None = None
+    ) -> SamplingOptions:
+        """The sampling of a request: the user's knobs with the request's ``steps``, the settings'
+        temperature (or a candidate's), and a candidate's ``seed`` (else the user's, if set)."""
+        return dataclasses.replace(
+            self.sampling,
+            steps=steps,
+            temperature=self.temperature if temperature is None else temperature,
+            seed=self.sampling.seed if seed is None else seed,
+        )
+
+    def fingerprint(self) -> str:
+        """The settings that shape an answer (:data:`ANSWER_SHAPING`), as one key: the server drops its
+        cached suggestions when it changes, and a suggestion is only reused under the same."""
+        return repr(tuple(getattr(self, name) for name in ANSWER_SHAPING))
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """These settings with ``changes`` by option name (``top_p`` changes ``sampling``)."""
+        return VIEW.replace(self, changes)
 
     def to_json(self) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[camel(f.name)] = list(value) if isinstance(value, tuple) else value
-        return out
+        return {camel(k): list(v) if isinstance(v, tuple) else v for k, v in VIEW.values(self).items()}
 
 
 def camel(name: str) -> str:
@@ -83,7 +182,24 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+VIEW = Flat(Settings, "sampling")
+FIELDS = VIEW.options
+# The settings that change what a suggestion would be: where it is asked (url, model), the canvas and
+# its sampling, the prompt built around the cursor and the cleaning after. The rest decide whether or
+# when to ask, how many candidates an explicit request offers, or concern fill-holes.
+ANSWER_SHAPING = (
+    "max_tokens",
+    "steps",
+    "temperature",
+    "context_tokens",
+    "prefix_fraction",
+    "snippet_tokens",
+    "current_file_only",
+    "min_chars",
+    "url",
+    "model",
+    "sampling",
+)
 KEYS = {camel(name): name for name in FIELDS}
 # Keys an editor keeps in the same ``diffu`` section for its own use (VS Code's extension starts the server
 # with ``serverCommand``; vscode-languageclient reads ``trace.server``): silently not ours.
@@ -97,62 +213,35 @@ ALIASES = {
     "currentFileOnly": "current_file_only",
 }
 
-_RANGES: dict[str, tuple[float | None, float | None]] = {
-    "debounce_ms": (0, 10_000),
-    "max_tokens": (1, 1024),
-    "steps": (1, 1024),
-    "temperature": (0.0, 10.0),
-    "context_tokens": (16, 131_072),
-    "prefix_fraction": (0.0, 1.0),
-    "snippet_tokens": (0, 131_072),
-    "min_chars": (0, 1000),
-    "max_line_suffix": (0, 10_000),
-    "candidates": (1, 8),
-    "hole_tokens": (1, 1024),
-    "max_seconds": (0.001, 3600.0),
-}
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array"}
 
 
-def _check(name: str, value: Any) -> Any:
-    """The value converted to the field's type, or ValueError with a message for the user."""
-    kind = str(FIELDS[name].type).replace(" | None", "")
-    optional = "None" in str(FIELDS[name].type)
-    if value is None:
-        if optional:
-            return None
-        raise ValueError("must not be null")
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"expected true or false, got {value!r}")
-        return value
-    if kind in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"expected a number, got {value!r}")
-        if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(f"expected an integer, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-        lo, hi = _RANGES.get(name, (None, None))
-        if lo is not None and value < lo or hi is not None and value > hi:
-            raise ValueError(f"must be in {lo}..{hi}, got {value}")
-        return value
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {value!r}")
-        if name == "url" and value and not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {value!r}")
-        if name == "hole_marker" and value.strip() != value:
-            raise ValueError("must not start or end with whitespace")
-        return value or (None if optional else value)
-    if kind == "tuple[str, ...]":
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"expected a list of strings, got {value!r}")
-        return tuple(value)
-    raise AssertionError(f"no parser for {name}: {kind}")
+def editor_schema() -> dict[str, dict[str, Any]]:
+    """Each setting's facts as an editor's settings UI declares them (VS Code's ``package.json``
+    ``contributes.configuration``, in JSON schema): type, default, bounds and choices, by key with the
+    section (``diffu.debounceMs``). An unset string is "" there (what an empty field in the UI sends)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, opt in FIELDS.items():
+        kind = _JSON_TYPES[opt.kind]
+        text = opt.kind is str
+        facts: dict[str, Any] = {"type": [kind, "null"] if opt.optional and not text else kind}
+        if opt.kind is tuple:
+            facts["items"] = {"type": _JSON_TYPES[opt.base]}
+        default = opt.default
+        facts["default"] = "" if default is None and text else list(default) if opt.kind is tuple else default
+        bounds = (
+            ("minimum", opt.ge),
+            ("exclusiveMinimum", opt.gt),
+            ("maximum", opt.le),
+            ("exclusiveMaximum", opt.lt),
+        )
+        facts.update({key: bound for key, bound in bounds if bound is not None})
+        if opt.choices is not None:
+            unset = ("" if text else None,) if opt.optional else ()
+            facts["enum"] = [*unset, *opt.choices]
+        out[f"{SECTION}.{camel(name)}"] = facts
+    return out
 
 
 def parse_settings(data: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
@@ -180,9 +269,9 @@ def parse_settings(data: Any, base: Settings | None = None) -> tuple[Settings, l
             problems.append(f"{key}: unknown setting (known: {', '.join(sorted(KEYS))})")
             continue
         try:
-            changes[name] = _check(name, value)
-        except ValueError as exc:
-            problems.append(f"{camel(name)}: {exc}; keeping {getattr(base, name)!r}")
+            changes[name] = FIELDS[name].read(value, json=True)
+        except OptionError as exc:
+            problems.append(f"{camel(name)}: {exc.problem}; keeping {VIEW.get(base, name)!r}")
     return base.replace(**changes), problems
 
 

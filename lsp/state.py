@@ -7,6 +7,7 @@ item) read them. Nothing here talks to the editor or the daemon.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
@@ -122,11 +123,30 @@ def new_counters() -> Counter[str]:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Suggestions while typing paused by the user (``diffu.toggle``, ``diffu.snooze``): until the
+    monotonic time ``until``, infinite for a toggle; ``wall`` is the same moment on the wall clock (None
+    for a toggle), for the status item."""
+
+    until: float
+    wall: float | None = None
+
+    def active(self, now: float) -> bool:
+        return now < self.until
+
+    def message(self) -> str:
+        if self.wall is None:
+            return "paused until toggled"
+        return f"paused until {time.strftime('%H:%M', time.localtime(self.wall))}"
+
+
+@dataclass(frozen=True)
 class StatusItem:
     """What an editor's status item shows: ``state`` and a one-line ``message``, with the last latency.
 
-    States: ``disabled`` (suggestions off), ``connecting`` (finding, starting or loading the daemon),
-    ``ready``, ``busy`` (a suggestion is being made), ``unavailable`` (the daemon cannot be reached).
+    States: ``disabled`` (suggestions off), ``paused`` (toggled off or snoozed: nothing while typing),
+    ``connecting`` (finding, starting or loading the daemon), ``ready``, ``busy`` (a suggestion is being
+    made), ``unavailable`` (the daemon cannot be reached).
     """
 
     state: str
@@ -146,6 +166,7 @@ class StatusItem:
 def status_item(
     *,
     enabled: bool,
+    paused: Pause | None,
     link_state: str,
     busy: bool,
     error: str,
@@ -156,6 +177,8 @@ def status_item(
     """The status item for the server's state (pure: the inputs are what the server knows)."""
     if not enabled:
         return StatusItem("disabled", "suggestions are off (diffu.enable)", latency_ms, model)
+    if paused is not None:
+        return StatusItem("paused", paused.message(), latency_ms, model)
     if link_state == "unavailable":
         return StatusItem("unavailable", error or "the daemon is unavailable", latency_ms, model)
     if link_state == "connecting":
@@ -166,16 +189,35 @@ def status_item(
     return StatusItem("ready", f"{model or 'model'} ready{shown}", latency_ms, model)
 
 
-_STAGES = {
-    "ok": "ready",
+# The daemon's start-up stages in words: the ``status`` of its /health stream (``ok`` once it serves), the
+# scheduler's own names for the serving stages, and ``failed`` for an attempt that did not connect.
+STAGES = {
     "starting": "starting the daemon",
     "loading": "loading the model",
-    "compiling": "warming up",
+    "warming": "warming up",
+    "ready": "ready",
+    "ok": "ready",
     "failed": "the daemon failed",
     "stopping": "the daemon is stopping",
 }
 
 
+def _stems(text: str) -> set[str]:
+    """Word stems (the first four letters of each word of four or more) for spotting a repeat."""
+    words = "".join(c.lower() if c.isalpha() else " " for c in text).split()
+    return {w[:4] for w in words if len(w) >= 4}
+
+
 def stage_message(stage: str, detail: str) -> str:
-    """A daemon start-up stage in words, for progress reports and the status item."""
-    return f"{_STAGES.get(stage, stage)}{': ' + detail if detail else ''}"
+    """A daemon start-up stage in words, for progress reports, the status item and the log.
+
+    The daemon's detail often names the stage already (``loading`` / "loading the model", ``ok`` /
+    "ready", ``failed`` / "model load failed"): then the detail, the more specific, is said alone rather
+    than after the stage's words ("loading the model: loading the model").
+    """
+    phrase = STAGES.get(stage, stage)
+    if not detail:
+        return phrase
+    if _stems(phrase) & _stems(detail):
+        return detail
+    return f"{phrase}: {detail}"

@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lsp import context as ctx
+from assistant.infill import context as ctx
+from assistant.infill.context import Mode
+from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess
+from assistant.wire import prompt_budget
 from lsp.cache import SuggestionCache
-from lsp.context import Mode
-from lsp.postprocess import align_indent, line_suffix_chars, postprocess
 from lsp.settings import Settings
 from lsp.state import Timing, Timings
 
@@ -75,17 +76,15 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
     """The shapes typing asks for, one per mode (canvas and automatic steps as :func:`plan` makes them),
     with a prompt of the whole context budget (files longer than it are the common case), for the daemon
     to compile when the server connects instead of on the first suggestion."""
-    from assistant.client import SamplingOptions, WarmShape
+    from assistant.client import WarmShape
 
     shapes: list[WarmShape] = []
     for mode in ctx.Mode:
         canvas = ctx.canvas_tokens(mode, settings.max_tokens)
         steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
-        budget = settings.context_tokens
-        if max_context:
-            budget = min(budget, int(max_context) - canvas - 2)
+        budget = prompt_budget(settings.context_tokens, canvas, max_context)
         if budget > 0:
-            sampling = SamplingOptions(steps=steps, temperature=settings.temperature)
+            sampling = settings.request_sampling(steps)
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
             shapes.append(shape)
     return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
@@ -112,11 +111,6 @@ def skip_reason(cursor: Cursor, settings: Settings) -> str | None:
     if line_suffix_chars(line_after) > settings.max_line_suffix:
         return "the cursor is inside a line"
     return None
-
-
-def fingerprint(settings: Settings) -> str:
-    """The settings that shape an answer: cached suggestions are only reused under the same."""
-    return f"{settings.max_tokens}|{settings.steps}|{settings.temperature}|{settings.context_tokens}"
 
 
 async def _all(requests: Sequence[Awaitable[Done]]) -> list[Done]:
@@ -150,18 +144,14 @@ async def ask(
     session: str,
 ) -> Asked:
     """Ask the daemon (several candidates when invoked) and clean what comes back."""
-    from assistant.client import SamplingOptions
-
     p = plan(cursor, settings)
     n = settings.candidates if cursor.invoked else 1
     prompts: list[ctx.Prompt] = []
 
     def request(prompt: ctx.Prompt, k: int) -> Awaitable[Done]:
         """Candidate ``k``: 0 is the greedy one (the user's temperature), others sampled with seed k."""
-        sampling = SamplingOptions(
-            steps=p.steps,
-            temperature=settings.temperature if k == 0 else CANDIDATE_TEMPERATURE,
-            seed=k if k else None,
+        sampling = settings.request_sampling(
+            p.steps, temperature=None if k == 0 else CANDIDATE_TEMPERATURE, seed=k or None
         )
         return client.infill(
             prompt.prefix,
@@ -173,9 +163,7 @@ async def ask(
         )
 
     def build() -> tuple[int, Awaitable[list[Done]]]:
-        budget = settings.context_tokens
-        if link.max_context:
-            budget = min(budget, int(link.max_context) - p.canvas - 2)
+        budget = prompt_budget(settings.context_tokens, p.canvas, link.max_context)
         prompt = ctx.build_prompt(
             before=p.prompt_before,
             after=cursor.after,
@@ -232,7 +220,7 @@ async def suggest(
         # Typing goes on: a newer request of this editor cancels us here, before any model work.
         waited = settings.debounce_ms
         await asyncio.sleep(settings.debounce_ms / 1000)
-    key = fingerprint(settings)
+    key = settings.fingerprint()
     if not cursor.invoked:
         hit = cache.get(cursor.before, cursor.after, key)
         if hit is not None:

@@ -1,14 +1,14 @@
 """The runtime's interface, free of JAX: the rows it denoises, the events it yields, and the protocol.
 
 Three things serve requests through this interface: ``model_runtime.Runtime`` (the model on its devices),
-``assistant.fake_runtime.FakeRuntime`` (no model, for tests and ``--model fake:``) and
+``assistant.server.fake_runtime.FakeRuntime`` (no model, for tests and ``--model fake:``) and
 ``model_runtime.distributed.Leader`` (process 0 of a multi-host daemon). The scheduler and the HTTP layer
 are typed against :class:`RuntimeProtocol` only; ``tests/model_runtime/test_interface.py`` and the type
 checker in ``.ci/run`` hold all three to it.
 
 Events come in one vocabulary across the layers, each named for its unit: the runtime yields
 :class:`BatchStep` and :class:`BatchDone` for a batch of rows, the scheduler turns them into ``JobStep``,
-``JobDone`` and ``JobError`` for one request (``assistant.scheduler``), and clients read ``Step`` and
+``JobDone`` and ``JobError`` for one request (``assistant.server.scheduler``), and clients read ``Step`` and
 ``Done`` off the wire (``assistant.client``). A request the runtime cannot run raises
 ``model_runtime.errors.InputError`` before the first event; there is no error event.
 

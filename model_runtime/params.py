@@ -10,9 +10,10 @@ The names follow the reference's ``DreamGenerationConfig`` (``generation_utils.p
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from model_runtime.options import OptionError, option, validate
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 DECODERS = ("reference", "fast")
@@ -47,105 +48,53 @@ def fast_block_size(block_length: int, region: int, limit: int) -> int:
     return max(1, min(size, limit))
 
 
-class ParamError(ValueError):
-    """A sampling parameter is out of range; ``field`` names it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+class ParamError(OptionError):
+    """A sampling parameter is out of range; ``field`` names it, ``problem`` says why."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """One generation's knobs, validated on construction.
+    """One generation's knobs, validated on construction; the declaration every front end derives its
+    sampling options from (``model_runtime.options``: the CLI flags, the client's ``SamplingOptions``,
+    the daemon's request fields, the chat's and the editors' settings).
 
     ``top_k=None`` means "as the reference", i.e. 50; ``top_k=0`` switches top-k filtering off.
     ``top_p=None`` or ``1.0`` switches nucleus filtering off. ``alg_temp`` of ``None``/0 picks the
     most confident positions; > 0 samples positions from ``softmax(confidence / alg_temp)``.
     """
 
-    max_new_tokens: int = 128
-    steps: int = 128
-    alg: str = "entropy"
-    alg_temp: float | None = None
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    eps: float = 1e-3
-    seed: int = 0
+    max_new_tokens: int = option(128, ge=1, help="tokens to generate: the length of the canvas")
+    steps: int = option(128, ge=1, help="denoising steps")
+    alg: str = option("entropy", choices=ALGS, help="which masked positions to commit first")
+    alg_temp: float | None = option(
+        None, ge=0, help="sample positions by confidence at this temperature; unset: the most confident"
+    )
+    temperature: float = option(0.0, ge=0, help="sampling temperature; 0 is greedy")
+    top_p: float | None = option(None, gt=0, le=1, help="nucleus filtering; unset or 1: off")
+    top_k: int | None = option(
+        None,
+        ge=0,
+        help=f"top-k filtering; unset: {DEFAULT_TOP_K}, as the published sampler inherits it from "
+        "transformers' generation defaults; 0: off",
+    )
+    eps: float = option(1e-3, gt=0, lt=1, help="final noise level of the schedule")
+    seed: int = option(0, ge=0, le=SEED_LIMIT - 1, help="the sampling's PRNG seed, 32 bits")
     # The fast decoder (DualCache, block-wise, confidence threshold); the reference decoder ignores these.
-    decoder: str = "reference"
-    block_length: int = 32
-    threshold: float = 0.9
-    factor: float | None = None  # the factor rule instead of the threshold rule
+    decoder: str = option(
+        "reference",
+        choices=DECODERS,
+        help="reference: the exact published sampler; fast: DualCache blocks with confidence-threshold "
+        "parallel unmasking",
+    )
+    # >= 1 before the choices, so 0 reads as out of range rather than as an odd block length.
+    block_length: int = option(32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block")
+    threshold: float = option(0.9, gt=0, le=1, help="fast decoder: commit positions at least this confident")
+    factor: float | None = option(
+        None, gt=0, help="fast decoder: use the factor rule with this factor instead of the threshold"
+    )
 
     def __post_init__(self) -> None:
-        def check(cond: bool, name: str, msg: str) -> None:
-            if not cond:
-                raise ParamError(name, msg)
-
-        for name in ("max_new_tokens", "steps", "seed", "block_length"):
-            value = getattr(self, name)
-            check(
-                isinstance(value, int) and not isinstance(value, bool),
-                name,
-                f"must be an integer, got {value!r}",
-            )
-        check(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
-        check(self.alg in ALGS, "alg", f"must be one of {', '.join(ALGS)}; got {self.alg!r}")
-        check(
-            self.decoder in DECODERS, "decoder", f"must be one of {', '.join(DECODERS)}; got {self.decoder!r}"
-        )
-        check(self.block_length >= 1, "block_length", f"must be >= 1, got {self.block_length}")
-        check(
-            self.block_length in BLOCK_LENGTHS,
-            "block_length",
-            f"must be one of {', '.join(map(str, BLOCK_LENGTHS))}; got {self.block_length}",
-        )
-        check(
-            0 <= self.seed < SEED_LIMIT,
-            "seed",
-            f"must be in 0..{SEED_LIMIT - 1} (a 32-bit PRNG seed), got {self.seed}",
-        )
-        check(
-            _is_number(self.threshold) and 0 < self.threshold <= 1,
-            "threshold",
-            f"must be in (0, 1], got {self.threshold!r}",
-        )
-        if self.factor is not None:
-            check(
-                _is_number(self.factor) and self.factor > 0,
-                "factor",
-                f"must be a number > 0, got {self.factor!r}",
-            )
-        for name in ("temperature", "eps"):
-            value = getattr(self, name)
-            check(_is_number(value), name, f"must be a number, got {value!r}")
-        check(
-            self.temperature >= 0 and math.isfinite(self.temperature),
-            "temperature",
-            f"must be >= 0, got {self.temperature}",
-        )
-        check(0 < self.eps < 1, "eps", f"must be in (0, 1), got {self.eps}")
-        if self.alg_temp is not None:
-            check(
-                _is_number(self.alg_temp) and self.alg_temp >= 0 and math.isfinite(self.alg_temp),
-                "alg_temp",
-                f"must be a number >= 0, got {self.alg_temp!r}",
-            )
-        if self.top_p is not None:
-            check(
-                _is_number(self.top_p) and 0 < self.top_p <= 1,
-                "top_p",
-                f"must be in (0, 1], got {self.top_p!r}",
-            )
-        if self.top_k is not None:
-            check(
-                isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
-                "top_k",
-                f"must be an integer >= 0, got {self.top_k!r}",
-            )
+        validate(self, ParamError)
 
     @property
     def effective_top_k(self) -> int:
@@ -167,7 +116,3 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

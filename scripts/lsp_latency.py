@@ -1,6 +1,6 @@
 """The latency a user of ``diffu lsp`` sees, per kind of suggestion, with the bundled model (or --model).
 
-    python scripts/lsp_latency.py [--model DIR] [--per-mode 20] [--file lsp/context.py]
+    python scripts/lsp_latency.py [--model DIR] [--per-mode 20] [--file assistant/infill/context.py]
 
 Starts a daemon (``diffu serve``, its usual warm-up) and ``diffu lsp`` as Neovim 0.12 starts it (inline
 completion, debounceMs 0: the editor's own 200 ms wait is not counted), opens ``--file``, and asks for
@@ -79,7 +79,9 @@ def main() -> int:
         "--model", default=None, help="checkpoint directory (default: the bundled demo model)"
     )
     parser.add_argument("--per-mode", type=int, default=20)
-    parser.add_argument("--file", default="lsp/context.py", help="the document to type in (repository path)")
+    parser.add_argument(
+        "--file", default="assistant/infill/context.py", help="the document to type in (repository path)"
+    )
     args = parser.parse_args()
     from model_runtime.bundled import bundled_model_dir
 

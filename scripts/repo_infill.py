@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from assistant.client import APIError, Client, SamplingOptions  # noqa: E402
-from lsp import context as ctx  # noqa: E402
+from assistant.infill import context as ctx  # noqa: E402
 from lsp.daemon_link import is_overflow, overflow_facts  # noqa: E402
 from lsp.recent import RecentChunks  # noqa: E402
 from lsp.settings import Settings  # noqa: E402

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last", type=int, default=None, help="one past the last rollout (default: the run's)")
     args = p.parse_args(argv)
 
-    from assistant import rewards as builtins
+    from assistant.evals import rewards as builtins
     from model_runtime.train.rl import rollout
     from model_runtime.train.rl.run import load_policy
     from model_runtime.train.rl.tasks import read_tasks

@@ -3,7 +3,7 @@
     PYTHONPATH=. diffu train --rl coupled-grpo ... --reward scripts.rl_cpu_rewards:code=2.0 \\
         --reward scripts.rl_cpu_rewards:code_format=0.5
 
-They are the published code and format rewards (``assistant.rewards``) with one change: an answer that
+They are the published code and format rewards (``assistant.evals.rewards``) with one change: an answer that
 ends right at its closing fence counts as if a newline followed it. The published format rule wants the
 decoded completion to end with the fence *and a newline*; DiffuCoder-Instruct's answers give it one, but
 the bundled model was instruction-tuned on answers that end at the fence, followed by ``<|im_end|>`` and
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from assistant import rewards
+from assistant.evals import rewards
 
 _sandboxed: rewards.CodeReward | None = None
 

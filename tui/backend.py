@@ -77,7 +77,7 @@ class DaemonBackend:
         events = self._client.stream_generate(
             messages=messages,
             max_new_tokens=settings.max_new_tokens,
-            sampling=settings.sampling(),
+            sampling=settings.request_sampling(),
             # A newer request of the same conversation supersedes this one on the daemon.
             session=session or None,
         )

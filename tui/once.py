@@ -104,7 +104,7 @@ def _answer(
     """One decode of the answer, drawn live (under ``label``) when someone watches; its trace and final
     event."""
     trace = Trace(settings.max_new_tokens)
-    tokens, sampling = settings.max_new_tokens, settings.sampling()
+    tokens, sampling = settings.max_new_tokens, settings.request_sampling()
     if not console.is_terminal:
         # Nobody sees a live view: ask for the answer alone, which the daemon runs without a host
         # round trip per step (the fast decoder then runs each block as one program).

@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 
 from tui import keys
 from tui.render import Trace
-from tui.settings import CHOICES, FIELDS, ChatSettings, SettingsError, field_kind, format_field, parse_field
+from tui.settings import FIELDS, ChatSettings, SettingsError, format_field, parse_field
 from tui.store import ConversationInfo
 from tui.widgets import AnswerView, DenoiseView
 
@@ -191,28 +191,27 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="settings"):
             with VerticalScroll(id="form"):
-                for name, f in FIELDS.items():
+                for name, opt in FIELDS.items():
                     with Horizontal(classes="row"):
                         yield Label(name)
-                        value = getattr(self.current, name)
-                        if name in CHOICES:
+                        value = self.current.get(name)
+                        if opt.kind is str and opt.choices:  # words to pick from; numbers are typed
                             yield Select(
-                                [(c, c) for c in CHOICES[name]],
+                                [(c, c) for c in opt.choices],
                                 value=value,
                                 allow_blank=False,
                                 id=f"field-{name}",
                                 compact=True,
                             )
                         else:
-                            base, optional = field_kind(name)
                             yield Input(
                                 format_field(value),
                                 id=f"field-{name}",
-                                type="integer" if base == "int" else "number",
-                                placeholder="default" if optional else "",
+                                type="integer" if opt.kind is int else "number",
+                                placeholder="default" if opt.optional else "",
                                 compact=True,
                             )
-                        yield Static(f.metadata["help"], classes="help")
+                        yield Static(opt.help, classes="help")
                     yield Static("", id=f"error-{name}", classes="error -empty")
             with Horizontal(id="buttons"):
                 yield Button("Reset to defaults", id="reset", compact=True)
@@ -230,7 +229,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     @on(Select.Changed, "#field-decoder")
     def _sync_decoder(self) -> None:
         reference = self.query_one("#field-decoder", Select).value == "reference"
-        for name in ("block_length", "threshold"):  # fast-decoder knobs, kept for "model" (it may pick fast)
+        # The fast decoder's knobs, kept for "model" (it may pick the fast one).
+        for name in ("block_length", "threshold", "factor"):
             self.query_one(f"#field-{name}", Input).disabled = reference
 
     def _value(self, name: str) -> Any:
@@ -255,7 +255,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 errors[name] = exc.message
         if not errors:
             try:
-                return ChatSettings(**values)
+                return ChatSettings().replace(**values)
             except SettingsError as exc:
                 errors[exc.key if exc.key in FIELDS else "max_new_tokens"] = exc.message
         for name in FIELDS:
@@ -274,7 +274,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def _reset(self) -> None:
         for name in FIELDS:
             widget = self.query_one(f"#field-{name}")
-            value = getattr(self.baseline, name)
+            value = self.baseline.get(name)
             if isinstance(widget, Select):
                 widget.value = value
             else:

@@ -14,8 +14,8 @@ help screen lists them) to Textual key strings::
     replay = "ctrl+r,f6"
     copy-code = "ctrl+g"
 
-Every value is checked the way the daemon will check it (``SamplingParams``), so a bad setting is an error
-that names its key before any request is sent.
+Every value is checked the way the daemon will check it (by ``SamplingParams``' declaration), so a bad
+setting is an error that names its key before any request is sent.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assistant.client_core import SamplingOptions
 from assistant.errors import UsageError
 from assistant.evals.instructions import unparsed_code
+from assistant.wire import SamplingOptions
 from model_runtime.generation_config import retry_block_problem, retry_request
-from model_runtime.params import ALGS, DECODERS, ParamError, SamplingParams
+from model_runtime.options import Flat, Option, OptionError, like, option, options, validate
+from model_runtime.params import DECODERS, ParamError, SamplingParams
 
 
 class SettingsError(UsageError):
@@ -44,41 +45,67 @@ class SettingsError(UsageError):
         self.message = message
 
 
-def _knob(default: Any, doc: str) -> Any:
-    """A settings field whose help text the settings screen shows next to its input."""
-    return dataclasses.field(default=default, metadata={"help": doc})
+# "model": no decoder in the request; the daemon uses its model's (Runtime.default_decoder).
+MODEL_DECODER = "model"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChatSettings:
-    """The generation knobs ``diffu chat`` sends with every request."""
+    """The generation knobs ``diffu chat`` sends with every request: ``SamplingParams``' options (their
+    bounds and choices) with the chat's defaults, and help worded for the settings screen."""
 
-    max_new_tokens: int = _knob(256, "canvas length: the longest possible answer, in tokens")
-    steps: int | None = _knob(None, "denoising steps; empty: one per token (the best quality)")
-    temperature: float = _knob(0.4, "0 is greedy; DiffuCoder's README uses 0.4 (Instruct)")
-    top_p: float | None = _knob(0.95, "nucleus filtering; empty or 1 switches it off")
-    top_k: int | None = _knob(None, "top-k filtering; empty: the reference's implicit 50; 0: off")
-    alg: str = _knob("entropy", "which masked positions to commit first")
-    alg_temp: float | None = _knob(None, "sample positions at this temperature; empty: most confident")
-    decoder: str = _knob("model", "model: what the model recommends; or reference, fast")
-    block_length: int = _knob(32, "fast decoder: tokens per block")
-    threshold: float = _knob(0.9, "fast decoder: commit positions at least this confident")
-    retry_block: int = _knob(0, "unparsable code: decode again in blocks this long; 0: never")
+    max_new_tokens: int = like(
+        SamplingParams,
+        "max_new_tokens",
+        default=256,
+        help="canvas length: the longest possible answer, in tokens",
+    )
+    steps: int | None = like(
+        SamplingParams, "steps", default=None, help="denoising steps; empty: one per token (the best quality)"
+    )
+    temperature: float = like(
+        SamplingParams,
+        "temperature",
+        default=0.4,
+        help="0 is greedy; DiffuCoder's README uses 0.4 (Instruct)",
+    )
+    top_p: float | None = like(
+        SamplingParams, "top_p", default=0.95, help="nucleus filtering; empty or 1 switches it off"
+    )
+    top_k: int | None = like(
+        SamplingParams, "top_k", help="top-k filtering; empty: the reference's implicit 50; 0: off"
+    )
+    alg: str = like(SamplingParams, "alg")
+    alg_temp: float | None = like(
+        SamplingParams, "alg_temp", help="sample positions at this temperature; empty: most confident"
+    )
+    decoder: str = like(
+        SamplingParams,
+        "decoder",
+        default=MODEL_DECODER,
+        choices=(MODEL_DECODER, *DECODERS),
+        help="model: what the model recommends; or reference, fast",
+    )
+    block_length: int = like(SamplingParams, "block_length")
+    threshold: float = like(SamplingParams, "threshold")
+    retry_block: int = option(
+        0, rule=retry_block_problem, help="unparsable code: decode again in blocks this long; 0: never"
+    )
+    # The other sampling knobs (eps, seed, factor, and any the runtime gains), under their own names (see
+    # VIEW): a row each on the settings screen and a key in [chat]; unset, the daemon's default.
+    sampling: SamplingOptions = dataclasses.field(default_factory=SamplingOptions)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name))
-        try:
+        validate(self, SettingsError)
+        try:  # what SamplingParams checks across its fields, if anything
             self.sampling_params()
         except ParamError as exc:
-            raise SettingsError(exc.field, str(exc).split(": ", 1)[1]) from None
-        problem = retry_block_problem(self.retry_block)
-        if problem:
-            raise SettingsError("retry_block", problem)
+            raise SettingsError(exc.field, exc.problem) from None
 
     def sampling_params(self) -> SamplingParams:
         """The same knobs as the runtime validates them (raises ParamError naming the field)."""
         return SamplingParams(
+            **{k: v for k, v in self.sampling.body().items() if k not in OWN},
             max_new_tokens=self.max_new_tokens,
             steps=self.steps if self.steps is not None else self.max_new_tokens,
             temperature=self.temperature,
@@ -112,10 +139,11 @@ class ChatSettings:
             return None
         return self.retry_settings()
 
-    def sampling(self) -> SamplingOptions:
+    def request_sampling(self) -> SamplingOptions:
         """The knobs a request sends; unset ones are left to the daemon's defaults."""
         fast_only = self.decoder != "reference"  # the reference decoder ignores the fast decoder's knobs
-        return SamplingOptions(
+        return dataclasses.replace(
+            self.sampling,
             steps=self.steps,
             temperature=self.temperature,
             top_p=self.top_p,
@@ -130,13 +158,19 @@ class ChatSettings:
 
     def request_params(self) -> dict[str, Any]:
         """The fields of a ``/v1/diffu/generate`` body these settings make (what a request carries)."""
-        return {"max_new_tokens": self.max_new_tokens, **self.sampling().body()}
+        return {"max_new_tokens": self.max_new_tokens, **self.request_sampling().body()}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting by name (the nested sampling knobs under their own): what the screen saves."""
+        return VIEW.values(self)
+
+    def get(self, name: str) -> Any:
+        """The setting ``name``, the chat's own or a nested sampling knob."""
+        return VIEW.get(self, name)
 
     def replace(self, **changes: Any) -> ChatSettings:
-        return dataclasses.replace(self, **changes)
+        """These settings with ``changes`` by setting name (``seed`` changes ``sampling``)."""
+        return VIEW.replace(self, changes)
 
     @classmethod
     def from_mapping(
@@ -162,55 +196,17 @@ def apply_saved(baseline: ChatSettings, saved: Mapping[str, Any]) -> tuple[ChatS
         return baseline, f"ignored the saved chat settings ({exc}); open Settings (f2) to fix them"
 
 
-FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(ChatSettings)}
-# "model": no decoder in the request; the daemon uses its model's (Runtime.default_decoder).
-MODEL_DECODER = "model"
-CHOICES: dict[str, tuple[str, ...]] = {"alg": ALGS, "decoder": (MODEL_DECODER, *DECODERS)}
-
-
-def field_kind(name: str) -> tuple[str, bool]:
-    """(base type, optional) of a field, from its annotation: ``("int", True)`` for ``int | None``."""
-    annotation = str(FIELDS[name].type)
-    return annotation.replace(" | None", ""), annotation.endswith("| None")
-
-
-def _check_type(name: str, value: Any) -> None:
-    base, optional = field_kind(name)
-    if value is None:
-        if not optional:
-            raise SettingsError(name, "must be set")
-        return
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, int | float) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[base]
-    if not ok:
-        expected = {"int": "an integer", "float": "a number", "str": "a string"}[base]
-        raise SettingsError(name, f"must be {expected}, got {value!r}")
-    if name in CHOICES and value not in CHOICES[name]:
-        raise SettingsError(name, f"must be one of {', '.join(CHOICES[name])}; got {value!r}")
+OWN = options(ChatSettings)  # the knobs the chat declares itself
+VIEW = Flat(ChatSettings, "sampling")
+FIELDS: Mapping[str, Option] = VIEW.options
 
 
 def parse_field(name: str, text: str) -> Any:
-    """A value typed into the settings screen, converted to the field's type (empty: unset)."""
-    base, optional = field_kind(name)
-    text = text.strip()
-    if not text:
-        if optional:
-            return None
-        raise SettingsError(name, "must be set")
-    if base == "int":
-        try:
-            return int(text)
-        except ValueError:
-            raise SettingsError(name, f"must be an integer, got {text!r}") from None
-    if base == "float":
-        try:
-            return float(text)
-        except ValueError:
-            raise SettingsError(name, f"must be a number, got {text!r}") from None
-    return text
+    """A value typed into the settings screen, read as its option reads text (empty: unset)."""
+    try:
+        return FIELDS[name].read(text, text=True)
+    except OptionError as exc:
+        raise SettingsError(name, exc.problem) from None
 
 
 def format_field(value: Any) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
-from assistant.sandbox import Limits, Sandbox
+from assistant.evals.sandbox import Limits, Sandbox
 
 Advance = Callable[[int], None]
 
@@ -215,7 +215,7 @@ def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
     """Tasks of an AceCode-format file (``model_runtime.train.rl.tasks``), answered as in coupled-GRPO's
     rollouts: the task's chat prompt; the first ```` ```python ```` block of the answer followed by
     every test assert is the program, which passes when all of them hold."""
-    from assistant.rewards import extract_code
+    from assistant.evals.rewards import extract_code
     from model_runtime.tokenizer import chat_prompt
 
     def program(tests: Sequence[str]) -> Callable[[str], str]:
@@ -236,8 +236,8 @@ def infill_tasks(items: Sequence[he.InfillTask], tokens: int) -> list[Task]:
     to write; the language server's classifier picks the mode from that cursor (a block body after a
     line ending in ``:``, else the next statement) and its post-processing cleans the suggestion.
     """
-    from lsp.context import classify
-    from lsp.postprocess import postprocess
+    from assistant.infill.context import classify
+    from assistant.infill.postprocess import postprocess
 
     def clean(item: he.InfillTask) -> Callable[[str], str]:
         above = item.prefix.rstrip("\n").rsplit("\n", 1)[-1]

@@ -6,7 +6,7 @@ from importlib.metadata import version
 
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 
 
 def test_version_is_the_installed_package_version(capsys):

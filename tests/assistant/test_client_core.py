@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from assistant.client_core import SamplingOptions, generate_body, infill_body
+from assistant.client.core import SamplingOptions, generate_body, infill_body
 from model_runtime.params import SamplingParams
 
 

@@ -242,8 +242,7 @@ def _refused(daemon: DaemonProcess) -> bool:
 
 
 def test_a_client_reconnects_to_a_restarted_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from assistant import discovery
-    from assistant.client import Client, SamplingOptions
+    from assistant.client import Client, SamplingOptions, discovery
 
     for key, value in isolated_env(tmp_path, DIFFU_MODEL="fake", DIFFU_PORT="0").items():
         monkeypatch.setenv(key, value)
@@ -369,7 +368,7 @@ def test_health_stream_reports_a_failed_load(tmp_path: Path) -> None:
 
 def test_the_bundled_model_is_named_for_what_it_is_not_its_folder(tmp_path):
     from assistant.config import Config
-    from assistant.http.app import HttpApp
+    from assistant.server.http.app import HttpApp
     from model_runtime.bundled import bundled_model_dir
 
     def names(model: str) -> str:

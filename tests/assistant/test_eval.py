@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 from assistant.evals import humaneval as he
 from assistant.evals import runner
-from assistant.sandbox import Limits
+from assistant.evals.sandbox import Limits
 
 
 @pytest.fixture(scope="module")
@@ -228,8 +228,8 @@ def test_eval_through_the_daemon(fake_daemon, tmp_path):
 
 
 def test_the_sweep_covers_thresholds_and_block_lengths():
-    from assistant.cli import build_parser
-    from assistant.commands import eval as eval_command
+    from assistant.cli import eval as eval_command
+    from assistant.cli.main import build_parser
 
     parser, _ = build_parser()
     args = parser.parse_args(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 from assistant.evals import runner
 from model_runtime.tokenizer import chat_prompt
 from model_runtime.train.rl import synthetic

@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-from assistant.locate import _port_free
+from assistant.client.locate import _port_free
 
 
 def _time_wait_port() -> int:
@@ -57,7 +57,7 @@ def test_log_files_are_private_and_hold_no_query_string_token(tmp_path):
     import logging
     import stat
 
-    from assistant.commands.serve import setup_logging
+    from assistant.cli.serve import setup_logging
 
     log_file = tmp_path / "logs" / "daemon.log"
     root = logging.getLogger()

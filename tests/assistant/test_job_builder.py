@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from assistant import protocol
 from assistant.config import Config
-from assistant.fake_runtime import FakeRuntime
-from assistant.job_builder import build_job
-from assistant.request_fields import RequestError
+from assistant.server import protocol
+from assistant.server.fake_runtime import FakeRuntime
+from assistant.server.job_builder import build_job
+from assistant.server.request_fields import RequestError
 
 
 def spec_of(body: dict, *, default_tokens: int = 16) -> protocol.GenSpec:

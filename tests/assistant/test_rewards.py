@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from assistant import rewards
+from assistant.evals import rewards
 from tests.assistant.helpers import sandbox_processes
 
 # ml-diffucoder tests/test_code_reward.py: (answer, tests, code reward, format reward).
@@ -103,7 +103,7 @@ def test_reward_callables_load_by_import_path_and_bad_paths_say_why(tmp_path, mo
         rewards.load_reward("my_rewards:missing")
     with pytest.raises(ValueError, match="expected an import path"):
         rewards.load_reward("justaname")
-    assert rewards.load_reward("assistant.rewards:code_format") is rewards.code_format
+    assert rewards.load_reward("assistant.evals.rewards:code_format") is rewards.code_format
 
 
 def _sandbox_temp_entries() -> set[str]:

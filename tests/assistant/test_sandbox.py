@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from assistant.sandbox import Limits, Sandbox
+from assistant.evals.sandbox import Limits, Sandbox
 from tests.assistant.helpers import sandbox_processes
 
 SECRET = "diffu-secret-token-7f3a"

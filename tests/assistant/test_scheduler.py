@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from assistant.config import Config
-from assistant.fake_runtime import FakeRuntime
-from assistant.job import Job, JobDone, JobError, JobStep, JobWaiting
-from assistant.job_builder import warm_task
-from assistant.scheduler import Scheduler
-from assistant.status import NotReady, QueueFull, ShuttingDown
-from assistant.warmup import Shape, WarmTask
+from assistant.server.fake_runtime import FakeRuntime
+from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
+from assistant.server.job_builder import warm_task
+from assistant.server.scheduler import Scheduler
+from assistant.server.status import NotReady, QueueFull, ShuttingDown
+from assistant.server.warmup import Shape, WarmTask
 from model_runtime.errors import ModelError
 from model_runtime.params import SamplingParams
 

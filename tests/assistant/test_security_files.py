@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from assistant import discovery, paths, security
+from assistant import paths
+from assistant.client import discovery
+from assistant.server import security
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +82,7 @@ def test_loopback_bind_detection() -> None:
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from assistant import discovery
+    from assistant.client import discovery
     lock = discovery.DaemonLock(sys.argv[1])
     lock.acquire()
     lock.publish(discovery.DaemonInfo(url="http://127.0.0.1:1", pid=__import__("os").getpid(),
@@ -151,7 +153,7 @@ def test_garbage_discovery_files_are_ignored(diffu_dirs: Path) -> None:
 
 def test_importing_the_client_loads_no_jax() -> None:
     code = (
-        "import sys, assistant.client, assistant.discovery, assistant.config; "
+        "import sys, assistant.client, assistant.client.discovery, assistant.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'numpy', "
         "'starlette', 'uvicorn')))"
     )

@@ -19,9 +19,9 @@ import pytest
 from assistant import sse
 from assistant.client import AsyncClient, Client, SamplingOptions, WarmShape
 from assistant.config import Config
-from assistant.job_builder import build_job, warm_task
-from assistant.protocol import GenSpec
-from assistant.warmup import Shape
+from assistant.server.job_builder import build_job, warm_task
+from assistant.server.protocol import GenSpec
+from assistant.server.warmup import Shape
 from tests.assistant.helpers import DaemonProcess, isolated_env, start_daemon, wait_until
 
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from assistant import protocol, request_fields, sse
-from assistant.request_fields import RequestError
+from assistant import sse
+from assistant.server import protocol, request_fields
+from assistant.server.request_fields import RequestError
 
 
 def test_sse_round_trip_with_named_events_comments_and_multiline_data() -> None:

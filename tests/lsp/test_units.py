@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from lsp import context as ctx
-from lsp.cache import SuggestionCache
-from lsp.context import Mode
-from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
-from lsp.postprocess import (
+from assistant.infill import context as ctx
+from assistant.infill.context import Mode
+from assistant.infill.postprocess import (
     cut_special,
     cut_suffix_overlap,
+    drop_leading_blank_lines,
     drop_repeated_lines,
     first_line,
     limit_scope,
     postprocess,
 )
-from lsp.settings import Settings, parse_settings, settings_section
+from assistant.wire import SamplingOptions, prompt_budget
+from lsp.cache import SuggestionCache
+from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
+from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
+from lsp.suggest import Cursor, clean, plan, warm_shapes
 
 
 # -- context ------------------------------------------------------------------------------------------
@@ -45,6 +48,18 @@ def test_canvas_follows_the_mode() -> None:
 
 def test_window_whole_file_when_it_fits() -> None:
     assert ctx.window("abc\n", "def\n", 100, 0.75) == ("abc\n", "def\n", True)
+
+
+def test_the_prompt_budget_leaves_the_canvas_its_room() -> None:
+    """One rule for the suggestions, the warm-up shapes and fill-holes: the prompt fits the model's
+    context beside the canvas, with 2 tokens of slack."""
+    assert prompt_budget(1024, 32, None) == 1024  # the context is not known before the first answer
+    assert prompt_budget(1024, 32, 4096) == 1024
+    assert prompt_budget(1024, 64, 512) == 512 - 64 - 2
+    assert prompt_budget(1024, 600, 512) < 0  # no prompt fits: callers ask for none or the least
+    # The warm-up's shapes: the 64-token block canvas leaves no room in a 40-token context.
+    shapes = warm_shapes(Settings(max_tokens=64), max_context=40)
+    assert [(s.prompt_tokens, s.max_new_tokens) for s in shapes] == [(40 - 24 - 2, 24), (40 - 32 - 2, 32)]
 
 
 def test_window_splits_the_budget_on_line_boundaries() -> None:
@@ -160,6 +175,23 @@ def test_pipeline() -> None:
     assert postprocess("\nnext line", mode=Mode.SINGLE_LINE, min_chars=1, **kw) is None
 
 
+def test_leading_blank_lines_on_a_blank_cursor_line() -> None:
+    """#34 G: Tab on an empty line inserted the blank lines a block suggestion started with."""
+    assert drop_leading_blank_lines("\n  \n    return x\n", "    ") == "    return x\n"
+    assert drop_leading_blank_lines("\n    return x", "def f(x):") == "\n    return x"  # starts the body
+    assert drop_leading_blank_lines(" \n\t\n", "") == ""
+
+
+@pytest.mark.parametrize("line_above", ["    if x:", "    y = 1"])  # a block body, an empty line
+def test_a_suggestion_on_an_empty_line_starts_with_code(line_above: str) -> None:
+    before = f"def f(x):\n{line_above}\n        "
+    cursor = Cursor("a.py", "python", before, "\n    return x\n", invoked=False)
+    p = plan(cursor, Settings())
+    assert p.mode in (Mode.BLOCK, Mode.EMPTY_LINE)
+    model_text = "\n\n        y = x + 1\n        z = y"
+    assert clean(model_text, p, "\n    return x\n", 1) == "y = x + 1\n        z = y"
+
+
 # -- cache --------------------------------------------------------------------------------------------
 def test_cache_exact_and_forwarding() -> None:
     cache = SuggestionCache(capacity=2)
@@ -251,6 +283,34 @@ def test_settings_parse_and_report() -> None:
         "url: must start with http:// or https://, got 'localhost:8012'; keeping None"
     ]
     assert parse_settings("nonsense")[1] == ["settings: expected an object, got str"]
+
+
+def test_one_fingerprint_for_the_settings_that_shape_an_answer() -> None:
+    """The cache's key and the server's clear-on-change read the same settings (they used to disagree:
+    4 fields against 10), so an answer still in flight when min_chars changes is not reused after."""
+    base = Settings()
+    changed = {
+        "max_tokens": 32,
+        "steps": 8,
+        "temperature": 0.5,
+        "context_tokens": 512,
+        "prefix_fraction": 0.5,
+        "snippet_tokens": 0,
+        "current_file_only": True,
+        "min_chars": 3,
+        "url": "http://127.0.0.1:1",
+        "model": "fake:",
+        "sampling": SamplingOptions(decoder="fast"),
+    }
+    assert set(changed) == set(ANSWER_SHAPING)
+    for name, value in changed.items():
+        assert base.replace(**{name: value}).fingerprint() != base.fingerprint(), name
+    # Whether, when and how often to ask shapes no answer: cached suggestions survive it.
+    assert base.replace(debounce_ms=0, candidates=5, max_line_suffix=0).fingerprint() == base.fingerprint()
+    cache = SuggestionCache()
+    cache.put("x = ", "\n", base.fingerprint(), "1")
+    assert cache.get("x = ", "\n", base.fingerprint()) == "1"
+    assert cache.get("x = ", "\n", base.replace(min_chars=3).fingerprint()) is None
 
 
 def test_client_only_settings_are_ignored() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from assistant.cli import main
+from assistant.cli.main import main
 
 
 def test_bench_suite_json_fields(tiny_dir, capsys, tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from assistant.cli import main
+from assistant.cli.main import main
 from tests.model_copies import with_generation_config
 from tests.reference import dream_torch
 from tests.reference.parity import assert_step_matches

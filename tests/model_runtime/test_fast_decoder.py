@@ -146,7 +146,7 @@ def test_fast_decoder_parameters_are_validated():
 def test_cli_fast_decoder(tiny_dir, capsys):
     import json
 
-    from assistant.cli import main
+    from assistant.cli.main import main
 
     args = [
         "generate",

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from assistant.fake_runtime import FakeRuntime
+from assistant.server.fake_runtime import FakeRuntime
 from model_runtime.interface import BatchDone, BatchStep, RuntimeProtocol
 from model_runtime.params import SamplingParams
 

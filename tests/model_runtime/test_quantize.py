@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import model_runtime
-from assistant.cli import main
+from assistant.cli.main import main
 from model_runtime import quant
 from model_runtime.config import DIFFUCODER_7B, DreamConfig
 from model_runtime.errors import InputError

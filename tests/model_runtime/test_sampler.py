@@ -227,7 +227,7 @@ def test_invalid_sampling_parameters_are_named():
         SamplingParams(alg="random")
     with pytest.raises(ParamError, match="top_p: must be in"):
         SamplingParams(top_p=0.0)
-    with pytest.raises(ParamError, match="top_k: must be an integer >= 0"):
+    with pytest.raises(ParamError, match="top_k: must be >= 0, got -1"):
         SamplingParams(top_k=-1)
     with pytest.raises(ParamError, match="temperature: must be >= 0"):
         SamplingParams(temperature=-0.1)

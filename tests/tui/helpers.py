@@ -1,10 +1,10 @@
 """Helpers for the chat tests: an in-process stand-in for the daemon, and Pilot helpers.
 
-The scripted backend is the daemon's own pipeline minus HTTP: the fake runtime (``assistant.fake_runtime``)
-builds the chat row and unmasks it step by step, and the daemon's ``Pieces`` renders each step into the
-canvas text and spans the real SSE stream carries. Only the answers are scripted (so tests can put
-Markdown and code blocks in them) and every step reports ``step_seconds``, so tokens/s in snapshots is
-stable.
+The scripted backend is the daemon's own pipeline minus HTTP: the fake runtime
+(``assistant.server.fake_runtime``) builds the chat row and unmasks it step by step, and the daemon's
+``Pieces`` renders each step into the canvas text and spans the real SSE stream carries. Only the answers
+are scripted (so tests can put Markdown and code blocks in them) and every step reports
+``step_seconds``, so tokens/s in snapshots is stable.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from textual.pilot import Pilot
 from textual.widgets import Markdown
 
 from assistant.client import APIError, DaemonUnavailable, Done, Step
-from assistant.fake_runtime import IM_END_ID, FakeRuntime
-from assistant.http.native import Pieces
+from assistant.server.fake_runtime import IM_END_ID, FakeRuntime
+from assistant.server.http.native import Pieces
 from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
 from tui.settings import ChatSettings

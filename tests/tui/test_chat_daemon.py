@@ -139,7 +139,7 @@ def test_once_draws_the_canvas_in_place_then_prints_the_answer(fake_daemon: Daem
         expected = client.generate(
             messages=[{"role": "user", "content": PROMPT}],
             max_new_tokens=settings.max_new_tokens,
-            sampling=settings.sampling(),
+            sampling=settings.request_sampling(),
         )
     assert out.getvalue() == expected.text + "\n"
     drawn = terminal.getvalue()
@@ -176,7 +176,7 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
         expected = client.generate(
             messages=[{"role": "user", "content": PROMPT}],
             max_new_tokens=settings.max_new_tokens,
-            sampling=settings.sampling(),
+            sampling=settings.request_sampling(),
         )
     assert once.stdout == expected.text + "\n" and "Traceback" not in once.stderr
     # An answer that fills its canvas gets a note on stderr: one line, not wrapped at 80 columns although
@@ -188,7 +188,7 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
             if client.generate(
                 messages=[{"role": "user", "content": p}],
                 max_new_tokens=settings.max_new_tokens,
-                sampling=settings.sampling(),
+                sampling=settings.request_sampling(),
             ).finish_reason
             == "length"
         )

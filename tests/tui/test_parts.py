@@ -59,7 +59,7 @@ def test_trace_counts_tokens_per_step_and_the_header_says_step_revealed_and_rate
 
 
 def test_the_daemon_warms_the_program_the_chat_asks_for_first() -> None:
-    from assistant.warmup import CHAT_REQUEST
+    from assistant.server.warmup import CHAT_REQUEST
 
     # The daemon cannot import the chat (dependencies point the other way): the two must agree.
     assert ChatSettings().request_params() == CHAT_REQUEST
@@ -169,7 +169,7 @@ def test_store_keeps_conversations_histories_settings_and_prompts(tmp_path: Path
 def test_the_chat_never_imports_jax() -> None:
     """Rule 1 of the house: clients start fast and never touch the accelerator."""
     code = (
-        "import sys, tui.app, tui.once, assistant.commands.chat; "
+        "import sys, tui.app, tui.once, assistant.cli.chat; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'jaxlib')))"
     )
     result = subprocess.run(
@@ -241,10 +241,10 @@ def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_bloc
 
 def test_the_daemon_warms_the_chats_second_decode_right_after_its_first() -> None:
     from assistant.config import Config
-    from assistant.fake_runtime import FakeRuntime
-    from assistant.job_builder import build_job, warm_task
-    from assistant.protocol import GenSpec
-    from assistant.warmup import default_plan
+    from assistant.server.fake_runtime import FakeRuntime
+    from assistant.server.job_builder import build_job, warm_task
+    from assistant.server.protocol import GenSpec
+    from assistant.server.warmup import default_plan
     from tui.settings import ChatConfig
 
     rt = FakeRuntime(max_context=1024, length_buckets=(256, 384, 512))

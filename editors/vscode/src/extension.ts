@@ -21,7 +21,7 @@ const STATUS_NOTIFICATION = "diffu/status";
 
 /** The server's status item, as the `diffu/status` notification carries it. */
 export interface ServerStatus {
-  state: "disabled" | "connecting" | "ready" | "busy" | "unavailable";
+  state: "disabled" | "paused" | "connecting" | "ready" | "busy" | "unavailable";
   message: string;
   latencyMs: number | null;
   model: string;
@@ -63,6 +63,8 @@ export function statusText(status: ServerStatus | undefined): { text: string; to
       return { text: "$(sync~spin) diffu", tooltip };
     case "disabled":
       return { text: "$(circle-slash) diffu", tooltip };
+    case "paused":
+      return { text: "$(debug-pause) diffu", tooltip };
     default:
       return { text: "$(warning) diffu", tooltip };
   }
@@ -78,6 +80,28 @@ function showStatusItem(status: ServerStatus | undefined): void {
   statusItem.show();
 }
 
+/**
+ * VS Code's inline completion context as LSP 3.18 has it. vscode-languageclient 9.0.1 passes the context
+ * on as VS Code holds it: the trigger kind numbered as the 3.17 proposal did (Invoke 0, Automatic 1, where
+ * LSP 3.18 has Invoked 1, Automatic 2: an explicit request would be refused as invalid and every
+ * automatic one taken for an explicit one), and `selectedCompletionInfo.range` as a `vscode.Range`, which
+ * JSON writes as an array `[start, end]` (fixed in the client after 9.0.1): the server refused that with
+ * -32602, so nothing was suggested while the suggest widget was open.
+ */
+export function protocolContext(context: vscode.InlineCompletionContext): vscode.InlineCompletionContext {
+  const selected = context.selectedCompletionInfo;
+  const position = (p: vscode.Position) => ({ line: p.line, character: p.character });
+  return {
+    ...context,
+    triggerKind: context.triggerKind + 1,
+    selectedCompletionInfo: selected && {
+      text: selected.text,
+      // The client sends this object as it is: give it the protocol's shape of a range.
+      range: { start: position(selected.range.start), end: position(selected.range.end) } as vscode.Range,
+    },
+  };
+}
+
 function createClient(): LanguageClient {
   const command = vscode.workspace.getConfiguration(SECTION).get<string[]>("serverCommand", ["diffu", "lsp"]);
   if (!Array.isArray(command) || command.length === 0) {
@@ -90,11 +114,8 @@ function createClient(): LanguageClient {
     initializationOptions: currentSettings(),
     outputChannel: output,
     middleware: {
-      // vscode-languageclient 9 sends VS Code's trigger kind as it is (Invoke 0, Automatic 1: the values of
-      // the 3.17 proposal), while LSP 3.18 numbers them Invoked 1, Automatic 2: translate, or an explicit
-      // request would be refused as invalid and every automatic one taken for an explicit one.
       provideInlineCompletionItems: (document, position, context, token, next) =>
-        next(document, position, { ...context, triggerKind: context.triggerKind + 1 }, token),
+        next(document, position, protocolContext(context), token),
       workspace: {
         // The server pulls its section (workspace/configuration): answer it without our own keys.
         configuration: async (params: ConfigurationParams, token, next) => {
@@ -143,6 +164,26 @@ async function showStatus(): Promise<void> {
   output?.show(true);
 }
 
+/** Run a server command that answers with the status item (toggle, snooze), and show that item. */
+async function statusCommand(command: string, args: unknown[]): Promise<void> {
+  if (!client) {
+    void vscode.window.showWarningMessage("diffu: the language server is not running.");
+    return;
+  }
+  const status = (await client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args })) as ServerStatus;
+  showStatusItem(status);
+}
+
+/** Pause suggestions while typing until toggled again, or resume them (an explicit request still asks). */
+function toggleSuggestions(): Promise<void> {
+  return statusCommand("diffu.toggle", []);
+}
+
+/** Pause suggestions while typing for `minutes` (from a keybinding's args), else `diffu.snoozeMinutes`. */
+function snoozeSuggestions(minutes?: unknown): Promise<void> {
+  return statusCommand("diffu.snooze", typeof minutes === "number" ? [minutes] : []);
+}
+
 async function restart(): Promise<void> {
   await client?.stop();
   showStatusItem(undefined);
@@ -161,6 +202,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand("diffu.fillHolesInEditor", fillHoles),
     vscode.commands.registerCommand("diffu.showStatus", showStatus),
     vscode.commands.registerCommand("diffu.restart", restart),
+    vscode.commands.registerCommand("diffu.toggleSuggestions", toggleSuggestions),
+    vscode.commands.registerCommand("diffu.snoozeSuggestions", snoozeSuggestions),
     // The server registers for changes of its section (the client then tells it, and it ignores the keys
     // that are ours); only a new server command needs a new server.
     vscode.workspace.onDidChangeConfiguration(async (event) => {

@@ -12,5 +12,5 @@ TRL's ``GRPOTrainer``); ``docs/training.md`` lists where it deliberately differs
 
 ``tasks`` and ``synthetic`` import no JAX (``diffu eval`` reads task files with them); the others do.
 Reward functions are plain callables passed in by the caller: the sandboxed ones live in
-``assistant/rewards.py``, since this package must not import ``assistant``.
+``assistant/evals/rewards.py``, since this package must not import ``assistant``.
 """

@@ -6,6 +6,13 @@ entropy, ``alg_temp`` 0, temperature 1.0 and ``top_p`` 0.95 in the recipe, ``top
 the reference reads as 50). Here the runtime's reference decoder does that (``Runtime.run``), batched
 ``generation_batch_size`` rows at a time; ``<|im_end|>`` ends the completion mask.
 
+Prompts of different lengths share a generation batch, left-padded into the runtime's bucket; the runtime
+hides the pads (no keys, positions counted from each row's first real token), so a row samples as it
+would alone, as a published device batch (one prompt's generations) does. The rollout's prompts are
+left-padded together again for scoring, and ``attention_mask`` (from each prompt's own length) lets the
+scoring passes hide those pads the same way (``coupled.coupled_logps``): a completion is sampled and
+scored on its own prompt alone.
+
 ``decoder="fast"`` (not the published setting) samples with diffu's block-wise fast decoder instead, for
 small models whose reference-decoder rollouts collapse (a confident end-of-text committed first leaves an
 empty answer). The update does not depend on the sampler: old, reference and current log-probabilities
@@ -30,9 +37,11 @@ PROMPT_MULTIPLE = 16  # prompts are left-padded to a multiple of this: fewer sha
 
 @dataclass
 class Rollout:
-    """A batch of completions: ``[B, P]`` prompts (left-padded), ``[B, T]`` completions and mask."""
+    """A batch of completions: ``[B, P]`` prompts (left-padded), their ``[B]`` own lengths, ``[B, T]``
+    completions and mask."""
 
     prompt_ids: np.ndarray
+    prompt_lengths: np.ndarray
     completion_ids: np.ndarray
     completion_mask: np.ndarray
     texts: list[str]
@@ -41,6 +50,14 @@ class Rollout:
     @property
     def ids(self) -> np.ndarray:
         return np.concatenate([self.prompt_ids, self.completion_ids], axis=1)
+
+
+def attention_mask(prompt_lengths: np.ndarray, prompt_width: int, completion_length: int) -> np.ndarray:
+    """``[B, prompt_width + completion_length]`` bool: False on each row's left padding, True on its own
+    prompt and its completion. Taken from the lengths, not from pad ids: a completion may hold the pad
+    token (``<|endoftext|>`` after the end of its turn)."""
+    cols = np.arange(prompt_width + completion_length)
+    return cols[None, :] >= (prompt_width - np.asarray(prompt_lengths))[:, None]
 
 
 def sampling(
@@ -107,4 +124,5 @@ def generate(
     # The published reward input: the whole completion decoded without special tokens.
     texts = [tok.decode(row.tolist(), skip_special_tokens=True) for row in comp]
     end = tok.im_end_id if tok.im_end_id is not None else tok.eos_id  # a base tokenizer has no turns
-    return Rollout(prompt_ids, comp, completion_mask(comp, end), texts, seconds)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    return Rollout(prompt_ids, lengths, comp, completion_mask(comp, end), texts, seconds)

@@ -4,9 +4,15 @@ One step is one optimizer update (the published ``global_step``). Every ``num_it
 rollout is made: ``prompts_per_step`` tasks, ``num_generations`` completions each, rewarded, turned into
 leave-one-out advantages, and scored by the policy that made it (old log-probs, when ``num_iterations >
 1``) and by the reference model, each under every iteration's masks. Step ``s`` then updates the policy
-on that rollout with the masks of iteration ``s % num_iterations``. Every ``ref_sync_steps`` steps the
-reference model moves toward the policy: ``ref = alpha * policy + (1 - alpha) * ref`` (TRL's
-``SyncRefModelCallback``, alpha 0.6 by default).
+on that rollout with the masks of iteration ``s % num_iterations`` (``iterations_at``). Every
+``ref_sync_steps`` steps the reference model moves toward the policy: ``ref = alpha * policy + (1 - alpha)
+* ref`` (TRL's ``SyncRefModelCallback``, alpha 0.6 by default).
+
+Rows are laid out as the published run lays them over its devices: each prompt's ``num_generations``
+completions adjacent, ``chunk x accumulation`` consecutive rows per device group (TRL's RepeatSampler with
+the recipe's 5 per device x 2 accumulation steps gives each of 8 devices one prompt's 10 generations).
+Each device group draws its own masks (``coupled.group_masks``), and every completion is scored on its own
+prompt alone: the left padding that joins a rollout's prompts is hidden from the scoring passes.
 
 Exact resume: the tasks of rollout ``r``, its sampling seeds and its mask seeds are pure functions of
 ``(seed, r)``; a checkpoint holds the policy, the optimizer state, the reference model and the current
@@ -42,12 +48,18 @@ from model_runtime.train.rl.tasks import Task
 @dataclass(frozen=True)
 class RLConfig:
     """Everything that changes the computed weights (recorded in run.json). Defaults: the published
-    recipe (recipes/config_coupled_code.yaml with TRL's defaults), except ``steps``."""
+    recipe (recipes/config_coupled_code.yaml with TRL's defaults), except ``steps`` and
+    ``mask_seed_pick`` (docs/training.md says why)."""
 
     steps: int = 100
     prompts_per_step: int = 8  # unique prompts per rollout: 8 x 10 = 5 per device x 8 GPUs x 2 accum.
     num_generations: int = 10
     chunk: int = 5  # rows per token-level normalisation (per_device_train_batch_size)
+    # Published gradient_accumulation_steps: a device group (one mask draw) is chunk x accumulation rows.
+    accumulation: int = 2
+    # "iteration": step s uses the masks of iteration s % num_iterations for every row. "published": the
+    # published pick, made after TRL's micro-step counter has moved (see RLTrainer.iterations_at).
+    mask_seed_pick: str = "iteration"
     num_iterations: int = 2
     beta: float = 0.01
     epsilon: float = 0.5
@@ -78,7 +90,14 @@ class RLConfig:
             if not cond:
                 raise InputError(f"{name}: {msg}, got {getattr(self, name)}")
 
-        for name in ("steps", "prompts_per_step", "chunk", "num_iterations", "ref_sync_steps"):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "chunk",
+            "accumulation",
+            "num_iterations",
+            "ref_sync_steps",
+        ):
             need(getattr(self, name) >= 1, name, "must be >= 1")
         for name in (
             "max_prompt_length",
@@ -89,6 +108,17 @@ class RLConfig:
             need(getattr(self, name) >= 1, name, "must be >= 1")
         need(self.num_generations >= 2, "num_generations", "must be >= 2 (the advantage leaves one out)")
         need(self.rows % self.chunk == 0, "chunk", f"must divide the {self.rows} completions per rollout")
+        need(
+            self.rows % self.device_rows == 0,
+            "accumulation",
+            f"chunk x accumulation ({self.device_rows} rows per device group) must divide the {self.rows} "
+            "completions per rollout",
+        )
+        need(
+            self.mask_seed_pick in ("iteration", "published"),
+            "mask_seed_pick",
+            "must be iteration or published",
+        )
         need(self.beta >= 0, "beta", "must be >= 0")
         need(0 < self.epsilon < 1, "epsilon", "must be in (0, 1)")
         need(0 <= self.ref_mixup_alpha <= 1, "ref_mixup_alpha", "must be in [0, 1]")
@@ -103,6 +133,16 @@ class RLConfig:
     @property
     def rows(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def device_rows(self) -> int:
+        """Rows of one published device: a micro-batch (chunk) per accumulation step."""
+        return self.chunk * self.accumulation
+
+    @property
+    def device_groups(self) -> int:
+        """How many devices the published run would spread a rollout over (8 in the recipe)."""
+        return self.rows // self.device_rows
 
 
 @dataclass(frozen=True)
@@ -219,21 +259,46 @@ class RLTrainer:
             return np.full(self.cfg.num_iterations, 42, np.int64)
         return np.random.default_rng([self.cfg.seed, r, 1]).integers(0, 2**31, self.cfg.num_iterations)
 
-    def _draw(self, seed: int, length: int) -> coupled.MaskDraw:
-        return coupled.draw_masks(jax.random.key(int(seed)), self.cfg.chunk, length)
+    def masks(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's mask ratio ``[B]`` and draws ``[B, T]`` under mask seed ``seed``: one draw per device
+        group (``coupled.group_masks``)."""
+        c = self.cfg
+        key = jax.random.key(int(seed))
+        draw = coupled.group_masks(key, c.device_groups, c.chunk, c.accumulation, c.max_completion_length)
+        return np.asarray(draw.t), np.asarray(draw.r)
+
+    def iterations_at(self, step: int) -> np.ndarray:
+        """Which iteration's masks (and old and reference log-probs) each row uses at optimizer step
+        ``step`` (0-based): ``[B]``.
+
+        ``mask_seed_pick="iteration"``: ``step % num_iterations`` for every row. ``"published"``: the
+        published ``compute_loss`` takes ``_step % num_iterations`` after ``_prepare_inputs`` has counted
+        the micro-batch, so micro-batch ``j`` of a device at step ``s`` uses iteration ``(s * accumulation
+        + j + 1) % num_iterations``; with the recipe's accumulation 2 and 2 iterations the first micro-batch
+        uses iteration 1 and the second iteration 0 at both steps of a rollout.
+        """
+        c = self.cfg
+        if c.mask_seed_pick == "iteration":
+            return np.full(c.rows, step % c.num_iterations)
+        micro = (np.arange(c.rows) % c.device_rows) // c.chunk
+        return (step * c.accumulation + micro + 1) % c.num_iterations
 
     def _put(self, x: np.ndarray) -> jax.Array:
         return jnp.asarray(x) if self._rows is None else jax.device_put(x, self._rows)
 
-    def _score(self, params: Any, ids: np.ndarray, seed: int) -> np.ndarray:
-        """Coupled log-probs ``[B, T]`` of every row under mask seed ``seed``, micro-batch by micro-batch."""
+    def _attention_mask(self, buf: dict[str, np.ndarray]) -> np.ndarray:
+        """The rollout's ``[B, L]`` scoring mask: each row's own prompt and completion, not its padding."""
         t_len = self.cfg.max_completion_length
-        draw = self._draw(seed, t_len)
-        r = coupled.tile_rows(draw.r, self.micro)
-        out = [
-            np.asarray(self._logps(params, self._put(ids[lo : lo + self.micro]), draw.t, r))
-            for lo in range(0, len(ids), self.micro)
-        ]
+        return rollout.attention_mask(buf["prompt_lengths"], buf["ids"].shape[1] - t_len, t_len)
+
+    def _score(self, params: Any, ids: np.ndarray, attn: np.ndarray, seed: int) -> np.ndarray:
+        """Coupled log-probs ``[B, T]`` of every row under mask seed ``seed``, micro-batch by micro-batch."""
+        t, r = self.masks(seed)
+        out = []
+        for lo in range(0, len(ids), self.micro):
+            sl = slice(lo, lo + self.micro)
+            args = (self._put(ids[sl]), self._put(attn[sl]), self._put(t[sl]), self._put(r[sl]))
+            out.append(np.asarray(self._logps(params, *args)))
         return np.concatenate(out)
 
     def rewards_of(self, tasks: Sequence[Task], texts: Sequence[str], step: int) -> tuple[np.ndarray, int]:
@@ -295,14 +360,16 @@ class RLTrainer:
         buffer = {
             "rollout": np.int64(r),
             "ids": ids,
+            "prompt_lengths": ro.prompt_lengths,
             "completion_mask": ro.completion_mask,
             "advantages": coupled.leave_one_out(total, cfg.num_generations),
             "mask_seeds": seeds,
         }
+        attn = self._attention_mask(buffer)
         if cfg.num_iterations > 1:
-            buffer["old"] = np.stack([self._score(params, ids, s) for s in seeds])  # [I, B, T]
+            buffer["old"] = np.stack([self._score(params, ids, attn, s) for s in seeds])  # [I, B, T]
         if cfg.beta != 0.0:
-            buffer["ref"] = np.stack([self._score(self.state["ref"], ids, s) for s in seeds])
+            buffer["ref"] = np.stack([self._score(self.state["ref"], ids, attn, s) for s in seeds])
         self.buffer = buffer
         std = coupled.group_std(total, cfg.num_generations)
         metrics: dict[str, Any] = {
@@ -327,25 +394,29 @@ class RLTrainer:
 
     # -- one update ---------------------------------------------------------------------------------
     def update(self) -> dict[str, float]:
-        """One optimizer step on the current rollout with the masks of iteration ``step % I``."""
+        """One optimizer step on the current rollout, each row with the masks of ``iterations_at``."""
         cfg, buf = self.cfg, self.buffer
         assert buf is not None, "update() needs a rollout (make_rollout or restore_latest)"
-        k = self.step % cfg.num_iterations
-        draw = self._draw(int(buf["mask_seeds"][k]), cfg.max_completion_length)
-        r = coupled.tile_rows(draw.r, self.micro)
+        ks = self.iterations_at(self.step)
+        rows = np.arange(cfg.rows)
+        draws = [self.masks(s) for s in buf["mask_seeds"]]
+        t = np.stack([d[0] for d in draws])[ks, rows]  # [B]
+        r = np.stack([d[1] for d in draws])[ks, rows]  # [B, T]
+        old = None if "old" not in buf else buf["old"][ks, rows]
+        ref = None if "ref" not in buf else buf["ref"][ks, rows]
+        attn = self._attention_mask(buf)
         parts = len(buf["ids"]) // self.micro
         grads, sums = None, {}
         for lo in range(0, len(buf["ids"]), self.micro):
             sl = slice(lo, lo + self.micro)
-            old = None if "old" not in buf else self._put(buf["old"][k, sl])
-            ref = None if "ref" not in buf else self._put(buf["ref"][k, sl])
             (loss, metrics), g = self._grad(
                 self.state["params"],
                 self._put(buf["ids"][sl]),
-                draw.t,
-                r,
-                old,
-                ref,
+                self._put(attn[sl]),
+                self._put(t[sl]),
+                self._put(r[sl]),
+                None if old is None else self._put(old[sl]),
+                None if ref is None else self._put(ref[sl]),
                 self._put(buf["advantages"][sl]),
                 self._put(buf["completion_mask"][sl]),
             )
@@ -357,7 +428,7 @@ class RLTrainer:
             grads = self._mean(grads, parts)
         sums["grad_norm"] = float(self._norm(grads))
         sums["lr"] = float(schedule(self._optax_config())(self.step))
-        sums["iteration"] = k
+        sums["iteration"] = self.step % cfg.num_iterations  # the update's place in its rollout
         self.state = self._apply(self.state, grads)
         self.state["params"] = jax.device_put(self.state["params"], self._shardings)
         self.step += 1
@@ -489,9 +560,9 @@ def rate_of(reward_name: str) -> str | None:
     return {"code": "pass_rate", "code_format": "format_rate"}.get(short)
 
 
-def _loss_and_grad(graphdef, mask_id, settings, params, ids, t, r, old, ref, adv, cmask):
+def _loss_and_grad(graphdef, mask_id, settings, params, ids, attn, t, r, old, ref, adv, cmask):
     def loss_fn(p: Any) -> tuple[jax.Array, dict]:
-        logps = coupled.coupled_logps(graphdef, p, ids, t, r, mask_id)
+        logps = coupled.coupled_logps(graphdef, p, ids, attn, t, r, mask_id)
         return coupled.grpo_loss(logps, old, ref, adv, cmask, settings)
 
     return jax.value_and_grad(loss_fn, has_aux=True)(params)

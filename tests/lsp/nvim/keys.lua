@@ -33,3 +33,10 @@ function _G.diffu_test_state()
     status = require("diffu").status(),
   })
 end
+
+-- The server's diffu.status (counters, settings), asked through Neovim's client as a plugin would.
+function _G.diffu_test_server_status()
+  local client = vim.lsp.get_clients({ bufnr = 0, name = "diffu" })[1]
+  local answer = client and client:request_sync("workspace/executeCommand", { command = "diffu.status" }, 10000, 0)
+  return vim.json.encode(answer and answer.result or {})
+end

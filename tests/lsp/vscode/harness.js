@@ -67,6 +67,10 @@ class Range {
   get isEmpty() {
     return this.start.line === this.end.line && this.start.character === this.end.character;
   }
+  // As VS Code's own Range: JSON writes it as the array [start, end].
+  toJSON() {
+    return [this.start, this.end];
+  }
 }
 class Selection extends Range {}
 class Uri {
@@ -325,6 +329,21 @@ async function status() {
   return JSON.parse(text.slice(text.indexOf("{")));
 }
 
+// One request through the provider the server registered, as VS Code makes it; the items as plain data.
+async function ask(position, triggerKind, selectedCompletionInfo) {
+  const context = { triggerKind, selectedCompletionInfo };
+  const result = await inlineProvider.provideInlineCompletionItems(
+    document,
+    position,
+    context,
+    new CancellationTokenSource().token,
+  );
+  return (Array.isArray(result) ? result : result?.items ?? []).map((i) => ({
+    insertText: typeof i.insertText === "string" ? i.insertText : i.insertText?.value,
+    range: i.range && [i.range.start.line, i.range.start.character, i.range.end.line, i.range.end.character],
+  }));
+}
+
 async function main() {
   const extension = require(config.extension);
   const context = { subscriptions: [], extensionPath: path.dirname(config.extension) };
@@ -334,26 +353,22 @@ async function main() {
   await until(() => report.statusTexts.some((t) => t.includes("diffu") && !t.includes("loading~spin")), "a state");
   // An explicit request at the end of the document's line, as Alt+\ makes it.
   const [line, character] = config.document.cursor;
-  const result = await inlineProvider.provideInlineCompletionItems(
-    document,
-    new Position(line, character),
-    { triggerKind: 0, selectedCompletionInfo: undefined },
-    new CancellationTokenSource().token,
-  );
-  const items = Array.isArray(result) ? result : result?.items ?? [];
-  report.items = items.map((i) => ({
-    insertText: typeof i.insertText === "string" ? i.insertText : i.insertText?.value,
-    range: i.range && [i.range.start.line, i.range.start.character, i.range.end.line, i.range.end.character],
-  }));
+  const cursor = new Position(line, character);
+  report.items = await ask(cursor, 0);
   // And an automatic one (as while typing), at the end of the first line.
-  const automatic = await inlineProvider.provideInlineCompletionItems(
-    document,
-    new Position(0, config.document.text.split("\n")[0].length),
-    { triggerKind: 1, selectedCompletionInfo: undefined },
-    new CancellationTokenSource().token,
-  );
-  report.automaticItems = (Array.isArray(automatic) ? automatic : automatic?.items ?? []).length;
+  const firstLineEnd = new Position(0, config.document.text.split("\n")[0].length);
+  report.automaticItems = (await ask(firstLineEnd, 1)).length;
+  // With the suggest widget open on an item: VS Code passes it as selectedCompletionInfo, its range a
+  // vscode.Range (an array in JSON unless the extension converts it).
+  const widget = { range: new Range(line, character, line, character), text: config.document.selected };
+  report.selectedItems = await ask(cursor, 0, widget);
   await until(() => report.statusTexts.some((t) => / ms$/.test(t)), "the latency in the status bar");
+  // Snooze, then toggle back: the status bar follows, and typing gets nothing while snoozed.
+  await vscode.commands.executeCommand("diffu.snoozeSuggestions");
+  report.snoozedStatus = report.statusTexts[report.statusTexts.length - 1];
+  report.snoozedItems = (await ask(firstLineEnd, 1)).length;
+  await vscode.commands.executeCommand("diffu.toggleSuggestions");
+  report.resumedStatus = report.statusTexts[report.statusTexts.length - 1];
   // A settings change in VS Code reaches the server (the client pushes the whole section, its own keys too).
   settings.debounceMs = 77;
   configurationChanged.fire({ affectsConfiguration: (s) => s === "diffu" || s.startsWith("diffu.debounce") });

@@ -4,10 +4,15 @@ Same tiny float32 checkpoints (old policy, current policy, reference model), sam
 masks (the torch side draws them from its mask seeds exactly as ``forward_process`` does; ours receive
 those draws), same rewards: per-token log-probabilities, advantages, loss, KL, clip fraction and the
 gradient agree within 1e-5 relative (the gradient 1e-4), for ``num_iterations`` 1 and 2.
+
+Then the trainer itself: a rollout of prompts of different lengths, made and scored by ``RLTrainer``,
+against the published computation on each prompt's rows alone (a published device batch), with the
+trainer's own per-device-group masks; the mask draws per device group; the recipe's warm-up.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -22,7 +27,11 @@ import model_runtime
 from model_runtime.tiny import write_checkpoint
 from model_runtime.train.corpus import TOKENIZER_FILES
 from model_runtime.train.export import params_by_path
+from model_runtime.train.loop import TrainConfig, schedule
 from model_runtime.train.rl import coupled
+from model_runtime.train.rl.run import load_policy
+from model_runtime.train.rl.tasks import Task
+from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
 from tests.reference.coupled_grpo_torch import PublishedCoupledGRPO
 from tests.reference.dream_torch import DreamReference
 
@@ -107,10 +116,14 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         t, matrix = ref_impl.draw(seed, rows, prompt + completion, accumulate=num_iterations > 1)
         draws.append(coupled.MaskDraw(jnp.float32(t), jnp.asarray(matrix[:chunk, prompt:].numpy())))
 
+    def per_row(k: int) -> tuple[jax.Array, jax.Array]:
+        """Iteration k's draw for every row: one device, its [chunk, T] draws repeated per micro-batch."""
+        return jnp.full(rows, draws[k].t), jnp.tile(draws[k].r, (rows // chunk, 1))
+
     def logps(name: str, k: int) -> jax.Array:
-        r = coupled.tile_rows(draws[k].r, rows)
+        # No attention mask: the hand-made pads are attended, as the published get_logits does.
         return coupled.coupled_logps(
-            jx[name].graphdef, jx[name].state, jnp.asarray(ids), draws[k].t, r, mask_id
+            jx[name].graphdef, jx[name].state, jnp.asarray(ids), None, *per_row(k), mask_id
         )
 
     for k in range(num_iterations):
@@ -150,12 +163,7 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
 
         def loss_fn(params, k=k, old_k=old_k):
             cur = coupled.coupled_logps(
-                jx["cur"].graphdef,
-                params,
-                jnp.asarray(ids),
-                draws[k].t,
-                coupled.tile_rows(draws[k].r, rows),
-                mask_id,
+                jx["cur"].graphdef, params, jnp.asarray(ids), None, *per_row(k), mask_id
             )
             return coupled.grpo_loss(
                 cur, old_k, jnp.asarray(ref_t[:, k].numpy()), jnp.asarray(adv), jnp.asarray(cmask), settings
@@ -172,3 +180,158 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         ):
             theirs = dict(th_cur.named_parameters())[f"{name}.weight"].grad.numpy()
             assert rel_err(ours[path], theirs.T) < 1e-4, name
+
+
+# -- the trainer's own path ---------------------------------------------------------------------------
+
+QUESTIONS = (
+    "Write f.",
+    "Write a function f(x) that returns x plus one, for any integer x given.",
+    "Write a function total(xs) that returns the sum of the numbers in the list xs, or 0 when the list is "
+    "empty; do not use the built-in sum, loop over the items instead and add them one by one.",
+)
+# 3 prompts (61, 92 and 142 tokens with the tiny tokenizer) x 4 completions; a published device holds 2
+# micro-batches of 2 rows: one prompt's 4 generations, so the rollout spans 3 device groups.
+ROLLOUT = dict(
+    steps=4, prompts_per_step=3, num_generations=4, chunk=2, accumulation=2, num_iterations=2,
+    max_completion_length=16, diffusion_steps=16, generation_batch_size=12, max_prompt_length=200,
+    learning_rate=1e-3, mask_seed_pick="published",
+)  # fmt: skip
+
+
+def text_length(completions, **_):
+    return [len(c[-1]["content"]) / 10 for c in completions]
+
+
+def _rollout_trainer(run_dir: Path, tiny_dir: Path, **over) -> RLTrainer:
+    cfg = RLConfig(**{**ROLLOUT, **over})
+    tasks = [Task(f"t{i}", q, ("assert f(1) == 2",), {}) for i, q in enumerate(QUESTIONS)]
+    opts = RLOptions(show_progress=False, log=lambda m: None)
+    return RLTrainer(run_dir, load_policy(tiny_dir, cfg), tasks, [Reward("len", text_length, 1.0)], cfg, opts)
+
+
+class GivenMasks(PublishedCoupledGRPO):
+    """The published arithmetic with the trainer's masks in place of ``set_seed`` draws: mask "seed" k is
+    iteration k, and ``masks[k]`` is that iteration's (ratio, ``[b, T]`` draws) of the rows being scored.
+    Tiling stays the published code's: with ``accumulate`` only the first ``b // accumulation`` rows are
+    read and repeated, so the trainer's draws must repeat the same way to match."""
+
+    def __init__(self, masks: list[tuple[float, np.ndarray]], **kw) -> None:
+        super().__init__(**kw)
+        self.masks = masks
+
+    def draw(self, seed: int, b: int, length: int, accumulate: bool) -> tuple[float, torch.Tensor]:
+        t, r = self.masks[seed]
+        rows = torch.tensor(r[: b // self.gradient_accumulation_steps] if accumulate else r)
+        if accumulate:
+            rows = torch.cat([rows] * self.gradient_accumulation_steps, dim=0)
+        matrix = torch.zeros((b, length))  # the prompt's columns are never masked: any value
+        matrix[:, length - rows.shape[1] :] = rows
+        return t, matrix
+
+
+@pytest.fixture(scope="module")
+def scored_rollout(models, tiny_dir, tmp_path_factory):
+    """A trainer after its first rollout and first update (the reference model: a perturbed checkpoint,
+    so that KL and reference scores are not the policy's), with its metrics and the published scores of
+    each prompt's rows alone: ``[B, I, T]`` old-policy and reference log-probs."""
+    jx, th = models
+    trainer = _rollout_trainer(tmp_path_factory.mktemp("rollout"), tiny_dir)
+    trainer.state["ref"] = jax.tree.map(jnp.copy, jx["ref"].state)
+    trainer.make_rollout(0)
+    buf = trainer.buffer
+    cfg = trainer.cfg
+    masks = [trainer.masks(s) for s in buf["mask_seeds"]]  # per iteration: ([B], [B, T])
+    t_len = cfg.max_completion_length
+    width = buf["ids"].shape[1] - t_len
+    published = {"old": [], "ref": []}
+    for lo in range(0, cfg.rows, cfg.num_generations):
+        rows = slice(lo, lo + cfg.num_generations)
+        n = int(buf["prompt_lengths"][lo])
+        alone = torch.tensor(buf["ids"][rows, width - n :])  # the prompt unpadded, then the completions
+        impl = GivenMasks(
+            [(float(t[lo]), r[rows]) for t, r in masks],
+            mask_id=jx["old"].config.mask_token_id,
+            num_iterations=cfg.num_iterations,
+            gradient_accumulation_steps=cfg.accumulation,
+            num_generations=cfg.num_generations,
+        )
+        old, ref = impl.score_rollout(th["old"], th["ref"], alone, t_len, list(range(cfg.num_iterations)))
+        published["old"].append(old.numpy())
+        published["ref"].append(ref.numpy())
+    expected = {k: np.concatenate(v) for k, v in published.items()}
+    update = trainer.update()
+    yield trainer, expected, update
+    trainer.close()
+
+
+def test_rollout_of_prompts_of_different_lengths_scores_as_published(scored_rollout):
+    trainer, expected, update = scored_rollout
+    buf, cfg = trainer.buffer, trainer.cfg
+    lengths = buf["prompt_lengths"].reshape(-1, cfg.num_generations)[:, 0]
+    assert len(set(lengths.tolist())) == 3 and buf["ids"].shape[1] - cfg.max_completion_length > min(lengths)
+    for name in ("old", "ref"):
+        ours = np.transpose(buf[name], (1, 0, 2))  # [B, I, T]
+        worst = float(np.max(np.abs(ours - expected[name])))
+        assert worst <= 1e-4, f"{name}: off by up to {worst:.4g} nats a token"
+    # The update scores the current policy the same way: at the first step it is the old policy, so its
+    # KL to the reference, per row under the masks iterations_at(0) picks, is the published one.
+    ks, rows = trainer.iterations_at(0), np.arange(cfg.rows)
+    d = expected["ref"][rows, ks] - expected["old"][rows, ks]
+    kl = (np.exp(d) - d - 1) * buf["completion_mask"]
+    per_chunk = kl.reshape(-1, cfg.chunk * cfg.max_completion_length).sum(1)
+    per_chunk /= buf["completion_mask"].reshape(per_chunk.shape[0], -1).sum(1)
+    assert update["kl"] == pytest.approx(float(per_chunk.mean()), rel=1e-3)
+    assert update["kl"] > 1e-4 and update["clip_ratio"] == 0.0
+
+
+def test_each_device_group_draws_its_own_masks_and_the_seed_reproduces_them(
+    scored_rollout, tiny_dir, tmp_path
+):
+    trainer, _, _ = scored_rollout
+    cfg = trainer.cfg
+    seeds = trainer.mask_seeds(0)
+    assert len(set(seeds.tolist())) == cfg.num_iterations
+    t, r = trainer.masks(int(seeds[0]))
+    group = cfg.chunk * cfg.accumulation
+    assert cfg.rows // group == 3
+    ratios = t.reshape(3, group)
+    assert np.all(ratios == ratios[:, :1]) and len(set(ratios[:, 0].tolist())) == 3  # one ratio a group
+    assert np.all((0.2 <= ratios) & (ratios < 0.8))
+    blocks = r.reshape(3, cfg.accumulation, cfg.chunk, -1)
+    assert np.array_equal(blocks[:, 0], blocks[:, 1])  # a group's micro-batches share its draws
+    assert not np.allclose(blocks[0, 0], blocks[1, 0]) and not np.allclose(blocks[1, 0], blocks[2, 0])
+    # Another trainer with the same seed: the same seeds and masks; another seed: others.
+    again = _rollout_trainer(tmp_path / "again", tiny_dir)
+    assert np.array_equal(again.mask_seeds(0), seeds)
+    t2, r2 = again.masks(int(seeds[0]))
+    assert np.array_equal(t2, t) and np.array_equal(r2, r)
+    t3, _ = again.masks(int(seeds[1]))
+    assert not np.any(t3 == t)
+    other = _rollout_trainer(tmp_path / "other", tiny_dir, seed=7)
+    assert not np.array_equal(other.mask_seeds(0), seeds)
+    # The published seed pick: each device's first micro-batch uses iteration 1, its second iteration 0,
+    # at both steps of a rollout; by default every row uses iteration s % 2 at step s.
+    picked = np.tile(np.repeat([1, 0], cfg.chunk), 3)
+    assert all(np.array_equal(trainer.iterations_at(s), picked) for s in range(4))
+    plain = _rollout_trainer(tmp_path / "plain", tiny_dir, mask_seed_pick="iteration")
+    assert [plain.iterations_at(s).tolist() for s in range(3)] == [[s % 2] * 12 for s in range(3)]
+
+
+def test_one_warmup_step_is_the_recipes_warmup_ratio():
+    """``--warmup 1`` is the recipe's ``warmup_ratio: 0.0001`` with transformers' cosine_with_min_lr
+    schedule (``ceil(0.0001 * steps)`` warm-up steps, 1 below 10,000 steps): learning rate 0 at the first
+    step, the peak at the second, then a cosine to 0.1 of it."""
+    steps, peak = 5250, 1e-6  # ~21K hard AceCode prompts / 8 a rollout x 2 iterations
+    warmup = math.ceil(0.0001 * steps)
+
+    def published(step: int) -> float:  # transformers' lr lambda, times the peak
+        if step < warmup:
+            return peak * step / max(1, warmup)
+        progress = (step - warmup) / max(1, steps - warmup)
+        return peak * (0.5 * (1 + math.cos(math.pi * progress)) * 0.9 + 0.1)
+
+    ours = schedule(TrainConfig(steps=steps, learning_rate=peak, warmup_steps=1, min_lr_ratio=0.1))
+    for step in (0, 1, 2, 100, 2625, 5249):
+        assert float(ours(step)) == pytest.approx(published(step), rel=1e-5, abs=1e-15), step
+    assert warmup == 1 and float(ours(0)) == 0.0

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 from model_runtime.config import DreamConfig
 from model_runtime.tokenizer import chat_prompt
 from model_runtime.train import sft_data

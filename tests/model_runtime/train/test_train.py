@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from assistant.cli import main
+from assistant.cli.main import main
 from model_runtime.config import DreamConfig
 from model_runtime.tiny import tiny_config
 from model_runtime.train import corpus as corpus_lib

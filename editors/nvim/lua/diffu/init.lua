@@ -1,6 +1,6 @@
 -- diffu for Neovim 0.12+: infill suggestions as ghost text (textDocument/inlineCompletion), accept all,
--- a word or a line, cycle candidates, fill holes, and a statusline function. Neovim's own LSP client does
--- the work; this file configures it.
+-- a word or a line, cycle candidates, fill holes, pause them (:DiffuToggle, :DiffuSnooze [minutes]), and a
+-- statusline function. Neovim's own LSP client does the work; this file configures it.
 --
 --   require("diffu").setup({
 --     settings = { debounceMs = 0, maxTokens = 64 },   -- the server's settings (docs/editors.md)
@@ -39,7 +39,8 @@ local function client_for(bufnr)
   return vim.lsp.get_clients({ bufnr = bufnr, name = "diffu" })[1]
 end
 
---- The statusline text: "diffu ready 312ms", "diffu loading the model: 40%"... or "" when not attached.
+--- The statusline text: "diffu 312ms", "diffu connecting: loading the model", "diffu paused until 14:32"...
+--- or "" when not attached.
 function M.status(bufnr)
   local client = client_for(bufnr or 0)
   local status = client and statuses[client.id]
@@ -53,7 +54,14 @@ function M.status(bufnr)
   if status.state == "busy" then
     return "diffu …"
   end
-  return "diffu " .. status.state .. (status.message ~= "" and (": " .. status.message) or "")
+  if status.message == "" then
+    return "diffu " .. status.state
+  end
+  -- A message that starts with the state ("paused until 14:32") says it already.
+  if vim.startswith(status.message, status.state) then
+    return "diffu " .. status.message
+  end
+  return "diffu " .. status.state .. ": " .. status.message
 end
 
 local function on_status(_, result, ctx)
@@ -98,6 +106,35 @@ function M.fill_holes(bufnr)
     command = "diffu.fillHoles",
     arguments = { vim.uri_from_bufnr(bufnr), range or vim.NIL },
   }, { bufnr = bufnr })
+end
+
+--- Run a server command that answers with the status item (toggle, snooze) on the current buffer's server.
+local function status_command(command, arguments)
+  local bufnr = vim.api.nvim_get_current_buf()
+  local client = client_for(bufnr)
+  if not client then
+    vim.notify("diffu: the language server is not attached to this buffer", vim.log.levels.WARN)
+    return
+  end
+  client:exec_cmd({ title = command, command = command, arguments = arguments }, { bufnr = bufnr }, function(err, result)
+    if err then
+      vim.notify("diffu: " .. err.message, vim.log.levels.ERROR)
+    elseif result then
+      on_status(nil, result, { client_id = client.id })
+    end
+  end)
+end
+
+--- Pause suggestions while typing until toggled again, or resume them (`:DiffuToggle`). Explicit
+--- requests (`suggest`, the cycle keys) still ask while paused.
+function M.toggle()
+  status_command("diffu.toggle", {})
+end
+
+--- Pause suggestions while typing for `minutes` (`:DiffuSnooze [minutes]`; default: the server's
+--- `snoozeMinutes` setting, 5).
+function M.snooze(minutes)
+  status_command("diffu.snooze", minutes and { minutes } or {})
 end
 
 --- The part of `text` to accept: all of it, its next word (spaces before it included), or the rest of
@@ -267,6 +304,17 @@ function M.setup(opts)
     settings = { diffu = o.settings },
     handlers = { ["diffu/status"] = on_status },
   })
+  vim.api.nvim_create_user_command("DiffuToggle", function()
+    M.toggle()
+  end, { desc = "diffu: pause or resume suggestions while typing" })
+  vim.api.nvim_create_user_command("DiffuSnooze", function(cmd)
+    local minutes = tonumber(cmd.args)
+    if cmd.args ~= "" and not minutes then
+      vim.notify("diffu: :DiffuSnooze takes minutes, e.g. :DiffuSnooze 30", vim.log.levels.ERROR)
+      return
+    end
+    M.snooze(minutes)
+  end, { nargs = "?", desc = "diffu: pause suggestions while typing for a while (minutes)" })
   vim.api.nvim_create_autocmd("LspAttach", {
     group = vim.api.nvim_create_augroup("diffu", { clear = true }),
     callback = function(args)

@@ -1,0 +1,342 @@
+"""What the sync and async clients share: the events and errors they return, request bodies (with the
+typed sampling options of ``assistant.wire``), response and event parsing, and the retry decisions. No
+I/O here; the two clients in ``assistant.client`` only differ in how they wait.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from assistant import sse
+from assistant.client import discovery
+from assistant.config import Config, load_config
+from assistant.wire import SamplingOptions
+
+Progress = Callable[[str, float, str], None]
+RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
+
+
+class DaemonUnavailable(Exception):
+    """No daemon could be reached or started; the message says what to do."""
+
+
+class APIError(Exception):
+    """The daemon answered with an error: ``status`` and the fields of its ``error`` object.
+
+    ``kind`` is the error's ``type``, ``code`` its stable code (``context_length_exceeded``, ...) and
+    ``details`` the facts as fields, e.g. ``prompt_tokens`` and ``context_length`` for a prompt that
+    does not fit; read them instead of the message, which is for people.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "",
+        param: str | None = None,
+        retry_after: float | None = None,
+        *,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.retry_after = retry_after
+        self.code = code
+        self.details: dict[str, Any] = dict(details or {})
+
+
+# -- events -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """A denoising step: the canvas text (masked tokens shown as ``░``) and the spans unmasked in it."""
+
+    id: str
+    step: int
+    steps: int
+    canvas: str
+    masks: int
+    unmasked: list[list[int]] = field(default_factory=list)
+    masked: list[list[int]] = field(default_factory=list)
+    seconds: float = 0.0
+    block: int = 0  # the fast decoder's block (of ``blocks``; 0: the reference decoder, no blocks)
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The request waits for its programs to compile (``reason`` "compiling"), or for the warm-up's
+    compile in progress to end ("warm-up"); ``eta_seconds`` is the daemon's estimate, when it has one."""
+
+    id: str
+    reason: str
+    detail: str
+    eta_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmShape:
+    """A request shape for ``warm``: ``prompt_tokens`` of context, ``max_new_tokens`` to generate,
+    ``infill`` (context on both sides), ``batch`` rows, and the sampling knobs the requests will send."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    infill: bool = False
+    batch: int = 1
+    sampling: SamplingOptions | None = None
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.sampling.body() if self.sampling is not None else {}
+        body.update(prompt_tokens=self.prompt_tokens, max_new_tokens=self.max_new_tokens, infill=self.infill)
+        if self.batch != 1:
+            body["batch"] = self.batch
+        return body
+
+
+@dataclass(frozen=True)
+class Done:
+    """The final answer. ``finish_reason``: stop, length, time (budget spent) or cancelled.
+
+    ``holes``: for a prompt whose ``<|mask|>`` holes were filled (``max_new_tokens=0``), each hole's text.
+    """
+
+    id: str
+    text: str
+    finish_reason: str
+    stats: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    holes: list[str] | None = None
+    ids: dict[str, Any] | None = None
+    """With ``return_ids``: ``prompt`` (the ids before the generated region), ``sequence`` (the whole
+    canvas: prompt, region, an infill's suffix) and ``pad_id``."""
+
+
+def _step(data: dict[str, Any]) -> Step:
+    return Step(
+        id=data.get("id", ""),
+        step=data["step"],
+        steps=data["steps"],
+        canvas=data["canvas"],
+        masks=data["masks"],
+        unmasked=data.get("unmasked", []),
+        masked=data.get("masked", []),
+        seconds=data.get("seconds", 0.0),
+        block=data.get("block", 0),
+        blocks=data.get("blocks", 0),
+    )
+
+
+def parse_done(data: dict[str, Any]) -> Done:
+    return Done(
+        id=data.get("id", ""),
+        text=data["text"],
+        finish_reason=data["finish_reason"],
+        stats=data.get("stats", {}),
+        usage=data.get("usage", {}),
+        holes=data.get("holes"),
+        ids=data.get("ids"),
+    )
+
+
+def parse_event(event: sse.ServerSentEvent) -> Step | Waiting | Done | None:
+    if event.event == "step":
+        return _step(event.json())
+    if event.event == "waiting":
+        data = event.json()
+        eta = data.get("eta_seconds")
+        return Waiting(data.get("id", ""), data.get("reason", ""), data.get("detail", ""), eta)
+    if event.event == "done":
+        return parse_done(event.json())
+    if event.event == "error":
+        err = event.json().get("error", {})
+        # In an SSE error event ``code`` is the HTTP status the request would have had.
+        raise APIError(
+            int(err.get("code") or 500),
+            err.get("message", "error"),
+            err.get("type", ""),
+            err.get("param"),
+            details=err.get("details"),
+        )
+    return None
+
+
+def raise_for_status(response: httpx.Response, body: bytes | None = None) -> None:
+    if response.status_code < 400:
+        return
+    raw = response.content if body is None else body
+    try:
+        err = json.loads(raw).get("error", {})
+        message, kind, param = err.get("message", raw.decode()), err.get("type", ""), err.get("param")
+        code, details = err.get("code"), err.get("details")
+    except (ValueError, AttributeError):
+        message, kind, param = raw.decode("utf-8", "replace") or response.reason_phrase, "", None
+        code, details = None, None
+    retry = response.headers.get("retry-after")
+    raise APIError(
+        response.status_code,
+        message,
+        kind,
+        param,
+        float(retry) if retry else None,
+        code=code if isinstance(code, str) else None,
+        details=details if isinstance(details, dict) else None,
+    )
+
+
+# -- requests, built once for both clients ------------------------------------------------------------
+def generate_body(
+    messages: list[dict[str, str]] | None,
+    prompt: str | None,
+    max_new_tokens: int | None,
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+    return_ids: bool = False,
+) -> dict[str, Any]:
+    body = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
+    if max_new_tokens is not None:
+        body["max_new_tokens"] = max_new_tokens
+    if messages is not None:
+        body["messages"] = messages
+    if prompt is not None:
+        body["prompt"] = prompt
+    return body
+
+
+def infill_body(
+    prefix: str,
+    suffix: str,
+    canvas_tokens: int | None,
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+    return_ids: bool = False,
+) -> dict[str, Any]:
+    common = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
+    body = {"prefix": prefix, "suffix": suffix, **common}
+    if canvas_tokens is not None:
+        body["canvas_tokens"] = canvas_tokens
+    return body
+
+
+def _common_body(
+    sampling: SamplingOptions | None,
+    session: str | None,
+    max_seconds: float | None,
+    *,
+    stream: bool,
+    return_ids: bool = False,
+) -> dict[str, Any]:
+    body: dict[str, Any] = sampling.body() if sampling is not None else {}
+    if return_ids:
+        body["return_ids"] = True
+    if session is not None:
+        body["session"] = session  # a newer request of the same session supersedes this one
+    if max_seconds is not None:
+        body["max_seconds"] = max_seconds
+    body["stream"] = stream
+    return body
+
+
+def warm_body(shapes: list[WarmShape]) -> dict[str, Any]:
+    return {"shapes": [shape.body() for shape in shapes]}
+
+
+def openai_body(
+    first: tuple[str, Any],
+    max_tokens: int | None,
+    sampling: SamplingOptions | None,
+    stop: list[str] | None,
+    **extra: str | None,
+) -> dict[str, Any]:
+    """A non-streamed OpenAI request: ``first`` is (``messages``, ...) or (``prompt``, ...)."""
+    body: dict[str, Any] = {first[0]: first[1], **(sampling.body() if sampling is not None else {})}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    if stop is not None:
+        body["stop"] = stop
+    body.update({k: v for k, v in extra.items() if v is not None})
+    body["stream"] = False
+    return body
+
+
+LOST_CONNECTION = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)  # the daemon went away
+
+
+def give_up(tries: int, endpoint: Endpoint, config: Config, *, started: bool | None = None) -> bool:
+    """After a lost connection: whether to stop instead of finding (or starting) the daemon again.
+
+    A JSON request (``started`` None) to a URL the user configured is not retried; a stream (``started``
+    says whether it delivered events) is retried only before its first event: it cannot resume.
+    """
+    if started is None:
+        return tries == RETRIES or (endpoint.info is None and bool(config.url))
+    return started or tries == RETRIES
+
+
+def lost_daemon(endpoint: Endpoint, exc: Exception) -> DaemonUnavailable:
+    return DaemonUnavailable(f"lost the diffu daemon at {endpoint.url}: {exc}")
+
+
+def no_daemon() -> DaemonUnavailable:
+    return DaemonUnavailable(
+        "no diffu daemon is running; start one with 'diffu daemon start' or 'diffu serve', or set DIFFU_URL"
+    )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    api_key: str | None
+    info: discovery.DaemonInfo | None = None  # None when the URL came from DIFFU_URL / config
+
+    @property
+    def headers(self) -> dict[str, str]:
+        # With auth off the daemon accepts any key; clients (and proxies) often insist on sending one.
+        return {"authorization": f"Bearer {self.api_key or 'none'}"}
+
+
+def health_update(event: sse.ServerSentEvent, progress: Progress | None) -> bool:
+    """Handle one /health?stream=1 event; True once ready. Raises if the daemon failed to load."""
+    data = event.json()
+    status = data.get("status")
+    if progress:
+        progress(status, float(data.get("progress", 0.0)), data.get("detail", ""))
+    if status == "ok":
+        return True
+    if status in ("failed", "stopping"):
+        message = (data.get("error") or {}).get("message") or status
+        raise DaemonUnavailable(f"the diffu daemon could not load its model: {message}")
+    return False
+
+
+def _config(config: Config | None) -> Config:
+    return config if config is not None else load_config()[0]
+
+
+def client_settings(
+    config: Config | None, url: str | None, api_key: str | None, autostart: bool | None, timeout: float | None
+) -> tuple[Config, bool, httpx.Timeout]:
+    """What both clients take from their arguments: the effective config, auto-start, HTTP timeouts.
+
+    Reads may wait for a whole generation (the daemon's time budget plus a margin); connects should not.
+    """
+    config = _config(config)
+    if url:
+        config = config.replace(url=url)
+    if api_key:
+        config = config.replace(api_key=api_key)
+    read = timeout if timeout is not None else config.max_seconds + 60
+    return config, config.autostart if autostart is None else autostart, httpx.Timeout(10.0, read=read)

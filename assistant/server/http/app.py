@@ -1,0 +1,392 @@
+"""The daemon's HTTP app: lifecycle, the path every generation route shares, and the daemon's own routes.
+
+Every generation route does the same: parse the body into a :class:`~assistant.server.protocol.GenSpec`
+(4xx on bad input), build the job off the event loop (:func:`assistant.server.job_builder.build_job`),
+submit it to the :class:`~assistant.server.scheduler.Scheduler`, then turn the job's events into the
+route's response shape (``native``, ``openai``, ``llama``). While a job runs, a watcher waits for the client's
+``http.disconnect`` and cancels the job, so an abandoned request frees the device at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from assistant import __version__, sse
+from assistant.config import Config
+from assistant.server import protocol, request_fields, warmup
+from assistant.server.http.streaming import EventStream, HealthFeed, wait_disconnect
+from assistant.server.job import Job, JobDone, JobError
+from assistant.server.job_builder import build_job, warm_task
+from assistant.server.protocol import GenSpec
+from assistant.server.request_fields import RequestError, error_body
+from assistant.server.scheduler import Loader, Scheduler
+from assistant.server.security import GuardMiddleware, is_loopback
+from assistant.server.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
+from assistant.server.warmup import Shape, WarmTask
+from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
+from model_runtime.interface import RuntimeProtocol
+
+log = logging.getLogger("diffu.server")
+
+
+class HttpApp:
+    """The daemon's state behind its routes: config, the scheduler, and what every route shares."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        loader: Loader,
+        on_fatal: Callable[[str], None] | None = None,
+        warmup: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.loader = loader
+        self.on_fatal = on_fatal
+        self.warmup = config.warmup if warmup is None else warmup
+        self.scheduler: Scheduler | None = None
+        self.health_feed: HealthFeed | None = None
+        self.started = time.time()
+        self._stage = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        del app
+        loop = asyncio.get_running_loop()
+        self.health_feed = HealthFeed(loop)
+        self.scheduler = Scheduler(
+            self.loader,
+            queue_size=self.config.queue_size,
+            max_batch=self.config.max_batch,
+            planner=self._plan if self.warmup else None,
+        )
+        self.scheduler.add_listener(self.health_feed.notify)
+        self.scheduler.add_listener(self._on_status)
+        self.scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.scheduler.stop, self.config.shutdown_grace + 5)
+
+    def _plan(self, rt: RuntimeProtocol) -> list[WarmTask]:  # scheduler thread, once loaded
+        """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks; shapes that do not fit
+        this model (a context shorter than the chat's canvas) are left out."""
+        accelerator = not rt.device.startswith("cpu")
+        tasks = []
+        for shape in warmup.default_plan(rt, self.config, accelerator=accelerator):
+            try:
+                tasks.append(warm_task(rt, shape, self.config))
+            except RequestError as exc:
+                log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+        return tasks
+
+    def warm(self, shapes: list[Shape]) -> dict[str, Any]:
+        """Queue the programs of ``shapes`` ahead of the generic warm-up (``POST /v1/diffu/warm``)."""
+        rt = self.runtime
+        tasks = []
+        for i, shape in enumerate(shapes):
+            try:
+                tasks.append(warm_task(rt, shape, self.config))
+            except RequestError as exc:  # a shape this model cannot run (beyond its context)
+                raise protocol.in_shape(exc, i) from None
+        compiled = [rt.compiled(t.rows, t.params) for t in tasks]
+        queued = self.sched.warm([t for t, done in zip(tasks, compiled, strict=True) if not done])
+        st = self.sched.status
+        return {
+            "queued": queued,
+            "compiled": [i for i, done in enumerate(compiled) if done],
+            "shapes": [{"label": t.label, "compiled": done} for t, done in zip(tasks, compiled, strict=True)],
+            "stage": st.stage,
+            "eta_seconds": st.eta_seconds,
+        }
+
+    def _on_status(self, status: SchedulerStatus) -> None:  # scheduler thread
+        if status.stage == "failed":
+            log.error("cannot serve: %s", status.error)
+            if self.on_fatal:
+                self.on_fatal(status.error or "model load failed")
+        elif status.stage == WARMING and self._stage != WARMING:
+            log.info("serving (the warm-up goes on between requests)")
+        self._stage = status.stage
+
+    @property
+    def sched(self) -> Scheduler:
+        """The scheduler (it exists from the app's start to its end)."""
+        assert self.scheduler is not None, "the app's lifespan has not started"
+        return self.scheduler
+
+    @property
+    def runtime(self) -> RuntimeProtocol:
+        """The runtime, or a 503 (NotReady) while the model loads."""
+        sched = self.sched
+        if not sched.ready:
+            st = sched.status
+            raise NotReady(
+                f"the model is not ready ({st.stage} {st.progress:.0%}: {st.detail})", retry_after=2
+            )
+        return sched.runtime
+
+    def _ready_runtime(self) -> RuntimeProtocol | None:
+        sched = self.scheduler
+        return sched.runtime if sched is not None and sched.ready else None
+
+    def _loaded_chat_defaults(self) -> dict[str, Any]:
+        sched = self.scheduler
+        return dict(sched.runtime.chat_defaults) if sched is not None and sched.loaded else {}
+
+    def model_name(self) -> str:
+        """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
+        sched = self.scheduler
+        rt = sched.runtime if sched is not None and sched.loaded else None  # named while it compiles too
+        name = str((rt.model_name if rt is not None else None) or self.config.model)
+        if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
+            return BUNDLED_MODEL_NAME
+        if os.path.isabs(name) or os.path.isdir(name):
+            return os.path.basename(name.rstrip("/")) or name
+        return name
+
+    # -- jobs ------------------------------------------------------------------------------------------
+    async def start_job(self, spec: GenSpec) -> tuple[Job, bool]:
+        """Build ``spec``'s job in a worker thread and submit it; returns (job, context truncated)."""
+        rt = self.runtime
+        loop = asyncio.get_running_loop()
+        sched = self.sched
+        with sched.preparing():
+            job, truncated = await run_in_threadpool(build_job, rt, spec, self.config)
+            job.loop = loop
+            sched.submit(job)
+        return job, truncated
+
+    async def wait_result(self, request: Request, job: Job) -> JobDone | JobError | None:
+        """The job's final event, or None if the client went away first (the job is then cancelled)."""
+
+        async def consume() -> JobDone | JobError:
+            async for event in job.events():
+                if isinstance(event, JobDone | JobError):
+                    return event
+            raise AssertionError("job events ended without a final event")
+
+        result = asyncio.ensure_future(consume())
+        watch = asyncio.ensure_future(wait_disconnect(request.receive))
+        try:
+            await asyncio.wait({result, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not result.done():
+                self.cancel_job(job, "client disconnected")
+                result.cancel()
+            watch.cancel()
+            await asyncio.gather(result, watch, return_exceptions=True)
+        return None if result.cancelled() else result.result()
+
+    def cancel_job(self, job: Job, reason: str) -> None:
+        if self.scheduler is not None and not job.finished:
+            log.info("cancelling %s: %s", job.id, reason)
+            self.scheduler.cancel(job, reason)
+
+    async def respond(
+        self,
+        request: Request,
+        job: Job,
+        stream: bool,
+        events: Callable[[], AsyncIterator[bytes]],
+        body: Callable[[JobDone], Any],
+    ) -> Response:
+        """What every generation route does with its job: an SSE stream of ``events()`` (a client that
+        disconnects cancels the job), or else the finished job as the route's JSON ``body``; 499 when the
+        client left first, and the job's error as a RequestError."""
+        headers = {"x-request-id": job.id}
+        if stream:
+            return EventStream(
+                events(), headers=headers, on_disconnect=lambda: self.cancel_job(job, "client disconnected")
+            )
+        result = await self.wait_result(request, job)
+        if result is None:
+            return Response(status_code=499)
+        if isinstance(result, JobError):
+            raise RequestError(
+                result.message,
+                status=result.status,
+                kind=result.kind,
+                param=result.param,
+                details=result.details,
+            )
+        return JSONResponse(body(result), headers=headers)
+
+    # -- the daemon's routes: health, status, cancel ---------------------------------------------------
+    def _health_body(self) -> tuple[int, dict[str, Any]]:
+        st = self.sched.status
+        if st.stage in SERVING:
+            # Requests are answered from here on: "warming" only says programs are still compiling between
+            # them ("warmed" of "programs", "eta_seconds" once one compile was timed).
+            return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
+        message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
+        return 503, {
+            "status": st.stage,
+            **st.to_dict(),
+            "model": self.model_name(),
+            "error": {"code": 503, "message": message, "type": "unavailable_error"},
+        }
+
+    async def health(self, request: Request) -> Response:
+        """503 with stage and progress while loading, 200 once serving (stage "warming" while the warm-up
+        still compiles, then "ready"). No token needed."""
+        if request.query_params.get("stream") in ("1", "true"):
+            return EventStream(self._health_events())
+        status, body = self._health_body()
+        headers = {"retry-after": "1"} if status == 503 else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    async def _health_events(self) -> AsyncIterator[bytes]:
+        """``event: status`` on every stage/progress change until ready or failed."""
+        assert self.health_feed is not None
+        while True:
+            waiter = asyncio.ensure_future(self.health_feed.wait())
+            status, body = self._health_body()
+            yield sse.encode(body, event="status")
+            if status == 200 or body["status"] in ("failed", "stopping"):
+                waiter.cancel()
+                return
+            await waiter
+
+    async def status(self, request: Request) -> Response:
+        del request
+        sched = self.sched
+        rt = self._ready_runtime()
+        return JSONResponse(
+            {
+                "model": self.model_name(),
+                "model_path": self.config.model,
+                "version": __version__,
+                "pid": os.getpid(),
+                "device": rt.device if rt else None,
+                "dtype": rt.dtype if rt else None,
+                "quantize": rt.quantize_mode if rt else None,
+                "max_context": rt.max_context if rt else None,
+                "default_decoder": rt.default_decoder if rt else None,
+                # The model's chat defaults (generation_config.json); diffu chat starts from them. Known
+                # once the weights are loaded, while programs may still compile.
+                "chat_defaults": self._loaded_chat_defaults(),
+                "mesh": rt.mesh_info if rt else None,
+                "buckets": [list(b) for b in rt.buckets] if rt else [],
+                # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
+                "programs": rt.program_cache if rt else None,
+                "engine": sched.status.to_dict(),
+                "queue": sched.queue_info(),
+                "counters": dict(sched.counters),
+                "uptime_seconds": round(time.time() - self.started, 3),
+                "limits": {
+                    "max_steps": self.config.max_steps,
+                    "max_seconds": self.config.max_seconds,
+                    "max_body_bytes": self.config.max_body_bytes,
+                    "queue_size": self.config.queue_size,
+                },
+                "auth": self.config.auth,
+                # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
+                "features": ["holes"] if rt is not None and rt.supports_holes else [],
+            }
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        data = request_fields.parse_json(await request.body())
+        request_fields.reject_unknown(data, {"id"}, "/v1/diffu/cancel")
+        job_id = request_fields.get_str(data, "id", required=True, max_len=200) or ""
+        for prefix in ("chatcmpl-", "cmpl-"):
+            job_id = job_id.removeprefix(prefix)
+        if not self.sched.cancel(job_id, "cancelled by the client"):
+            raise RequestError(
+                f"id: no queued or running request {job_id!r}", status=404, param="id", kind="not_found_error"
+            )
+        return JSONResponse({"id": job_id, "cancelled": True})
+
+    # -- the app ---------------------------------------------------------------------------------------
+    def app(self, *, api_key: str | None) -> ASGIApp:
+        """The ASGI app: every dialect's routes behind the security guard."""
+        from assistant.server.http import llama, native, openai
+
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/diffu/status", self.status, methods=["GET"]),
+            *native.routes(self),
+            Route("/v1/diffu/cancel", self.cancel, methods=["POST"]),
+            *openai.routes(self),
+            *llama.routes(self),
+        ]
+        app = Starlette(
+            routes=routes,
+            lifespan=self.lifespan,
+            exception_handlers={
+                RequestError: _request_error,
+                SchedulerError: _scheduler_error,
+                HTTPException: _http_error,
+                Exception: _internal_error,
+            },
+        )
+        return GuardMiddleware(
+            app,
+            api_key=api_key,
+            check_host=is_loopback(self.config.host),
+            allowed_hosts=self.config.allowed_hosts,
+            cors_origins=self.config.cors_origins,
+            max_body_bytes=self.config.max_body_bytes,
+        )
+
+
+def usage(job: Job, done: JobDone) -> dict[str, int]:
+    """OpenAI-style token counts of a finished job (every dialect reports them)."""
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": done.new_tokens,
+        "total_tokens": job.prompt_tokens + done.new_tokens,
+    }
+
+
+def job_error_event(error: JobError) -> dict[str, Any]:
+    """A JobError as the body of an SSE error event (``code`` is the HTTP status)."""
+    return error_body(error.message, error.kind, param=error.param, code=error.status, details=error.details)
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    if exc.status >= 500:
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+
+async def _scheduler_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SchedulerError)
+    log.info("%s %s: %s", request.method, request.url.path, exc)
+    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(error_body(str(exc), exc.kind), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = {
+        404: f"no route {request.url.path}",
+        405: f"method {request.method} not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        error_body("internal server error (see the daemon log)", "server_error"), status_code=500
+    )
