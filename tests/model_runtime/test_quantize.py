@@ -243,4 +243,3 @@ def test_w8a8_option_follows_weight_only_int8(tiny_dir: Path, quantized) -> None
     ids = np.random.default_rng(3).integers(0, rt.config.vocab_size - 64, (4, 64))
     w8, w8a8 = _logits(quantized["int8"], ids), _logits(rt, ids)
     assert 0 < np.abs(w8a8 - w8).max() and _kl(w8, w8a8) < 1e-3
-
