@@ -172,8 +172,10 @@ def _int4_kernel(
 
 
 def _compiler_params(t: Tiling, per_stage: int, interpret: bool) -> Any:
-    """Triton's warps and pipeline depth on GPU (None elsewhere: Mosaic's defaults, or interpret)."""
-    if interpret or jax.default_backend() != "gpu":
+    """Triton's warps and pipeline depth: the kernels are written for Pallas's Triton backend, which the
+    type of these parameters selects on GPU (without them this JAX picks Mosaic GPU, whose rules they
+    do not follow). None in interpret mode and on TPU (Mosaic's defaults)."""
+    if interpret or jax.default_backend() == "tpu":
         return None
     from jax.experimental.pallas import triton as plt
 

@@ -10,17 +10,23 @@ run whole.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from jax import export
 
 from model_runtime import qmatmul, quant
 from model_runtime.bundled import bundled_model_dir
 from model_runtime.config import DIFFUCODER_7B, DreamConfig
+from model_runtime.model import DreamModel
 from model_runtime.weights import ParamSpec, by_path
 
 CONFIGS = {
@@ -209,3 +215,54 @@ def test_w8a8_is_used_from_256_rows_and_stays_close_to_weight_only() -> None:
         a, b = np.asarray(quant.dense("mk,kn->mn", x, w8a8)), np.asarray(quant.dense("mk,kn->mn", x, w8))
         # Per-token int8 activations: about 0.4% of a row's largest value per element.
         assert np.abs(a - b).max() <= (0.02 if int8_dot else 0.0) * np.abs(b).max(), rows
+
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def _lower_for_gpu(f: Callable[..., Any], *args: Any) -> str:
+    """The StableHLO ``f`` lowers to for a CUDA GPU, from this CPU-only machine: Pallas's Triton backend
+    runs here (its checks: power-of-two loads, supported ops, block shapes); only compiling the Triton
+    IR to GPU code is left for a device."""
+    disabled = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    return export.export(jax.jit(f), platforms=["cuda"], disabled_checks=disabled)(*args).mlir_module()
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_kernels_lower_through_triton_for_every_7b_shape(mode: str) -> None:
+    seen = set()
+    for spec in weight_specs(CONFIGS["7b"]):
+        k, n = as_matrix(spec)
+        if (k, n) in seen:
+            continue
+        seen.add((k, n))
+        group = quant.QuantSpec(mode).group_for(spec)
+        for m in (32, 512):  # the block step's rows, the refresh's
+            t = qmatmul.tiling(m, k, n, mode=mode, group=group)
+            assert t is not None
+            x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+            if mode == "int8":
+                w = (jax.ShapeDtypeStruct((k, n), jnp.int8), jax.ShapeDtypeStruct((1, n), jnp.bfloat16))
+                f = functools.partial(qmatmul.int8_matmul, t=t)
+            else:
+                w = (
+                    jax.ShapeDtypeStruct((k // 2, n), jnp.int8),
+                    jax.ShapeDtypeStruct((k // group, n), jnp.bfloat16),
+                )
+                f = functools.partial(qmatmul.int4_matmul, t=t)
+            text = _lower_for_gpu(f, x, *w)
+            assert text.count(TRITON) == 1, (spec.name, m)
+
+
+def test_a_quantized_model_lowers_with_one_kernel_per_projection_for_gpu() -> None:
+    """The whole forward of a small model with ``kernel="pallas"``, lowered for a GPU: every projection
+    and ``lm_head`` is a Triton kernel call and no weight is dequantized by XLA."""
+    cfg = dataclasses.replace(CONFIGS["bundled"], num_hidden_layers=2)  # each layer lowers alike
+    for mode in ("int8", "int4"):
+        q = quant.QuantSpec(mode, kernel="pallas")
+        abstract = nnx.eval_shape(lambda q=q: DreamModel(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0), quant=q))
+        graphdef, state = nnx.split(abstract)
+        ids = jax.ShapeDtypeStruct((1, 32), jnp.int32)
+        text = _lower_for_gpu(lambda s, x, g=graphdef: nnx.merge(g, s)(x), state, ids)
+        per_layer = 7  # q, k, v, o, gate, up, down
+        assert text.count(TRITON) == per_layer * cfg.num_hidden_layers + 1, mode
