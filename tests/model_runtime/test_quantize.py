@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -243,3 +244,23 @@ def test_w8a8_option_follows_weight_only_int8(tiny_dir: Path, quantized) -> None
     ids = np.random.default_rng(3).integers(0, rt.config.vocab_size - 64, (4, 64))
     w8, w8a8 = _logits(quantized["int8"], ids), _logits(rt, ids)
     assert 0 < np.abs(w8a8 - w8).max() and _kl(w8, w8a8) < 1e-3
+
+
+def test_a_tied_head_reads_the_embedding_float_or_quantized(tiny_dir: Path) -> None:
+    """With ``tie_word_embeddings`` the head is the embedding table (``[V, D]``, contracted on its last
+    dimension, which the kernels do not take): XLA's path, float or with the table quantized."""
+    cfg = dataclasses.replace(
+        DreamConfig.from_dict(json.loads((tiny_dir / "config.json").read_text())), tie_word_embeddings=True
+    )
+    model = DreamModel(cfg, rngs=nnx.Rngs(0))
+    hidden = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, cfg.hidden_size)), jnp.float32)
+    table = np.asarray(model.embed.get_value())
+    np.testing.assert_allclose(
+        np.asarray(model.head(hidden)), np.asarray(hidden) @ table.T, rtol=1e-5, atol=1e-5
+    )
+    q = quant.QuantSpec("int8", embedding=True, kernel="interpret")
+    spec = by_path(cfg)[("embed",)]
+    assert not q.packs(spec)
+    model.embed.set_value(quant.stored(*quant.quantize(table, spec, q, np.dtype(np.float32)), spec, q))
+    want = np.asarray(hidden) @ quant.dequantize(*quant.quantize(table, spec, q, np.dtype(np.float32))).T
+    np.testing.assert_allclose(np.asarray(model.head(hidden)), want, rtol=1e-5, atol=1e-5)
