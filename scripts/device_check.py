@@ -1,6 +1,7 @@
 """The device check: everything this project wants to know about one accelerator, in one command.
 
     python scripts/device_check.py [--out DIR] [--budget 450] [--small] [--modes bf16,int8,int4,w8a8]
+                                   [--hlo-dir DIR]
 
 About 7 minutes on one H100 (``--budget`` seconds, default 450: each part is skipped, and said so, when
 the time left is below its estimate; results are written after every part, so a run stopped from
@@ -18,7 +19,7 @@ quantized there with the loader's rounding (``bench.random_runtime``). Canvas 51
 3. ``parts``: one full forward (batch 1), the fast decoder's refresh and its block step
    (``bench.forward_latency``, ``bench.fast_parts``).
 4. ``fusion``: the HLO verdict on the compiled refresh and block programs (``hlo.fusion_verdict``):
-   is the dequantization fused into the matmuls?
+   is the dequantization fused into the matmuls? (``--hlo-dir``: the texts too.)
 5. ``generation``: tokens/s at batch 1 of every decoder in ``bench.DECODERS`` (the reference decoder
    streams: one step program, the same per-step work as its fused loop, a tenth of its compile time).
 6. ``agreement``: each decoder on 8 fixed prompts (batch 8; each repeated to 256 tokens), quantized
@@ -168,6 +169,7 @@ class Check:
         }
         self.runtimes: dict[str, Any] = {}
         self.float_answers: dict[str, list[list[int]]] = {}  # bf16's answers, per decoder
+        self.hlo_dir: Path | None = None  # where the fusion part writes the HLO it read
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -270,7 +272,9 @@ def fusion(check: Check, mode: str) -> dict[str, Any]:
     params = _fast_case().params(s.new_tokens)
     out = {}
     for kind, text in bench.fast_program_texts(rt, prompts(rt, s, 1), params).items():
-        (check.out / f"hlo_{kind}_{mode}.txt").write_text(text)
+        if check.hlo_dir is not None:
+            check.hlo_dir.mkdir(parents=True, exist_ok=True)
+            (check.hlo_dir / f"{kind}_{mode}.hlo.txt").write_text(text)
         out[kind] = hlo.fusion_verdict(text, bench.quantized_shapes(rt))
     return out
 
@@ -502,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=Path("device_check"), help="where the JSON and table go")
+    parser.add_argument("--hlo-dir", type=Path, default=None, help="write the programs' optimized HLO here")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds (default 450)")
     parser.add_argument("--small", action="store_true", help="a tiny model: check the script on a CPU")
     parser.add_argument("--modes", default=",".join(MODES), help=f"a subset of {','.join(MODES)}")
@@ -514,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     # The persistent cache: a second run (after a failed part, say) loads the programs it compiled.
     compile_cache.enable()
     check = Check(args.out, args.budget, s, modes)
+    check.hlo_dir = args.hlo_dir
     say(f"devices: {jax.devices()}; writing {args.out}/device_check.json and .md")
     # Seconds each part may take on one H100 (compiling dominates: a 28-layer program compiles in about
     # 7 s); a part starts only while its estimate fits in the time left. The small mode ignores them.

@@ -25,7 +25,7 @@ from scripts import bench_7b_shapes, device_check, quant_gpu_check
 
 
 def test_device_check_small_runs_every_part_and_writes_json_and_table(tmp_path: Path) -> None:
-    assert device_check.main(["--small", "--out", str(tmp_path)]) == 0
+    assert device_check.main(["--small", "--out", str(tmp_path), "--hlo-dir", str(tmp_path / "hlo")]) == 0
     result = json.loads((tmp_path / "device_check.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     assert result["settings"]["small"] and result["settings"]["batches"] == [1, 2]
@@ -47,7 +47,7 @@ def test_device_check_small_runs_every_part_and_writes_json_and_table(tmp_path: 
         assert r["build"]["weight_bytes"] < result["modes"]["bf16"]["build"]["weight_bytes"]
         for kind in ("refresh", "block"):
             assert r["fusion"][kind]["verdict"].split(":")[0] in ("FUSED", "NOT FUSED", "INCONCLUSIVE")
-            assert (tmp_path / f"hlo_{kind}_{mode}.txt").stat().st_size > 1000
+            assert (tmp_path / "hlo" / f"{kind}_{mode}.hlo.txt").stat().st_size > 1000
         agree = r["agreement"]["fast"]
         assert 0.0 <= agree["token_agree"] <= 1.0 and agree["of"] == 1
     k = result["kernels"]
