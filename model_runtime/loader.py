@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
@@ -59,6 +60,23 @@ def daemon_batch_buckets() -> tuple[int, ...]:
     """The batch buckets a daemon compiles unless told: (1, 4) on CPU, where a 2-core machine runs few
     requests at once and every bucket is another compile, (1, 4, 16) on accelerators."""
     return (1, 4) if jax.default_backend() == "cpu" else (1, 4, 16)
+
+
+def _placed(
+    target: ParamSpec, array: np.ndarray, dtype: Any, q: quant.QuantSpec | None, mesh: Mesh | None
+) -> quant.Weight:
+    """One checkpoint tensor converted alone (layout change and dtype cast, or quantization) on the host,
+    then put onto its device, or its shards onto theirs."""
+
+    def put(host: np.ndarray) -> jax.Array:
+        if mesh is None:
+            return jax.device_put(host)
+        return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+
+    if q is None or not q.applies(target):
+        return put(np.asarray(target.convert(array), dtype=dtype))
+    host = quant.stored(*quant.quantize(target.convert(array), target, q, np.dtype(dtype)), target, q)
+    return dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
 
 
 def load(
@@ -147,21 +165,7 @@ def load(
         node: Any = pure
         for part in target.path[:-1]:
             node = node[part]
-
-        def put(host: np.ndarray, target: ParamSpec = target) -> jax.Array:
-            if mesh is None:
-                return jax.device_put(host)
-            return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
-
-        # Convert this tensor alone: layout change and dtype cast (or quantization) on the host, then
-        # onto the device(s).
-        if qspec is not None and qspec.applies(target):
-            values, scale = quant.quantize(target.convert(array), target, qspec, np.dtype(jdtype))
-            host = quant.stored(values, scale, target, qspec)
-            node[target.path[-1]] = dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
-            del values, scale, host
-        else:
-            node[target.path[-1]] = put(np.asarray(target.convert(array), dtype=jdtype))
+        node[target.path[-1]] = _placed(target, array, jdtype, qspec, mesh)
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)

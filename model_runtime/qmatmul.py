@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 # A Triton dot needs at least 16 rows and columns; blocks are powers of two (Triton's load rule).
 _MIN_BLOCK = 16
@@ -177,10 +178,8 @@ def _compiler_params(t: Tiling, per_stage: int, interpret: bool) -> Any:
     do not follow). None in interpret mode and on TPU (Mosaic's defaults)."""
     if interpret or jax.default_backend() == "tpu":
         return None
-    from jax.experimental.pallas import triton as plt
-
     stages = max(1, min(4, _PIPELINE_BYTES // per_stage))
-    return plt.CompilerParams(num_warps=8 if t.bm * t.bn >= 128 * 128 else 4, num_stages=stages)
+    return pltriton.CompilerParams(num_warps=8 if t.bm * t.bn >= 128 * 128 else 4, num_stages=stages)
 
 
 def _finish(out: jax.Array, t: Tiling, m: int, dtype: jnp.dtype) -> jax.Array:

@@ -17,10 +17,10 @@ It measures the device's own ceilings (a bf16 matmul and a device-to-device copy
 ``--quantize int8|int4`` quantizes the random weights on the device (``loader.quantize_state``, the
 loader's rounding and layout; the Pallas kernels on one GPU) before timing; the bandwidth floor then
 counts the quantized bytes. ``--layers N`` keeps the 7B widths with fewer layers. ``--check`` runs the
-same code on a 1-layer, 64-wide model (``bench.small_config``, canvas 32 and 64; the reference decoder
-streamed, its programs compiled rather than warmed up by a run): a quick run of the script itself on a
-CPU, whose figures mean nothing (the test suite runs it). ``scripts/device_check.py`` measures all of this
-and more for bf16, int8 and int4 in one run.
+same code on a 1-layer, 64-wide model (``random_weights.small_config``, canvas 32 and 64; the reference
+decoder streamed, its programs compiled rather than warmed up by a run): a quick run of the script
+itself on a CPU, whose figures mean nothing (the test suite runs it). ``scripts/device_check.py``
+measures all of this and more for bf16, int8 and int4 in one run.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 
-from model_runtime import bench, compile_cache, quant  # noqa: E402
+from model_runtime import bench, compile_cache, quant, random_weights  # noqa: E402
 from model_runtime.config import DIFFUCODER_7B, DreamConfig  # noqa: E402
 from model_runtime.sharding import weight_bytes_per_device  # noqa: E402
 
@@ -49,7 +49,7 @@ def say(msg: str) -> None:
 
 
 def config(check: bool, layers: int | None) -> DreamConfig:
-    cfg = bench.small_config() if check else DreamConfig.from_dict(DIFFUCODER_7B)
+    cfg = random_weights.small_config() if check else DreamConfig.from_dict(DIFFUCODER_7B)
     if layers is not None:
         cfg = dataclasses.replace(cfg, num_hidden_layers=layers)
     return cfg
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config(args.check, args.layers)
     qspec = quant.QuantSpec(args.quantize) if args.quantize else None
     t0 = time.perf_counter()
-    rt = bench.random_runtime(cfg, quantize=qspec, length_buckets=lengths)
+    rt = random_weights.random_runtime(cfg, quantize=qspec, length_buckets=lengths)
     jax.block_until_ready(rt.state)
     result["init_seconds"] = time.perf_counter() - t0
     # The embedding is a gather, not read whole: the bytes a forward reads are the rest.

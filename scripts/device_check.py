@@ -8,7 +8,7 @@ the time left is below its estimate; results are written after every part, so a 
 outside keeps what it measured). Writes ``DIR/device_check.json`` and ``DIR/device_check.md`` (default
 DIR: ``device_check/``). No checkpoint is read: random weights in the DiffuCoder-7B shapes (28 layers,
 hidden 3584, MLP 18944, 28 query / 4 KV heads of 128, vocabulary 152064), bf16, drawn on the device and
-quantized there with the loader's rounding (``bench.random_runtime``). Canvas 512 (256-token prompt,
+quantized there with the loader's rounding (``random_weights.random_runtime``). Canvas 512 (256-token prompt,
 256 new tokens), block 32, greedy. In order:
 
 1. ``ceilings``: a bf16 8192^3 matmul (TFLOP/s) and an elementwise pass over 1 GiB (bytes read and
@@ -59,7 +59,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from model_runtime import bench, compile_cache, hlo, quant  # noqa: E402
+from model_runtime import bench, compile_cache, hlo, quant, random_weights  # noqa: E402
 from model_runtime.config import DIFFUCODER_7B, DreamConfig  # noqa: E402
 from model_runtime.sharding import weight_bytes_per_device  # noqa: E402
 from model_runtime.weights import ParamSpec, by_path  # noqa: E402
@@ -134,7 +134,7 @@ class Setup:
 def setup(small: bool) -> Setup:
     if not small:
         return Setup(dict(DIFFUCODER_7B), 256, 256, (1, 8, 32), 3, 128, 8192, 1 << 29, False)
-    return Setup(bench.small_config().to_dict(), 16, 16, (1, 2), 1, 16, 256, 1 << 16, True)
+    return Setup(random_weights.small_config().to_dict(), 16, 16, (1, 2), 1, 16, 256, 1 << 16, True)
 
 
 def qspec(mode: str, s: Setup) -> Any:
@@ -222,7 +222,7 @@ def build(check: Check, mode: str) -> dict[str, Any]:
     stats0 = jax.devices()[0].memory_stats() or {}
     t0 = time.perf_counter()
     tokenizer = next((rt.tokenizer for rt in check.runtimes.values()), None)
-    rt = bench.random_runtime(
+    rt = random_weights.random_runtime(
         cfg,
         dtype=jnp.bfloat16,
         quantize=qspec(mode, s),

@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from model_runtime import bench, compile_cache, hlo, quant  # noqa: E402
+from model_runtime import bench, compile_cache, hlo, quant, random_weights  # noqa: E402
 from model_runtime.config import DIFFUCODER_7B, DreamConfig  # noqa: E402
 from model_runtime.loader import quantize_state  # noqa: E402
 from model_runtime.model import DreamModel  # noqa: E402
@@ -104,7 +104,7 @@ def timings(cfg: DreamConfig, mode: str | None, args: argparse.Namespace) -> dic
     before = bytes_in_use()
     t0 = time.perf_counter()
     q = quant.QuantSpec(mode, kernel=args.kernel) if mode else None
-    rt = bench.random_runtime(cfg, quantize=q, length_buckets=(args.length,))
+    rt = random_weights.random_runtime(cfg, quantize=q, length_buckets=(args.length,))
     jax.block_until_ready(rt.state)
     after = bytes_in_use()
     res: dict[str, Any] = {
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         args.hlo_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"environment": bench.environment(), "args": {k: str(v) for k, v in vars(args).items()}}
     say(f"devices: {jax.devices()}")
-    cfg = bench.small_config() if args.small else DreamConfig.from_dict(DIFFUCODER_7B)
+    cfg = random_weights.small_config() if args.small else DreamConfig.from_dict(DIFFUCODER_7B)
     if args.layers is not None:
         cfg = dataclasses.replace(cfg, num_hidden_layers=args.layers)
     result["hlo"] = hlo_checks(cfg, args.kernel, args.hlo_dir)

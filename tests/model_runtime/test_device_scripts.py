@@ -5,7 +5,8 @@ Nothing else runs these scripts between device runs, so a change to the runtime 
 fast decoder's programs taking new arguments, donating their caches) must break a test here, not the
 next hour on an accelerator. The figures of a tiny model on a CPU mean nothing: the tests check that
 every part ran and wrote what the docs say it writes. The three scripts share one tiny model
-(``bench.small_config``), so with the session's persistent compilation cache most programs compile once.
+(``random_weights.small_config``), so with the session's persistent compilation cache most programs
+compile once.
 
 Also here: the HLO reader (``model_runtime/hlo.py``) that gives the device check its fusion verdicts.
 """
