@@ -172,7 +172,8 @@ class Config:
         256,
         ge=8,
         le=65536,
-        help="open connections at most; past it new ones get 503, so idle sockets cannot lock clients out",
+        help="open connections at most; past it a new one closes the longest idle or unauthenticated one "
+        "(503 only when all serve requests with the token), so idle sockets cannot lock clients out",
     )
     log_level: str = option("info", choices=LOG_LEVELS, help="the daemon's log level")
 

@@ -119,7 +119,7 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
             raise ModelError(f"{index_path.name}: expected a JSON object with a weight_map") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise ModelError(f"{index_path.name}: weight_map must map tensor names to file names")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,6 +21,7 @@ from jax.sharding import Mesh
 
 from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
+    TensorInfo,
     check_names,
     list_tensors,
     read_tensors,
@@ -62,23 +64,6 @@ def daemon_batch_buckets() -> tuple[int, ...]:
     return (1, 4) if jax.default_backend() == "cpu" else (1, 4, 16)
 
 
-def _placed(
-    target: ParamSpec, array: np.ndarray, dtype: Any, q: quant.QuantSpec | None, mesh: Mesh | None
-) -> quant.Weight:
-    """One checkpoint tensor converted alone (layout change and dtype cast, or quantization) on the host,
-    then put onto its device, or its shards onto theirs."""
-
-    def put(host: np.ndarray) -> jax.Array:
-        if mesh is None:
-            return jax.device_put(host)
-        return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
-
-    if q is None or not q.applies(target):
-        return put(np.asarray(target.convert(array), dtype=dtype))
-    host = quant.stored(*quant.quantize(target.convert(array), target, q, np.dtype(dtype)), target, q)
-    return dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
-
-
 def load(
     model: str | os.PathLike | None = None,
     *,
@@ -108,32 +93,9 @@ def load(
     if batch_buckets is None:
         batch_buckets = daemon_batch_buckets()
     compile_cache.enable(cache_dir)
-    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
-    if (
-        qspec is not None
-        and qspec.mode == "int4"
-        and mesh is not None
-        and mesh.devices.flat[0].platform == "cpu"
-    ):
-        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
-        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
-        raise InputError(
-            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
-            "use --quantize int8, or one device (tp=1, dp=1)"
-        )
-    if model is None:
-        # No model configured: the small demo model trained by `diffu train` that ships in the package.
-        from model_runtime.bundled import bundled_model_dir
-
-        model = bundled_model_dir()
-        if not (model / "config.json").is_file():
-            raise ModelError(
-                "no model given and the bundled demo model is missing from this installation: "
-                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
-            )
+    mesh = _mesh(tp, dp, qspec)
     report = progress or (lambda stage, frac: None)
-    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
-    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
+    model_dir = _model_dir(model, report)
     report("reading config", 0.0)
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(
@@ -152,6 +114,91 @@ def load(
         for spec in targets.values():
             if qspec.applies(spec):
                 qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    graphdef, state = _place_weights(tensors, targets, cfg, jdtype, qspec, mesh, report)
+    report("ready", 1.0)
+    return Runtime(
+        cfg,
+        tokenizer,
+        graphdef,
+        state,
+        model_name=str(model if model is not None else model_dir),
+        model_dir=model_dir,
+        dtype=jdtype,
+        max_context=max_context,
+        length_buckets=length_buckets,
+        batch_buckets=batch_buckets,
+        mesh=mesh,
+        default_decoder=generation_config.recommended_decoder(model_dir),
+        quantize=qspec,
+        chat_defaults=generation_config.chat_defaults(model_dir),
+        max_programs=max_programs,
+    )
+
+
+def _mesh(tp: int, dp: int | None, qspec: quant.QuantSpec | None) -> Mesh | None:
+    """The tp x dp device mesh, or None for one device; refuses what the mesh cannot run."""
+    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
+    if (
+        qspec is not None
+        and qspec.mode == "int4"
+        and mesh is not None
+        and mesh.devices.flat[0].platform == "cpu"
+    ):
+        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
+        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
+        raise InputError(
+            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
+            "use --quantize int8, or one device (tp=1, dp=1)"
+        )
+    return mesh
+
+
+def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
+    """The checkpoint directory of ``model`` (downloaded if a hub id), or of the bundled demo model."""
+    if model is None:
+        # No model configured: the small demo model trained by `diffu train` that ships in the package.
+        from model_runtime.bundled import bundled_model_dir
+
+        model = bundled_model_dir()
+        if not (model / "config.json").is_file():
+            raise ModelError(
+                "no model given and the bundled demo model is missing from this installation: "
+                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
+            )
+    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
+    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
+    return model_dir
+
+
+def _placed(
+    target: ParamSpec, array: np.ndarray, dtype: Any, q: quant.QuantSpec | None, mesh: Mesh | None
+) -> quant.Weight:
+    """One checkpoint tensor converted alone (layout change and dtype cast, or quantization) on the host,
+    then put onto its device, or its shards onto theirs."""
+
+    def put(host: np.ndarray) -> jax.Array:
+        if mesh is None:
+            return jax.device_put(host)
+        return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+
+    if q is None or not q.applies(target):
+        return put(np.asarray(target.convert(array), dtype=dtype))
+    host = quant.stored(*quant.quantize(target.convert(array), target, q, np.dtype(dtype)), target, q)
+    return dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
+
+
+def _place_weights(
+    tensors: dict[str, TensorInfo],
+    targets: dict[str, ParamSpec],
+    cfg: DreamConfig,
+    jdtype: jnp.dtype,
+    qspec: quant.QuantSpec | None,
+    mesh: Mesh | None,
+    report: Progress,
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's (graphdef, state) with every checkpoint tensor (``targets``: its parameter, by tensor
+    name) converted (or quantized) on the host and placed on the device, or its shards on the mesh, one
+    tensor at a time."""
     # Abstract shapes first (nothing allocated), then each tensor goes straight into its shards.
     abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0), quant=qspec))
     graphdef, state = nnx.split(abstract)
@@ -169,24 +216,7 @@ def load(
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
-    report("ready", 1.0)
-    return Runtime(
-        cfg,
-        tokenizer,
-        graphdef,
-        state,
-        model_name=str(model),
-        model_dir=model_dir,
-        dtype=jdtype,
-        max_context=max_context,
-        length_buckets=length_buckets,
-        batch_buckets=batch_buckets,
-        mesh=mesh,
-        default_decoder=generation_config.recommended_decoder(model_dir),
-        quantize=qspec,
-        chat_defaults=generation_config.chat_defaults(model_dir),
-        max_programs=max_programs,
-    )
+    return graphdef, state
 
 
 def quantize_state(

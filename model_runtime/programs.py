@@ -11,11 +11,17 @@ The cache is bounded. Request values never reach a key directly: what would chan
 block lengths; ``params.py`` refuses other values), so the keys a daemon can see are a finite set. As
 the last line of defence the cache keeps at most ``max_programs`` programs and evicts the least recently
 used one; evicting also clears JAX's own tracing and compilation caches, which would otherwise keep the
-evicted program's executable alive. ``info()`` reports the bound, what is held and the memory ceiling it
-implies (the daemon's ``/v1/diffu/status``): a program's cost is measured as the growth of the process's
-resident memory while it was built (XLA reports no host code size on CPU; the first build, which also
-starts the compiler, is left out), and the ceiling is what the process holds now plus the largest such
-cost for every free place: an upper bound, as the growth includes the compiler's scratch memory.
+evicted program's executable alive.
+
+The cache is bounded in bytes too, since a count alone bounds nothing a machine can hold (64 programs of
+a 7B model's size were a 28 GB ceiling on a 24 GB machine): a program's cost is measured as the growth of
+the process's resident memory while it was built (XLA reports no host code size on CPU; the first build,
+which also starts the compiler, is left out, and the growth includes the compiler's scratch memory, so it
+errs high), and the programs held together cost at most ``max_bytes``, by default half the memory the
+machine had available when the cache was made (``MemAvailable``); past it the least recently used go
+(never the two newest: the fast decoder runs a pair). ``info()`` reports the bounds, what is held and the
+memory ceiling they imply (the daemon's ``/v1/diffu/status``): what the process holds now plus the room
+the bounds leave for more programs, which the machine's memory bounds in turn.
 """
 
 from __future__ import annotations
@@ -63,14 +69,17 @@ class ProgramCache:
         dtype: str,
         mesh: Mesh | None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
+        max_bytes: int | None = None,
     ) -> None:
         if max_programs < 2:
             # The fast decoder needs its refresh and block programs at once.
             raise ValueError(f"max_programs: must be >= 2, got {max_programs}")
         self.max_programs = max_programs
+        self.max_bytes = max_bytes if max_bytes is not None else default_max_bytes()
         self.compiled = 0  # programs built since start (fresh or from the persistent cache)
         self.evicted = 0
         self.largest_bytes = 0  # the most resident memory one build added (the first one left out)
+        self._costs: dict[tuple[Any, ...], int] = {}  # each held program's build cost, in bytes
         # The scheduler thread compiles; status requests read from the event loop's thread.
         self._lock = threading.Lock()
         self.cfg = cfg
@@ -117,21 +126,44 @@ class ProgramCache:
         return self._programs.items()
 
     def info(self) -> dict[str, int | None]:
-        """The bound and what is held: programs kept (``held``) and at most kept, programs built since start
-        and evicted, the largest resident memory one build added, and the process's resident memory now and
-        at most with the cache full (None where the platform does not say)."""
+        """The bounds and what is held: programs kept (``held``) and at most kept, programs built since
+        start and evicted, the largest resident memory one build added, the bytes the held programs cost
+        and may cost at most, and the process's resident memory now and at most (None where the platform
+        does not say)."""
         resident = resident_bytes()
         with self._lock:
             free = self.max_programs - len(self._programs)
+            held = sum(self._costs.values())
+            room = free * self.largest_bytes  # the count's bound, in the largest program's bytes
+            if self.max_bytes is not None:
+                room = min(room, max(0, self.max_bytes - held))
             return {
                 "held": len(self._programs),
                 "max_programs": self.max_programs,
                 "compiled": self.compiled,
                 "evicted": self.evicted,
                 "largest_program_bytes": self.largest_bytes,
+                "held_program_bytes": held,
+                "max_program_bytes": self.max_bytes,
                 "resident_bytes": resident,
-                "memory_ceiling_bytes": None if resident is None else resident + free * self.largest_bytes,
+                "memory_ceiling_bytes": None if resident is None else resident + room,
             }
+
+    def _keep(self, key: tuple[Any, ...], program: Program, cost: int) -> int:
+        """Hold ``program`` as the most recently used; evict the least recently used past either bound
+        (never the two newest). Returns how many were evicted. Called with the lock held."""
+        self._programs[key] = program
+        self._programs.move_to_end(key)
+        self._costs[key] = cost
+        evicted = 0
+        while len(self._programs) > 2 and (
+            len(self._programs) > self.max_programs
+            or (self.max_bytes is not None and sum(self._costs.values()) > self.max_bytes)
+        ):
+            old, _ = self._programs.popitem(last=False)
+            del self._costs[old]
+            evicted += 1
+        return evicted
 
     def _get(self, key: tuple[Any, ...]) -> Program | None:
         """The program under ``key``, marked as the most recently used one."""
@@ -264,14 +296,11 @@ class ProgramCache:
         program: Program = compiled if self.mesh is None else Placed(compiled)
         rss1 = resident_bytes()
         with self._lock:
-            evict = max(0, len(self._programs) + 1 - self.max_programs)
-            for _ in range(evict):
-                self._programs.popitem(last=False)
-            self._programs[key] = program
             # The process's first build also starts the compiler (about 800 MB of RSS on CPU, once), which
             # no later program costs again: only later builds measure a program.
-            if self.compiled and rss0 is not None and rss1 is not None:
-                self.largest_bytes = max(self.largest_bytes, rss1 - rss0)
+            cost = max(0, rss1 - rss0) if self.compiled and rss0 is not None and rss1 is not None else 0
+            self.largest_bytes = max(self.largest_bytes, cost)
+            evict = self._keep(key, program, cost)
             self.compiled += 1
             self.evicted += evict
         if evict:
@@ -281,6 +310,16 @@ class ProgramCache:
             jax.clear_caches()
         hits = hits1 - hits0
         return Built(program, seconds, (requests1 - requests0) - hits, hits)
+
+
+def default_max_bytes() -> int | None:
+    """Half the memory the machine has available now (Linux ``MemAvailable``); None elsewhere."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return kib * 1024 // 2
 
 
 def resident_bytes() -> int | None:

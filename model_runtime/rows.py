@@ -24,18 +24,34 @@ class CanvasBuilder:
     tokenizer: TokenizerProtocol
     max_context: int
 
+    def encode_prompt(self, text: str, *, holes: bool = False) -> list[int]:
+        """A raw prompt's ids. Its text stays text: a file being edited that holds ``<|endoftext|>`` or
+        ``<|im_end|>`` cannot inject them. With ``holes`` (a request to fill the prompt's holes, and a
+        runtime whose tokenizer has the mask token) each ``<|mask|>`` in it is the mask token; token ids
+        sent as the prompt are the way to ask for any other control token."""
+        tok = self.tokenizer
+        if not holes:
+            return tok.encode_text(text)
+        ids: list[int] = []
+        for i, piece in enumerate(text.split(tok.decode([tok.mask_id]))):
+            ids += ([tok.mask_id] if i else []) + tok.encode_text(piece)
+        return ids
+
     def make_row(self, prompt_ids: Sequence[int], max_new_tokens: int, *, chat: bool) -> CanvasRow:
         """``prompt + <|mask|> * max_new_tokens``: plain generation (chat or raw)."""
         ids = tuple(int(i) for i in prompt_ids) + (self.tokenizer.mask_id,) * max_new_tokens
         return CanvasRow(ids, (len(prompt_ids), len(ids)), chat)
 
     def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow:
-        """``prefix + <|mask|> * canvas_tokens + suffix``: the model fills the middle."""
+        """``prefix + <|mask|> * canvas_tokens + suffix``: the model fills the middle. Prefix and suffix
+        are text (control-token strings in them stay text)."""
+        tok = self.tokenizer
+        return self._infill_row(tok.encode_text(prefix), tok.encode_text(suffix), canvas_tokens)
+
+    def _infill_row(self, pre: Sequence[int], suf: Sequence[int], canvas_tokens: int) -> CanvasRow:
         if canvas_tokens < 1:
             raise InputError(f"canvas_tokens: must be >= 1, got {canvas_tokens}", field="canvas_tokens")
-        tok = self.tokenizer
-        pre, suf = tok.encode(prefix), tok.encode(suffix)
-        ids = tuple(pre) + (tok.mask_id,) * canvas_tokens + tuple(suf)
+        ids = tuple(pre) + (self.tokenizer.mask_id,) * canvas_tokens + tuple(suf)
         return CanvasRow(ids, (len(pre), len(pre) + canvas_tokens), chat=False)
 
     def make_repo_infill_row(
@@ -44,27 +60,28 @@ class CanvasBuilder:
         """An infill row with other files (``(name, text)``, oldest first) in front, as many as fit.
 
         Returns the row and whether files were dropped. When they do not all fit the context the newest
-        are kept: llama.vim appends to its ring buffer, so the last chunk is the latest.
+        are kept: llama.vim appends to its ring buffer, so the last chunk is the latest. The separators
+        are the layout's own token; names and texts are text. Each chunk starts with a separator token,
+        which no merge crosses, so the chunks' ids add up to the row's exactly.
         """
-        row = self.make_infill_row(prefix, suffix, canvas_tokens)
-        if not files:
-            return row, False
         tok = self.tokenizer
-        chunks = [f"{FILE_SEP}{name}\n{text}" for name, text in files]
-        budget = self.max_context - len(row.ids) - len(tok.encode(f"{FILE_SEP}\n"))
-        kept: list[str] = []
-        for chunk in reversed(chunks):  # each chunk is tokenized once, newest first
-            budget -= len(tok.encode(chunk))
-            if budget < 0:
+        suf = tok.encode_text(suffix)
+        if not files:
+            return self._infill_row(tok.encode_text(prefix), suf, canvas_tokens), False
+        sep = tok.encode(FILE_SEP)
+        tail = sep + tok.encode_text(f"\n{prefix}")
+        budget = self.max_context - len(tail) - canvas_tokens - len(suf)
+        kept: list[list[int]] = []
+        for name, text in reversed(files):  # each chunk is tokenized once, newest first
+            chunk = sep + tok.encode_text(f"{name}\n{text}")
+            if len(chunk) > budget:
                 break
+            budget -= len(chunk)
             kept.insert(0, chunk)
-        while kept:
-            # Tokens can merge across chunk borders, so check the real row and drop more if needed.
-            with_files = self.make_infill_row("".join(kept) + f"{FILE_SEP}\n" + prefix, suffix, canvas_tokens)
-            if len(with_files.ids) <= self.max_context:
-                return with_files, len(kept) < len(chunks)
-            kept.pop(0)
-        return row, True
+        if not kept:
+            return self._infill_row(tok.encode_text(prefix), suf, canvas_tokens), True
+        pre = [i for chunk in kept for i in chunk] + tail
+        return self._infill_row(pre, suf, canvas_tokens), len(kept) < len(files)
 
     def make_holes_row(self, prompt_ids: Sequence[int]) -> tuple[CanvasRow, int]:
         """A row whose region spans the prompt's ``<|mask|>`` holes, first to last, with no canvas after.

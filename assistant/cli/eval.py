@@ -444,9 +444,12 @@ def _print_table(name: str, reports: list, labels: list[str]) -> None:
     console.print(table)
     iso = first.get("isolation") or {}
     if iso:
-        granted = [k for k in ("user_ns", "net_ns", "pid_ns") if iso.get(k)]
+        granted = [k for k in ("user_ns", "net_ns", "pid_ns", "mount_ns") if iso.get(k)]
+        budgets = [k[len("cgroup_") :] for k in ("cgroup_memory", "cgroup_pids", "cgroup_kill") if iso.get(k)]
         console.print(
-            f"sandbox: namespaces {', '.join(granted) or 'none'}; "
-            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}"
+            f"sandbox: uid {iso.get('uid', '?')}; namespaces {', '.join(granted) or 'none'}; "
+            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}; "
+            f"work dir {iso.get('work_dir', '?')}; "
+            f"cgroup {', '.join(budgets) or 'none (per-process limits only)'}"
         )
     print(file=sys.stderr, end="")

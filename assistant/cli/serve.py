@@ -172,37 +172,59 @@ def setup_logging(log_file: Path, level: int, *, to_stderr: bool) -> None:
     access.addFilter(_redact_secrets)
 
 
-def _deadline_protocol(seconds: float) -> type:
-    """uvicorn's h11 protocol with a deadline for receiving each whole request.
+def _guarded_protocol(seconds: float, max_connections: int, api_key: str | None) -> type:
+    """uvicorn's h11 protocol with a deadline for receiving each whole request, and connection slots.
 
     uvicorn closes idle keep-alive connections, but a connection that sends half a request head or
     body and then nothing stays open forever; enough of them exhaust the open-file limit and lock every
     client out. Here each request (from the connection's start, or from the previous response's end)
     must arrive whole within ``seconds``; the deadline is lifted once it has, so long streamed answers
-    are not cut.
+    are not cut. At most ``max_connections`` are open (``security.ConnectionSlots``): past it, a new
+    connection closes the one that has waited longest without serving a request with the token.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class DeadlineH11Protocol(H11Protocol):
+    from assistant.server.security import ConnectionSlots
+
+    slots = ConnectionSlots(max_connections, api_key)
+
+    class GuardedH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport):
             super().connection_made(transport)
+            admitted, victim = slots.admit(self)
+            if victim is not None:
+                log.info("%d connections open: closed the longest idle one", max_connections)
+                victim.transport.close()
+            if not admitted:
+                # Every open connection serves a request with the token: this one's requests get 503.
+                self.limit_concurrency = 0
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            scope = self.scope
             super().data_received(data)
+            self._note_request(scope)
             if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
                 self._disarm()
 
         def on_response_complete(self) -> None:
+            scope = self.scope
+            slots.idle(self)
             super().on_response_complete()
+            self._note_request(scope)  # a pipelined request waiting in the buffer starts here
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            slots.closed(self)
             self._disarm()
             super().connection_lost(exc)
+
+        def _note_request(self, previous: object) -> None:
+            if self.scope is not None and self.scope is not previous:
+                slots.request(self, dict(self.scope["headers"]))
 
         def _arm(self) -> None:
             self._disarm()
@@ -219,7 +241,7 @@ def _deadline_protocol(seconds: float) -> type:
                 log.info("closed a connection that did not send a whole request in %.0fs", seconds)
                 self.transport.close()
 
-    return DeadlineH11Protocol
+    return GuardedH11Protocol
 
 
 class _PrivateLogFile(logging.handlers.RotatingFileHandler):
@@ -422,8 +444,7 @@ def _serve(
         ws="none",
         # uvicorn waits this many seconds (a float works though its annotation says int).
         timeout_graceful_shutdown=max(config.shutdown_grace, 0.1),  # type: ignore[arg-type]
-        http=_deadline_protocol(config.read_timeout),
-        limit_concurrency=config.max_connections,
+        http=_guarded_protocol(config.read_timeout, config.max_connections, api_key),
     )
     server = uvicorn.Server(uv_config)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

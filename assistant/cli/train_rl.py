@@ -108,7 +108,7 @@ def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]
     """(model_runtime Reward objects, things to close afterwards)."""
     from assistant.errors import UsageError
     from assistant.evals import rewards
-    from model_runtime.train.rl.trainer import Reward
+    from model_runtime.train.rl.config import Reward
 
     built, closers = [], []
     for name, weight in specs:
@@ -142,9 +142,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from model_runtime.errors import DiffuError
+    from model_runtime.train.rl.config import RLConfig, RLOptions
     from model_runtime.train.rl.run import train_rl
     from model_runtime.train.rl.tasks import read_tasks
-    from model_runtime.train.rl.trainer import RLConfig, RLOptions
 
     console = Console(stderr=True)
     log = lambda msg: console.print(msg, highlight=False, markup=False)  # noqa: E731

@@ -71,7 +71,10 @@ class LocalGenerator:
     def _row(self, job: Job) -> Any:
         if job.suffix is not None:
             return self.rt.make_infill_row(job.prompt, job.suffix, job.tokens)
-        return self.rt.make_row(self.rt.tokenizer.encode(job.prompt), job.tokens, chat=job.chat)
+        # A chat job's prompt is the template already (its markup is control tokens); a raw one is text,
+        # encoded as the daemon's raw route encodes it.
+        ids = self.rt.tokenizer.encode(job.prompt) if job.chat else self.rt.encode_prompt(job.prompt)
+        return self.rt.make_row(ids, job.tokens, chat=job.chat)
 
     def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
         import dataclasses

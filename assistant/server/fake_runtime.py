@@ -81,6 +81,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) + FIRST_CHAR_ID for c in text]
 
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text)  # characters only: no string becomes a control token here
+
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i - FIRST_CHAR_ID) if i >= FIRST_CHAR_ID else _SPECIAL.get(i, "") for i in ids)
 

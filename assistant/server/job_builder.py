@@ -149,7 +149,7 @@ def _prompt_row(
             )
         prompt_ids = list(spec.prompt_ids)
     else:
-        prompt_ids = rt.tokenizer.encode(spec.prompt or "")
+        prompt_ids = rt.encode_prompt(spec.prompt or "", holes=not spec.canvas_tokens and rt.supports_holes)
     if not prompt_ids:
         raise RequestError("prompt: must not be empty", param="prompt")
     if spec.canvas_tokens:

@@ -1,4 +1,5 @@
-"""The daemon's front door: API token, Host allowlist (DNS rebinding), CORS, request body limit.
+"""The daemon's front door: API token, Host allowlist (DNS rebinding), CORS, request body limit, and
+the connection slots that idle sockets cannot exhaust for clients with the token.
 
 One pure-ASGI middleware applies, in order: the Host check on loopback binds (403), the Origin check and
 CORS preflight (403 for foreign browser origins), the Bearer token on every route but ``/health`` (401),
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant import paths
+from assistant.errors import UsageError
 
 log = logging.getLogger("diffu.security")
 
@@ -70,6 +72,12 @@ def read_token(path: Path | None = None) -> str | None:
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory there, a file we may not read, binary junk
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(
+            f"cannot read the API token {path} ({reason}); remove it to have a new one made, or set "
+            "--api-key / DIFFU_API_KEY"
+        ) from None
     if mode & 0o077:
         log.warning("token file %s was readable by others; setting its mode to 0600", path)
         os.chmod(path, 0o600)
@@ -116,6 +124,61 @@ def bearer_token(headers: dict[bytes, bytes]) -> str | None:
     value = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def token_valid(headers: dict[bytes, bytes], api_key: str | None) -> bool:
+    """Whether a request's headers carry the API token (any request does, with authentication off)."""
+    if api_key is None:
+        return True
+    token = bearer_token(headers)
+    return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
+
+
+# -- connection slots ---------------------------------------------------------------------------------
+class ConnectionSlots:
+    """At most ``limit`` open connections, which idle or unauthenticated sockets cannot take from clients.
+
+    A plain cap (uvicorn's ``limit_concurrency``) answers 503 to everyone once ``limit`` sockets are open,
+    so a local process holding that many idle or half-sent ones locks every client out, token or not.
+    Here a connection past the limit closes the one that has waited longest without serving a request
+    that carries the token (an idle socket, a half-sent head, a keep-alive connection between requests,
+    an unauthenticated health stream); only when every open connection is serving an authenticated
+    request is the new one refused (503). Connections are kept in order of their last activity.
+    """
+
+    def __init__(self, limit: int, api_key: str | None) -> None:
+        self.limit = limit
+        self.api_key = api_key
+        self._open: dict[object, bool] = {}  # connection -> serving an authenticated request
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, conn: object) -> tuple[bool, object | None]:
+        """Register a new connection: (admitted, the connection to close to make room, if any)."""
+        self._open[conn] = False
+        if len(self._open) <= self.limit:
+            return True, None
+        victim = next((c for c, busy in self._open.items() if not busy and c is not conn), None)
+        if victim is None:
+            return False, None
+        del self._open[victim]
+        return True, victim
+
+    def request(self, conn: object, headers: dict[bytes, bytes]) -> None:
+        """A request head arrived on ``conn``: it is protected while it serves it, if it carries the token."""
+        if conn in self._open:
+            del self._open[conn]
+            self._open[conn] = token_valid(headers, self.api_key)
+
+    def idle(self, conn: object) -> None:
+        """``conn`` finished a response and waits for the next request."""
+        if conn in self._open:
+            del self._open[conn]
+            self._open[conn] = False
+
+    def closed(self, conn: object) -> None:
+        self._open.pop(conn, None)
 
 
 # -- the middleware -----------------------------------------------------------------------------------
@@ -211,8 +274,7 @@ class GuardMiddleware:
         if cors:
             send = _with_headers(send, cors)
         if self.api_key is not None and scope["path"] not in PUBLIC_PATHS:
-            token = bearer_token(headers)
-            if token is None or not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            if not token_valid(headers, self.api_key):
                 message = (
                     "missing or invalid API key: send 'Authorization: Bearer <token>' (the token is "
                     f"in {paths.token_file()}, or set with --api-key / DIFFU_API_KEY)"

@@ -47,6 +47,37 @@ def test_canonical_solutions_pass_and_empty_completions_fail(problems, tmp_path,
     assert all(r["error"] for r in out["results"])
 
 
+# Completions of HumanEval/0 that end the program with exit code 0 without its tests running to their
+# end; each passed before the harness's completion marker (#31).
+FORGERIES = {
+    "SystemExit in the function": "    raise SystemExit(0)\n",
+    "os._exit in the function": "    import os\n    os._exit(0)\n",
+    "sys.exit before the tests": "    return False\n\nimport sys\nsys.exit()\n",
+    "sabotaged error report": (
+        "    return False\n\nimport os, traceback\ntraceback.print_exc = lambda *a, **k: os._exit(0)\n"
+    ),
+}
+# Nests directories deeper than Python's recursion limit (the old cleanup raised RecursionError out of
+# the evaluation), then returns None: its tests fail.
+DEEP = "    import os\n    for _ in range(1100):\n        os.mkdir('d')\n        os.chdir('d')\n"
+
+
+def test_forged_passes_and_a_deep_directory_fail_and_the_evaluation_reports(problems, tmp_path, capsys):
+    canonical = problems[0].canonical_solution
+    completions = [*FORGERIES.values(), DEEP, canonical]
+    rows = [{"task_id": "HumanEval/0", "completion": c} for c in completions]
+    assert main(["eval", "humaneval", "--samples", _samples(tmp_path, "forged.jsonl", rows), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {r["completion"]: (r["passed"], r["status"]) for r in out["results"]}
+    assert got[canonical] == (True, "passed")
+    for name, completion in FORGERIES.items():
+        assert got[completion][0] is False, name
+    assert got[FORGERIES["SystemExit in the function"]][1] == "error"
+    assert got[FORGERIES["os._exit in the function"]][1] == "exit"
+    assert got[DEEP] == (False, "failed")
+    assert out["summary"]["passed_samples"] == 1
+
+
 def test_infilling_tasks_match_the_published_counts(problems):
     single = he.infill_tasks(problems, "single-line")
     multi = he.infill_tasks(problems, "multi-line")

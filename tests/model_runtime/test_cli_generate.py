@@ -231,6 +231,16 @@ def make_escaping_weight_map(d):
     edit_index(d, lambda m: m.__setitem__(next(iter(m)), "../outside.safetensors"))
 
 
+def make_deep_config(d):
+    (d / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+
+
+def make_huge_added_token_id(d):
+    added = json.loads((d / "added_tokens.json").read_text())
+    added[next(iter(added))] = 10**13
+    (d / "added_tokens.json").write_text(json.dumps(added))
+
+
 def make_pickle_only_without_config(d):
     make_pickle_only(d)
     (d / "config.json").unlink()
@@ -250,6 +260,8 @@ def make_pickle_only_without_config(d):
         (make_pickle_only, "unpickling runs arbitrary code"),
         (make_bad_config, "num_key_value_heads: must be an integer"),
         (make_missing_config_key, "rope_theta: missing"),
+        (make_deep_config, "config.json is nested too deep to be a model config"),
+        (make_huge_added_token_id, "added_tokens.json: '<|endoftext|>': a token id must be an integer"),
     ],
 )
 def test_broken_checkpoints_give_one_clear_error(tiny_dir, tmp_path, capsys, breaker, expected):

@@ -43,6 +43,44 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
         ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
 
 
+def _machine_bytes() -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) * 1024
+
+
+def test_the_ceiling_is_bounded_by_the_machine_not_by_a_count(runtime) -> None:
+    """A count alone bounds nothing: a billion places for programs of a 7B model's size (about 400 MB
+    each) used to report a ceiling of 400 PB. The byte budget bounds it by the machine's memory."""
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=10**9
+    )
+    cache.largest_bytes = 400 << 20
+    info = cache.info()
+    assert info["memory_ceiling_bytes"] is not None and info["resident_bytes"] is not None
+    assert info["memory_ceiling_bytes"] <= _machine_bytes()
+    assert 0 < info["max_program_bytes"] <= _machine_bytes() // 2  # half of what was available
+
+
+def test_the_cache_evicts_by_bytes_and_keeps_the_newest_pair(runtime, monkeypatch) -> None:
+    """Programs and costs made up (no compile): past ``max_bytes`` the least recently used go, never the
+    two newest; the ceiling is resident memory plus the room the bounds leave."""
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=64, max_bytes=1000
+    )
+    with cache._lock:
+        evicted = [cache._keep(("k", i), object(), cost) for i, cost in enumerate([400, 400, 400, 100])]
+    assert evicted == [0, 0, 1, 0] and [k for k, _ in cache.items()] == [("k", 1), ("k", 2), ("k", 3)]
+    cache.largest_bytes = 400
+    monkeypatch.setattr("model_runtime.programs.resident_bytes", lambda: 5000)
+    info = cache.info()
+    assert (info["held"], info["held_program_bytes"], info["max_program_bytes"]) == (3, 900, 1000)
+    assert info["memory_ceiling_bytes"] == 5000 + 100  # the byte budget's room, not 61 x 400
+    with cache._lock:
+        cache._keep(("big",), object(), 5000)  # alone beyond the budget: kept, with the one before it
+    assert [k for k, _ in cache.items()] == [("k", 3), ("big",)]
+    assert cache.info()["memory_ceiling_bytes"] == 5000  # no room left
+
+
 @pytest.mark.parametrize("decoder", ["reference", "fast"])
 def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: str) -> None:
     """Alone it runs in the (1, 32) bucket; batched, second of three in (4, 64), left-padded by a longer

@@ -12,9 +12,10 @@ import pytest
 
 from assistant.cli.main import main
 from model_runtime.train.rl import synthetic
+from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import write_tasks
-from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.rl.trainer import RLTrainer
 from tests.assistant.helpers import virtual_devices_env
 
 
@@ -106,7 +107,7 @@ def test_a_stopped_or_killed_run_resumes_with_the_same_rollouts_and_losses(tiny_
         t.run()
     t.close()
     t = _trainer(tmp_path / "soft", tiny_dir, tasks_file, rewards, _recording(got))
-    assert t.restore_latest() and t.step == 3 and int(t.buffer["rollout"]) == 1
+    assert t.restore_latest() and t.step == 3 and t.buffer is not None and t.buffer.rollout == 1
     t.run()
     assert got == ref
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(final, jax.tree.leaves(t.state), strict=True))
