@@ -29,7 +29,7 @@ from lsprotocol import types
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
-from assistant.wire import prompt_budget
+from assistant.wire import ENDED, HEALTH_OK, ErrorCode, Stage, prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 5.0  # after a failure, requests fail fast for this long; then the next one tries again
 FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the daemon's error code (OpenAI's) for an overflow
 # The link's states, as the status item shows them.
 CONNECTING, READY, UNAVAILABLE = "connecting", "ready", "unavailable"
 
@@ -117,8 +116,8 @@ class Progress:
         while True:
             self._changed.clear()
             stage, fraction, detail = self.latest
-            if stage in ("ok", "failed", "stopping"):
-                message = "model ready" if stage == "ok" else stage_message(stage, detail)
+            if stage == HEALTH_OK or stage in ENDED:
+                message = "model ready" if stage == HEALTH_OK else stage_message(stage, detail)
                 progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
             progress.report(
@@ -132,7 +131,7 @@ class Progress:
 
 # Getting the daemon ready: its weights load, then it compiles the chat's first programs (the rest of its
 # warm-up, the editor's shapes among it, compiles in the background once it is ready).
-_SHARES = {"loading": (0.0, 80.0), "compiling": (80.0, 100.0)}
+_SHARES: dict[str, tuple[float, float]] = {Stage.LOADING: (0.0, 80.0), Stage.COMPILING: (80.0, 100.0)}
 
 
 def _percent(stage: str, fraction: float) -> int:
@@ -399,7 +398,7 @@ class DaemonLink:
 
 def is_overflow(exc: APIError) -> bool:
     """Whether the daemon refused a prompt that, with its canvas, exceeds the model's context."""
-    return exc.code == CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
+    return exc.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
 
 
 def overflow_facts(exc: APIError) -> tuple[int | None, int | None]:

@@ -1,4 +1,5 @@
-"""What ``--model`` names, told without reading it: a local checkpoint directory or a Hugging Face hub id.
+"""What ``--model`` names, told without reading it: a local checkpoint directory, a Hugging Face hub id, or
+the daemon's fake test backend.
 
 No JAX and no numpy: the clients check a model before they start a daemon for it, so a mistyped local
 path is one line at once instead of a daemon that fails to load.
@@ -25,6 +26,12 @@ def local_problem(model: str | os.PathLike) -> str:
     if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
         return f"model directory {text} does not exist"
     return ""
+
+
+def is_fake_spec(model: str | None) -> bool:
+    """Whether ``model`` names the daemon's JAX-free test backend (``fake`` or ``fake:options``), not a
+    checkpoint."""
+    return model is not None and (model == "fake" or model.startswith("fake:"))
 
 
 def one_line(text: str) -> str:

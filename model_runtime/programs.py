@@ -59,6 +59,21 @@ class Built(NamedTuple):
     hits: int
 
 
+class ReferenceProgram(NamedTuple):
+    """What makes a reference-decoder program (the arguments of :meth:`ProgramCache.reference`):
+    ``kind`` "step" (one denoising step) or "all" (the whole loop, its schedule padded to ``n_ratios``
+    entries), the (batch, length) bucket, the sampler's static switches, the hooks, and the logits
+    ``window`` (0: the whole canvas)."""
+
+    kind: str
+    shape: tuple[int, int]
+    spec: SamplerSpec
+    logits_hook: Hook | None = None
+    tokens_hook: Hook | None = None
+    n_ratios: int = 0
+    window: int = 0
+
+
 class ProgramCache:
     """Compiled programs of one model's parameters (``graphdef``/``state``) on one device or mesh."""
 

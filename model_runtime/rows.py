@@ -1,28 +1,101 @@
-"""Building canvas rows from prompts: plain generation, infill, infill with other files, prompt holes.
+"""Canvas rows and how they are built from prompts: plain generation, infill, infill with other files,
+prompt holes.
 
-Every runtime builds rows the same way from its tokenizer, so the logic lives once here, in a mixin the
-real runtime, the fake one and the multi-host leader share. Plain Python (no JAX): the daemon builds rows
-in worker threads while the device runs other batches.
+Every runtime builds rows the same way from its tokenizer, so the logic lives once here, in the row
+builder each runtime hands out as ``runtime.rows`` (the real runtime, the fake one and the multi-host
+leader, which hands out the one of the runtime it wraps). Plain Python (no JAX): the daemon builds rows in
+worker threads while the device runs other batches, and clients import this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from model_runtime.errors import InputError
-from model_runtime.interface import CanvasRow, TokenizerProtocol
+from model_runtime.params import SamplingParams
 
 # Qwen2.5-Coder's repository layout, which DiffuCoder's tokenizer still carries: ``<|file_sep|>name\ntext``
 # per other file, then ``<|file_sep|>\n`` and the edited file.
 FILE_SEP = "<|file_sep|>"
 
 
-class CanvasBuilder:
-    """Row construction for a runtime that sets a ``tokenizer`` and a ``max_context``."""
+@dataclass(frozen=True)
+class CanvasRow:
+    """One row of a batch: its token ids (prompt and masks, no padding) and the region to report.
 
-    tokenizer: TokenizerProtocol
-    max_context: int
+    For plain generation the region is the ``max_new_tokens`` masks appended after the prompt; for
+    infill it is the masks between prefix and suffix; for a prompt with ``<|mask|>`` holes it spans the
+    first hole to the last. ``chat`` picks the stop tokens of the answer. ``seed`` is the row's own PRNG
+    seed (its request's), so rows with different seeds share a batch and each draws as it would alone;
+    None takes the batch's ``params.seed``.
+    """
+
+    ids: tuple[int, ...]
+    region: tuple[int, int]
+    chat: bool = False
+    seed: int | None = None
+
+    def seed_for(self, params: SamplingParams) -> int:
+        """The seed this row samples with in a batch run with ``params``."""
+        return params.seed if self.seed is None else self.seed
+
+    @property
+    def canvas_tokens(self) -> int:
+        """Positions in the reported region."""
+        return self.region[1] - self.region[0]
+
+
+@runtime_checkable
+class TokenizerProtocol(Protocol):
+    """What serving needs of a tokenizer: text to ids and back, the chat template, and the special ids."""
+
+    @property
+    def mask_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of text people wrote: control-token strings in it stay text, never control tokens."""
+        ...
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The ids of a chat prompt (the model's template); ValueError for messages it cannot template."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """One printable piece per id (step events render canvases from them)."""
+        ...
+
+    def stop_ids(self, *, chat: bool) -> tuple[int, ...]:
+        """The ids an answer is cut at."""
+        ...
+
+
+class CanvasBuilder:
+    """Rows for one model: its tokenizer, and its context (the longest row it runs, in tokens), which
+    bounds how many other files an infill row takes in."""
+
+    def __init__(self, tokenizer: TokenizerProtocol, max_context: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The chat prompt's ids; messages the template refuses are an InputError."""
+        try:
+            return self.tokenizer.encode_chat(messages)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
     def encode_prompt(self, text: str, *, holes: bool = False) -> list[int]:
         """A raw prompt's ids. Its text stays text: a file being edited that holds ``<|endoftext|>`` or

@@ -8,7 +8,6 @@ programs are in ``fast.py``. ``loader.load`` builds a Runtime from a checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +19,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import distributed, fast, quant, sharding
+from model_runtime import fast, processes, quant, sharding
 from model_runtime.batch import PlacedBatch
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeInfo, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
-from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
-from model_runtime.programs import ProgramCache
+from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
+from model_runtime.programs import ProgramCache, ReferenceProgram
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
 from model_runtime.tokenizer import DreamTokenizer
@@ -45,11 +44,8 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in sorted(buckets) if b >= n), None)
 
 
-class Runtime(CanvasBuilder):
+class Runtime:
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
-
-    # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
-    supports_holes = True
 
     def __init__(
         self,
@@ -72,62 +68,48 @@ class Runtime(CanvasBuilder):
     ) -> None:
         self.config = cfg
         self.quantize = quantize
-        # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
-        # ``diffu_decoder``, see generation_config.py), else the reference decoder.
-        self.default_decoder = default_decoder
-        # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
-        self.chat_defaults = dict(chat_defaults or {})
         self.mesh = mesh
         self.tokenizer: DreamTokenizer = tokenizer
         self.graphdef = graphdef
         self.state = state
-        self.model_name = model_name
         self.model_dir = model_dir
-        self.dtype = jnp.dtype(dtype).name
-        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
-        lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
-        self.length_buckets = tuple(lengths)
+        dtype_name = jnp.dtype(dtype).name
+        context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
+        self.length_buckets = tuple(sorted({b for b in length_buckets if b <= context} | {context}))
         dp = int(mesh.shape["dp"]) if mesh is not None else 1
         # With data parallelism every batch bucket is a multiple of dp, so each replica gets whole rows.
         self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
-        self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
-        # JAX lowers and XLA compiles on any thread, beside a program running on another (the program
-        # cache builds each program once however many threads ask). Measured on CPU, where a compile is
-        # host work; an accelerator's compile also runs kernels on it (GPU autotuning), so there it stays
-        # on the device thread until measured there.
-        self.concurrent_compile = devices[0].platform == "cpu"
-        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
+        self.info = RuntimeInfo(
+            model_name=model_name,
+            device=f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}",
+            dtype=dtype_name,
+            max_context=context,
+            vocab_size=cfg.vocab_size,
+            buckets=tuple((b, n) for b in self.batch_buckets for n in self.length_buckets),
+            # The decoder a request gets when it names none: the model's recorded choice
+            # (generation_config.json ``diffu_decoder``, see generation_config.py), else the reference one.
+            default_decoder=default_decoder,
+            # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
+            chat_defaults=dict(chat_defaults or {}),
+            # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
+            supports_holes=True,
+            quantize_mode=quantize.mode if quantize is not None else None,
+            mesh=sharding.describe(mesh),
+            # JAX lowers and XLA compiles on any thread, beside a program running on another (the program
+            # cache builds each program once however many threads ask). Measured on CPU, where a compile
+            # is host work; an accelerator's compile also runs kernels on it (GPU autotuning), so there it
+            # stays on the device thread until measured there.
+            concurrent_compile=devices[0].platform == "cpu",
+        )
+        self.rows = CanvasBuilder(tokenizer, context)
+        self._programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
 
-    @property
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
         return self._programs.info()
 
-    @property
-    def mesh_info(self) -> dict[str, object]:
-        """The device mesh (dp x tp, devices, processes), for status reports."""
-        return sharding.describe(self.mesh)
-
-    @property
-    def quantize_mode(self) -> str | None:
-        return self.quantize.mode if self.quantize is not None else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
-
-    # -- building rows (the rest is CanvasBuilder's) ---------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        try:
-            return self.tokenizer.encode_chat(messages)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-
+    # -- library use: prompts in, events out ------------------------------------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -139,19 +121,20 @@ class Runtime(CanvasBuilder):
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Left-padded batch generation: one BatchStep per step, then a BatchDone."""
-        rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        rows = [self.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
         return self.run(rows, params, stream=stream, logits_hook=logits_hook, tokens_hook=tokens_hook)
 
     def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
-        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+        return self.run([self.rows.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
     # -- compiling ------------------------------------------------------------------------------
     def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
-        if length > self.max_context:
+        context = self.info.max_context
+        if length > context:
             raise InputError(
                 f"the prompt and canvas need {length} tokens, more than the context of "
-                f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens",
-                details={"row_tokens": length, "context_length": self.max_context},
+                f"{context} tokens; shorten the prompt or lower max_new_tokens",
+                details={"row_tokens": length, "context_length": context},
             )
         b = _pick(self.batch_buckets, batch)
         if b is None:
@@ -176,7 +159,7 @@ class Runtime(CanvasBuilder):
         """
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            _, _, _, fspec = self._fast_layout(rows, params, shape)
+            _, _, _, fspec = fast.layout(rows, params, shape)
             _, seconds, compiled, hits = self._programs.fast(shape, fspec)
             return CompileReport(seconds, compiled, hits)
         built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
@@ -185,7 +168,7 @@ class Runtime(CanvasBuilder):
     def _program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> list[tuple]:
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            return self._programs.fast_keys(shape, self._fast_layout(rows, params, shape)[3])
+            return self._programs.fast_keys(shape, fast.layout(rows, params, shape)[3])
         return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
 
     # -- running --------------------------------------------------------------------------------
@@ -209,7 +192,7 @@ class Runtime(CanvasBuilder):
             index=jnp.int32(step),
             knobs=Knobs.of(params),
         )
-        return distributed.host(program(self.state, jnp.asarray(x), inputs))
+        return processes.host(program(self.state, jnp.asarray(x), inputs))
 
     def run(
         self,
@@ -262,12 +245,17 @@ class Runtime(CanvasBuilder):
         stream: bool,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
-    ) -> tuple:
-        """The arguments of ``ProgramCache.reference`` for a reference-decoder run of ``rows``."""
-        n_ratios = 0 if stream else ratio_bucket(params.steps)
-        window = 0 if logits_hook or tokens_hook else self._window(list(rows), shape[1])
-        kind = "step" if stream else "all"
-        return kind, shape, SamplerSpec.from_params(params), logits_hook, tokens_hook, n_ratios, window
+    ) -> ReferenceProgram:
+        """The program a reference-decoder run of ``rows`` uses."""
+        return ReferenceProgram(
+            kind="step" if stream else "all",
+            shape=shape,
+            spec=SamplerSpec.from_params(params),
+            logits_hook=logits_hook,
+            tokens_hook=tokens_hook,
+            n_ratios=0 if stream else ratio_bucket(params.steps),
+            window=0 if logits_hook or tokens_hook else self._window(list(rows), shape[1]),
+        )
 
     def _window(self, rows: list[CanvasRow], n: int) -> int:
         """For plain generation (masks only in an appended region), the length bucket holding the region.
@@ -294,9 +282,9 @@ class Runtime(CanvasBuilder):
         logits_hook: Hook | None,
         tokens_hook: Hook | None,
     ) -> BatchEvents:
-        args = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
-        program, compile_s, compiled, hits = self._programs.reference(*args)
-        n_ratios = args[5]
+        which = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
+        program, compile_s, compiled, hits = self._programs.reference(*which)
+        n_ratios = which.n_ratios
         batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         if tokens_hook is not None:
@@ -310,9 +298,9 @@ class Runtime(CanvasBuilder):
             padded = np.ones(n_ratios, np.float32)
             padded[: params.steps] = ratios
             loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
-            prev = distributed.host(program(self.state, x, loop))
+            prev = processes.host(program(self.state, x, loop))
         else:
-            prev = distributed.host(x)
+            prev = processes.host(x)
             for i in range(params.steps):
                 t0 = time.perf_counter()
                 inputs = StepInputs(
@@ -324,7 +312,7 @@ class Runtime(CanvasBuilder):
                     knobs=knobs,
                 )
                 x = program(self.state, x, inputs)
-                cur = distributed.host(x)  # the one host transfer per step that streaming needs
+                cur = processes.host(x)  # the one host transfer per step that streaming needs
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
         yield batch.done_event(
@@ -338,24 +326,34 @@ class Runtime(CanvasBuilder):
             hits=hits,
         )
 
-    def _fast_layout(
-        self, rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
-    ) -> tuple[int, int, int, fast.FastSpec]:
-        """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
-        the programs' static switches. Every row's region sits in the same columns (``_checked_shape``)."""
-        n = shape[1]
-        r = rows[0]
-        lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
-        hi = n - len(r.ids) + r.region[1]
-        size = fast_block_size(params.block_length, hi - lo, n - 1)
-        fspec = fast.FastSpec(
-            sampler=dataclasses.replace(
-                SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
-            ),
-            block_length=size,
-            use_factor=params.factor is not None,
+    def fast_calls(self, rows: Sequence[CanvasRow], params: SamplingParams) -> fast.FastCalls:
+        """The fast decoder's compiled programs for ``rows`` bound to their inputs, as ``run`` calls them
+        (for benchmarks that time a refresh or a block on its own). InputError as ``run`` would."""
+        if params.decoder != "fast":
+            raise InputError("fast_calls: the sampling parameters must name the fast decoder")
+        return self._fast_calls(list(rows), params, self._checked_shape(rows, params))
+
+    def _fast_calls(
+        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int]
+    ) -> fast.FastCalls:
+        lo, hi, size, fspec = fast.layout(rows, params, shape)
+        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        return fast.FastCalls(
+            refresh_program=refresh,
+            block_program=block,
+            state=self.state,
+            batch=batch,
+            attn=jnp.asarray(batch.attn),
+            keys=row_keys([r.seed_for(params) for r in rows], shape[0]),
+            sampling=Knobs.of(params).sampling(),
+            threshold=jnp.float32(params.threshold),
+            factor=jnp.float32(params.factor or 1.0),
+            lo=lo,
+            hi=hi,
+            size=size,
+            compiled=CompileReport(compile_s, compiled, hits),
         )
-        return lo, hi, size, fspec
 
     def _run_fast(
         self,
@@ -372,14 +370,10 @@ class Runtime(CanvasBuilder):
         Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
         of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
         """
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        lo, hi, size, fspec = self._fast_layout(rows, params, shape)
-        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
-        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
-        knobs = Knobs.of(params)
-        threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
-        keys = row_keys([r.seed_for(params) for r in rows], shape[0])
-        starts = list(range(lo, hi, size))
+        calls = self._fast_calls(rows, params, shape)
+        batch, lo, hi, size = calls.batch, calls.lo, calls.hi, calls.size
+        x = jnp.asarray(batch.x)
+        starts = calls.starts
         stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
         mask_id = self.config.mask_token_id
         bound = hi - lo  # every forward commits at least one position of every row
@@ -389,24 +383,11 @@ class Runtime(CanvasBuilder):
         for b, start in enumerate(starts):
             where = (b, len(starts))
             t0 = time.perf_counter()
-            key = step_keys(keys, b)
-            x, caches = refresh(
-                self.state,
-                x,
-                attn,
-                jnp.int32(start),
-                step_keys(key, 0),
-                *knobs.sampling(),
-            )
+            x, caches = calls.refresh(x, b)
             forwards += 1
-            # The last block may be short, or the region shorter than a block: slide the window back,
-            # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
-            window = max(0, min(start, hi - size))
-            # The block loop's arguments after the cache; then how many forwards it has run, and how many
-            # more it may run in this call.
-            loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
+            window = calls.window(b)
             if stream and every_forward:
-                cur = distributed.host(x)  # one host sync per forward: the event
+                cur = processes.host(x)  # one host sync per forward: the event
                 seconds = time.perf_counter() - t0
                 yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
                 prev = cur
@@ -416,18 +397,18 @@ class Runtime(CanvasBuilder):
                     if not np.any(cur[:, window : window + size] == mask_id):
                         break
                     t0 = time.perf_counter()
-                    x, caches, _ = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
+                    x, caches, _ = calls.block(x, caches, b, i, 1)
                     forwards += 1
-                    cur = distributed.host(x)
+                    cur = processes.host(x)
                     yield batch.step_event(
                         prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
                     )
                     prev = cur
                 cur = np.array(cur)
             else:
-                x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
-                cur = np.array(distributed.host(x))  # one host sync per block: the event, end-of-text check
-                forwards += int(distributed.host(iters))
+                x, _, iters = calls.block(x, caches, b, 0, size)
+                cur = np.array(processes.host(x))  # one host sync per block: the event, end-of-text check
+                forwards += int(processes.host(iters))
                 if stream:
                     yield batch.step_event(
                         prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
@@ -440,15 +421,16 @@ class Runtime(CanvasBuilder):
             prev = cur
             if done:
                 break
+        report = calls.compiled
         yield batch.done_event(
             prev,
             self.tokenizer,
             pad_id=self.config.pad_token_id,
             steps=forwards,
             elapsed=time.perf_counter() - t_start,
-            compile_s=compile_s,
-            compiled=compiled,
-            hits=hits,
+            compile_s=report.seconds,
+            compiled=report.compiled,
+            hits=report.cache_hits,
             decoder="fast",
         )
 

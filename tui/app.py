@@ -22,6 +22,7 @@ from textual.widgets import Footer, Header, Static
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import DaemonUnavailable, Done, Step, Waiting
+from assistant.wire import DoneStats
 from tui import keys
 from tui.backend import Backend
 from tui.errors import describe_error, is_settings_error
@@ -205,13 +206,12 @@ class ChatApp(App[None]):
                 raise DaemonUnavailable("not connected to the diffu daemon (see the error above)")
             done = await self._stream(answer, messages, settings)
             retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
+            retried = None
             if done is not None and retry is not None:
                 # The answer becomes the second decode's (see ChatSettings.retry_settings).
-                first = done
+                retried = retried_stats(done.stats, retry)
                 await answer.restart(retry.max_new_tokens, retry_label(retry))
                 done = await self._stream(answer, messages, retry)
-                if done is not None:
-                    done.stats["retried"] = retried_stats(first.stats, retry)
             if self.live_answer is not answer:
                 return
             if done is None:
@@ -219,12 +219,12 @@ class ChatApp(App[None]):
             self.live_answer = None
             self.refresh_bindings()
             # Saved before it is drawn: quitting while the Markdown renders must not lose the answer.
-            answer.record(done)
+            answer.record(done, retried)
             self._save_answer(answer)
             if _completed(done.finish_reason, answer.content):
                 self.conversation.append({"role": "assistant", "content": answer.content})
             answer.denoise.flush_now()
-            await answer.finish(done)
+            await answer.finish()
         except asyncio.CancelledError:
             raise  # cancelled from the UI (which updates the view), or the app is closing
         except Exception as exc:  # shown inline with a Retry button; never a traceback on screen
@@ -309,12 +309,11 @@ class ChatApp(App[None]):
             return  # it finished (or failed) while the cancel was on its way
         self.live_answer = None
         self.workers.cancel_group(self, "generate")
-        stats = {"steps": len(answer.trace), "new_tokens": answer.trace.revealed()}
-        done = Done(answer.request_id, "", "cancelled", stats=stats)
-        answer.record(done)
+        stats = DoneStats(steps=len(answer.trace), new_tokens=answer.trace.revealed())
+        answer.record(Done(answer.request_id, "", "cancelled", stats=stats))
         self._save_answer(answer)
         self.refresh_bindings()
-        await answer.finish(done)
+        await answer.finish()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel":

@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 from assistant.client import AsyncClient, Done, Endpoint, Step, Waiting, resolve_endpoint
 from assistant.config import Config
+from assistant.wire import Stage
 from tui.settings import ChatSettings
 
 Progress = Callable[[str, float, str], None]
-"""``progress(stage, fraction, detail)``: ``starting``, ``loading``, ``compiling``, then ``ok``."""
+"""``progress(stage, fraction, detail)``: ``starting`` or ``connecting``, then the daemon's stages
+(``assistant.wire.Stage``) until ``/health`` says ``ok``."""
 
 
 class Backend(Protocol):
@@ -58,7 +60,7 @@ class DaemonBackend:
         async with self._lock:
             existing = await asyncio.to_thread(resolve_endpoint, self.config)
             if existing is None and self._client.autostart and self.config.model:
-                progress("starting", 0.0, f"starting a diffu daemon for {self.config.model}")
+                progress(Stage.STARTING, 0.0, f"starting a diffu daemon for {self.config.model}")
             else:
                 progress("connecting", 0.0, existing.url if existing else "looking for a diffu daemon")
             self._client.progress = progress

@@ -17,7 +17,7 @@ from textual.widgets import Button, Label, Markdown, ProgressBar, Sparkline, Sta
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import Done, Step, Waiting
-from tui.render import CanvasStyles, Trace, canvas_text, header_text, step_label, summary
+from tui.render import CanvasStyles, Trace, answer_stats, canvas_text, header_text, step_label, summary
 
 MAX_REDRAWS_PER_SECOND = 30
 EMPTY_ANSWER = "*(the model gave an empty answer)*"
@@ -338,16 +338,16 @@ class AnswerView(Vertical):
         await self.remove_children()
         await self.mount(DenoiseView(self.trace, label=label))
 
-    def record(self, done: Done) -> None:
-        """Take the final text, finish reason and stats (before drawing them, so they can be saved)."""
+    def record(self, done: Done, retried: dict[str, Any] | None = None) -> None:
+        """Take the final text, finish reason and stats (before drawing them, so they can be saved);
+        ``retried``: what is kept of a first decode (``render.retried_stats``)."""
         self.content = done.text
         self.finish_reason = done.finish_reason
-        self.stats = dict(done.stats)
+        self.stats = answer_stats(done.stats, retried)
 
-    async def finish(self, done: Done) -> None:
-        """The answer is final: the canvas becomes Markdown (or stays, frozen, when cancelled)."""
-        self.record(done)
-        if done.finish_reason == "cancelled":
+    async def finish(self) -> None:
+        """The answer (recorded) is final: the canvas becomes Markdown (or stays, frozen, when cancelled)."""
+        if self.finish_reason == "cancelled":
             self.denoise.label = ""  # no longer "cancelling…": the footer says what happened
             self.denoise.flush_now()
             await self.mount(Static(self._footer_text(), classes="answer--footer"))

@@ -121,8 +121,9 @@ def run_suite(args: argparse.Namespace) -> int:
     try:
         rt, load_seconds = _load(args)
         longest = max(args.lengths + [n + 16 for n, _ in generate])
-        if longest > rt.max_context:
-            raise UsageError(f"a canvas of {longest} tokens exceeds the model's context of {rt.max_context}")
+        context = rt.info.max_context
+        if longest > context:
+            raise UsageError(f"a canvas of {longest} tokens exceeds the model's context of {context}")
         total = 1 + len(args.lengths) * len(args.batches) + 2 * len(generate) + len(args.batches)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
             task = progress.add_task("benchmark", total=total)
@@ -200,7 +201,7 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         rt, load_seconds = _load(args)
         # The model's own settings where no flag is given, as diffu generate runs it.
-        params = model_decoder(args, sampling_params(args, model=rt.chat_defaults), rt)
+        params = model_decoder(args, sampling_params(args, model=rt.info.chat_defaults), rt)
         rows = build_rows(rt, args, params)
         prompts = [list(r.ids[: r.region[0]]) for r in rows]
         if args.suffix is not None:
@@ -211,9 +212,9 @@ def run_generate(args: argparse.Namespace) -> int:
     result.pop("generated")
     result.update(
         load_seconds=load_seconds,
-        model=rt.model_name,
-        dtype=rt.dtype,
-        quantize=rt.quantize_mode,
+        model=rt.info.model_name,
+        dtype=rt.info.dtype,
+        quantize=rt.info.quantize_mode,
         environment=bench.environment(),
     )
     if args.json:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +192,7 @@ def _block_lengths(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from assistant.cli.eval_table import print_table
     from assistant.cli.progress import Progress
     from assistant.errors import UsageError
     from assistant.evals import humaneval as he
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
             reports, labels = _generate_and_score(args, tasks, tokens, ks, limits, progress)
     for report, label in zip(reports, labels, strict=True):
         report.summary.update({"benchmark": name, "setting": label})
-    _print_table(name, reports, labels, json_out=args.json)
+    print_table(name, reports, labels, json_out=args.json)
     if args.json:
         out: dict[str, Any] = (
             {"summary": reports[0].summary, "results": reports[0].results}
@@ -389,7 +389,7 @@ def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any]
         # The largest bucket by default: a daemon's buckets on CPU stop at 4 rows (model_runtime.loader).
         return runner.LocalGenerator(rt, params, args.batch or max(rt.batch_buckets), note=progress.note)
 
-    return rt.chat_defaults, local
+    return dict(rt.info.chat_defaults), local
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -418,93 +418,3 @@ def _load(args: argparse.Namespace) -> Any:
         )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _print_table(name: str, reports: list, labels: list[str], *, json_out: bool) -> None:
-    """The results on stderr: one row per setting, then what its columns mean."""
-    from rich.console import Console
-    from rich.table import Table
-
-    first = reports[0].summary
-    table = Table(title=f"{name}: {first['tasks']} tasks x {first['samples_per_task']} sample(s)")
-    passes = [k for k in first if k.startswith("pass@")]
-    table.add_column("setting")
-    for k in passes:
-        table.add_column(k, justify="right")
-    table.add_column("passed", justify="right")
-    table.add_column("tokens/s", justify="right")
-    table.add_column("generate s", justify="right")
-    table.add_column("wall s", justify="right")
-    table.add_column("failures", justify="left")
-    for report, label in zip(reports, labels, strict=True):
-        s = report.summary
-        total = s["tasks"] * s["samples_per_task"]
-        fails = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if k != "passed")
-        wall = s.get("wall_seconds", 0.0) + s.get("test_seconds", 0.0)
-        table.add_row(
-            label,
-            *(f"{100 * s[k]:.1f}%" for k in passes),
-            f"{s['passed_samples']}/{total}",
-            f"{s['tokens_per_second']:.1f}" if "tokens_per_second" in s else "-",
-            f"{s['generate_seconds']:.1f}" if "generate_seconds" in s else "-",
-            f"{wall:.1f}" if wall else "-",
-            fails or "-",
-        )
-    console = Console(stderr=True, width=max(100, Console(stderr=True).width))
-    console.print(table)
-    for line in _legend(reports, json_out=json_out):
-        console.print(line, highlight=False)
-    iso = first.get("isolation") or {}
-    if iso:
-        granted = [k for k in ("user_ns", "net_ns", "pid_ns", "mount_ns") if iso.get(k)]
-        budgets = [k[len("cgroup_") :] for k in ("cgroup_memory", "cgroup_pids", "cgroup_kill") if iso.get(k)]
-        console.print(
-            f"sandbox: uid {iso.get('uid', '?')}; namespaces {', '.join(granted) or 'none'}; "
-            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}; "
-            f"work dir {iso.get('work_dir', '?')}; "
-            f"cgroup {', '.join(budgets) or 'none (per-process limits only)'}"
-        )
-    print(file=sys.stderr, end="")
-
-
-# What each failure status in the table means (the sandbox's Outcome statuses, and the runner's own).
-STATUS_WORDS = {
-    "failed": "a test's assert failed",
-    "error": "the program raised before its tests passed",
-    "timeout": "it ran past --timeout",
-    "killed": "a limit of the sandbox stopped it",
-    "exit": "it exited non-zero without an exception",
-    "generation_error": "no answer was generated (the prompt did not fit, say)",
-}
-
-
-def _legend(reports: list, *, json_out: bool) -> list[str]:
-    """What the columns say: the time columns, every failure status seen (errors by exception), and
-    where the per-task details are."""
-    lines = []
-    if "generate_seconds" in reports[0].summary:
-        lines.append(
-            "generate s: the model's forwards only; wall s: the whole setting, compiles, queueing and the "
-            "tests included (tokens/s divides by generate s)"
-        )
-    seen: dict[str, int] = {}
-    kinds: dict[str, int] = {}
-    for report in reports:
-        for k, v in report.summary["statuses"].items():
-            seen[k] = seen.get(k, 0) + v
-        for r in report.results:
-            if r["status"] == "error" and r.get("error"):
-                kind = str(r["error"]).split(":", 1)[0].strip()
-                kinds[kind] = kinds.get(kind, 0) + 1
-    words = []
-    for status in (s for s in seen if s != "passed"):
-        word = f"{status}: {STATUS_WORDS.get(status, status)}"
-        if status == "error" and kinds:
-            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:3]
-            word += f" ({', '.join(f'{k} {v}' for k, v in top)})"
-        words.append(word)
-    if words:
-        lines.append("; ".join(words))
-    if not json_out:
-        lines.append("each task's status, error and completion: add --json")
-    return lines

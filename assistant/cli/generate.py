@@ -33,6 +33,7 @@ from assistant.cli.model_options import (
     quantize_of,
     sampling_params,
 )
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone
 from model_runtime.params import SamplingParams
 
@@ -105,7 +106,7 @@ def _run_local(args: argparse.Namespace) -> int:
     try:
         init_multihost(args)
         rt = load_with_progress(model, args.dtype, tp=args.tp, dp=args.dp, quantize=quantize_of(args))
-        params = model_decoder(args, sampling_params(args, model=rt.chat_defaults), rt)
+        params = model_decoder(args, sampling_params(args, model=rt.info.chat_defaults), rt)
         rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
@@ -211,23 +212,23 @@ def _print_texts(texts: list[str]) -> None:
         print(text)
 
 
-def _daemon_stats(per_request: list[dict[str, Any]]) -> dict[str, Any]:
+def _daemon_stats(per_request: list[DoneStats]) -> dict[str, Any]:
     """The stats of the daemon's requests (one per prompt, run in turn) in the in-process shape
     (``GenerationStats``): ``new_tokens`` counts the canvas positions denoised, as in-process."""
-    new = sum(int(s.get("canvas_tokens", 0)) for s in per_request)
-    seconds = sum(float(s.get("generate_seconds", 0.0)) for s in per_request)
-    buckets = [s["bucket"] for s in per_request if s.get("bucket")]
+    new = sum(s.canvas_tokens for s in per_request)
+    seconds = sum(s.generate_seconds for s in per_request)
+    buckets = [list(s.bucket) for s in per_request if s.bucket]
     return {
-        "steps": max((int(s.get("steps", 0)) for s in per_request), default=0),
+        "steps": max((s.steps for s in per_request), default=0),
         "new_tokens": new,
-        "batch_size": max((int(s.get("batch_size", 0)) for s in per_request), default=0),
-        "compile_seconds": round(sum(float(s.get("compile_seconds", 0.0)) for s in per_request), 4),
+        "batch_size": max((s.batch_size for s in per_request), default=0),
+        "compile_seconds": round(sum(s.compile_seconds for s in per_request), 4),
         "generate_seconds": round(seconds, 4),
         "tokens_per_second": round(new / seconds, 2) if seconds > 0 else 0.0,
-        "compiled_programs": sum(int(s.get("compiled_programs", 0)) for s in per_request),
-        "cache_hits": sum(int(s.get("cache_hits", 0)) for s in per_request),
+        "compiled_programs": sum(s.compiled_programs for s in per_request),
+        "cache_hits": sum(s.cache_hits for s in per_request),
         "bucket": max(buckets, default=[0, 0]),
-        "decoder": per_request[0].get("decoder", "") if per_request else "",
+        "decoder": per_request[0].decoder if per_request else "",
     }
 
 
@@ -258,13 +259,13 @@ def _json_shape(
 def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
     """One canvas row per --prompt (chat template unless --raw), or the infill row with --suffix."""
     if args.suffix is not None:
-        return [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
+        return [rt.rows.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
     chat = not args.raw
     prompts = [
-        rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
+        rt.rows.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
         for p in args.prompt
     ]
-    return [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+    return [rt.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
 
 
 def check_prompt_args(args: argparse.Namespace) -> None:

@@ -107,16 +107,14 @@ def add_multihost_options(p: argparse.ArgumentParser) -> None:
 def init_multihost(args: argparse.Namespace) -> None:
     """Join the process group before the first device is touched (no-op without the options)."""
     if args.coordinator or args.multihost_auto:
-        from model_runtime import distributed
+        from model_runtime import processes
 
-        distributed.initialize(
-            args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto
-        )
+        processes.initialize(args.coordinator, args.num_processes, args.process_id, auto=args.multihost_auto)
 
 
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
-    """Without --decoder, the decoder the loaded model recommends (``Runtime.default_decoder``)."""
-    return params if args.decoder else dataclasses.replace(params, decoder=rt.default_decoder)
+    """Without --decoder, the decoder the loaded model recommends (``RuntimeInfo.default_decoder``)."""
+    return params if args.decoder else dataclasses.replace(params, decoder=rt.info.default_decoder)
 
 
 def sampling_params(

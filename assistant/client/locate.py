@@ -11,12 +11,12 @@ import os
 import socket
 import sys
 
+from assistant.api_token import read_token
 from assistant.client import discovery
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
-from assistant.server.fake_runtime import is_fake_spec
-from assistant.server.security import read_token
-from model_runtime.model_ref import local_problem
+from assistant.wire import ENDED, HEALTH_OK
+from model_runtime.model_ref import is_fake_spec, local_problem
 
 __all__ = ["client_api_key", "resolve_endpoint", "start_daemon", "stderr_progress"]
 
@@ -86,19 +86,21 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     last = {"stage": ""}
 
     def report(stage: str, fraction: float, detail: str) -> None:
-        if stage == "ok" and not last["stage"]:
+        if stage == HEALTH_OK and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
-        if stage in ("failed", "stopping"):  # the caller's error line says why, once
+        if stage in ENDED:  # the caller's error line says why, once
             if sys.stderr.isatty() and last["stage"]:
                 sys.stderr.write("\r\033[K")  # the progress line gives way to it
                 sys.stderr.flush()
             return
-        if stage == "ok":  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
+        if (
+            stage == HEALTH_OK
+        ):  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
             text = "ready"
         else:
             text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():
-            end = "\n" if stage == "ok" else f" {fraction:4.0%}"
+            end = "\n" if stage == HEALTH_OK else f" {fraction:4.0%}"
             sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
             sys.stderr.flush()
         elif stage != last["stage"]:

@@ -63,20 +63,20 @@ class LocalGenerator:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model": self.rt.model_name,
-            "device": self.rt.device,
-            "dtype": self.rt.dtype,
+            "model": self.rt.info.model_name,
+            "device": self.rt.info.device,
+            "dtype": self.rt.info.dtype,
             "through": "in-process",
             "sampling": self.params.to_dict(),
         }
 
     def _row(self, job: Job) -> Any:
         if job.suffix is not None:
-            return self.rt.make_infill_row(job.prompt, job.suffix, job.tokens)
+            return self.rt.rows.make_infill_row(job.prompt, job.suffix, job.tokens)
         # A chat job's prompt is the template already (its markup is control tokens); a raw one is text,
         # encoded as the daemon's raw route encodes it.
-        ids = self.rt.tokenizer.encode(job.prompt) if job.chat else self.rt.encode_prompt(job.prompt)
-        return self.rt.make_row(ids, job.tokens, chat=job.chat)
+        ids = self.rt.tokenizer.encode(job.prompt) if job.chat else self.rt.rows.encode_prompt(job.prompt)
+        return self.rt.rows.make_row(ids, job.tokens, chat=job.chat)
 
     def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
         import dataclasses
@@ -85,13 +85,13 @@ class LocalGenerator:
         groups: dict[tuple, list[tuple[int, Any]]] = {}
         for i, job in enumerate(jobs):
             row = self._row(job)
-            if len(row.ids) > self.rt.max_context:
+            if len(row.ids) > self.rt.info.max_context:
                 out[i] = Generated(
                     "",
                     0.0,
                     0,
                     f"prompt too long: {len(row.ids)} tokens with the canvas, "
-                    f"the model's context is {self.rt.max_context}",
+                    f"the model's context is {self.rt.info.max_context}",
                 )
                 advance(1)
                 continue
@@ -178,9 +178,7 @@ class DaemonGenerator:
             advance(1)
             # The daemon reports the time of the batch the request ran in: its share is what the
             # in-process generator counts too, so generate s sums to the device's time, not a multiple.
-            share = float(done.stats.get("generate_seconds", 0.0)) / max(
-                1, int(done.stats.get("batch_size", 1))
-            )
+            share = done.stats.generate_seconds / max(1, done.stats.batch_size)
             return Generated(done.text, share, job.tokens)
 
         try:

@@ -8,13 +8,10 @@ runs them as one canvas batch (``assistant.server.batch_run``), which hands each
 Between denoising steps the batch drops jobs that were cancelled (client gone, explicit cancel,
 superseded by a newer request of the same session) or ran out of their time budget.
 
-The warm-up (``assistant.server.warmup``) compiles whenever no job waits or runs: on a thread of its own
-(``diffu-warmup``) where the runtime can compile beside a running batch (``concurrent_compile``), so a
-job that arrives during a warm-up compile starts at once instead of waiting for it; otherwise on the
-device thread between jobs. /health says "compiling" until the chat's first programs are in, then
-"warming (k of n)" until the last one, then "ready". Once the chat's first programs are in, the warm-up
-thread runs at a lower CPU priority (``WARM_NICE``): on a machine with few cores a request's own steps
-and compile then take the cores first.
+The warm-up (planned in ``assistant.server.warmup``, carried out by ``assistant.server.warming``) compiles
+whenever no job waits or runs, on a thread of its own where the runtime allows it, so a job that arrives
+during a warm-up compile starts at once; /health says "compiling" until the chat's first programs are in
+and have run once, then "warming (k of n)" until the last one, then "ready".
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
 the threads sleep on one ``threading.Condition`` (every change wakes all of them) and shutdown is a flag
@@ -25,11 +22,9 @@ plus ``notify_all``. Loading and XLA compiles cannot be interrupted; ``stop`` do
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -39,21 +34,11 @@ from typing import Any
 from assistant.server.batch_run import finish_cancelled, run_batch
 from assistant.server.batching import take_batch
 from assistant.server.job import Job, JobError, JobWaiting
-from assistant.server.status import (
-    COMPILING,
-    FAILED,
-    LOADING,
-    READY,
-    SERVING,
-    STOPPING,
-    WARMING,
-    NotReady,
-    QueueFull,
-    SchedulerStatus,
-    ShuttingDown,
-)
+from assistant.server.status import NotReady, QueueFull, SchedulerStatus, ShuttingDown
+from assistant.server.warming import WarmUp
 from assistant.server.warmup import WarmQueue, WarmTask
-from model_runtime.errors import DiffuError, InputError
+from assistant.wire import SERVING, DaemonCounters, ErrorType, Stage
+from model_runtime.errors import DiffuError
 from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
@@ -68,13 +53,9 @@ Planner = Callable[[RuntimeProtocol], list[WarmTask]]
 # burst of clients then shares one canvas batch instead of the first one running alone. A lone request
 # never waits, because nothing is in preparation when it is taken.
 COALESCE_SECONDS = 0.02
-# The warm-up thread's niceness once the chat's first programs are compiled (Linux: per thread). Measured
-# on 2 loaded cores: a request's own 14.7 s compile took 28.5 s beside a warm-up compile at the same
-# priority, 18.5 s beside one at niceness 15.
-WARM_NICE = 15
 
 
-class Scheduler:
+class Scheduler(WarmUp):
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
     ``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``
@@ -110,19 +91,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
-        self.counters = {
-            "requests": 0,
-            "completed": 0,
-            "cancelled": 0,
-            "timed_out": 0,
-            "failed": 0,
-            "rejected": 0,
-            "batches": 0,
-            "rows": 0,
-            "batched_rows": 0,
-            "largest_batch": 0,
-            "generated_tokens": 0,
-        }
+        self.counters = DaemonCounters()
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[SchedulerStatus], None]) -> None:
@@ -152,8 +121,8 @@ class Scheduler:
                 self._cond.wait_for(lambda: self._exited or self._in_native(self._thread), timeout)
         if self.abandoned:
             log.info("the engine is inside a load or compile that cannot be interrupted; not waiting for it")
-        if self.status.stage != FAILED:
-            self._set_status(STOPPING, 1.0, "stopped")
+        if self.status.stage != Stage.FAILED:
+            self._set_status(Stage.STOPPING, 1.0, "stopped")
 
     @property
     def abandoned(self) -> bool:
@@ -163,9 +132,6 @@ class Scheduler:
         threads = [t for t in (self._thread, self._warmer) if t is not None]
         with self._cond:
             return self._stopping and any(t.is_alive() and self._in_native(t) for t in threads)
-
-    def _in_native(self, thread: threading.Thread) -> bool:
-        return thread.ident in self._native
 
     @property
     def ready(self) -> bool:
@@ -187,7 +153,7 @@ class Scheduler:
         return self._runtime
 
     def _set_status(
-        self, stage: str, progress: float, detail: str = "", error: str | None = None, **warm: Any
+        self, stage: Stage, progress: float, detail: str = "", error: str | None = None, **warm: Any
     ) -> None:
         self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
         self._listen()
@@ -216,14 +182,14 @@ class Scheduler:
                 )
             busy = self._busy
             if len(self._pending) >= self.queue_size:
-                self.counters["rejected"] += 1
+                self.counters.rejected += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
                 raise QueueFull(
                     f"the queue is full ({self.queue_size} requests waiting); retry later",
                     retry_after=max(1, math.ceil(waits * self._batch_seconds)),
                 )
             job.id = job.id or f"gen-{next(self._ids)}"
-            self.counters["requests"] += 1
+            self.counters.requests += 1
             if job.session:
                 older = self._sessions.get(job.session)
                 if older is not None and not older.finished:
@@ -305,35 +271,30 @@ class Scheduler:
 
     def _serve(self) -> None:
         try:
-            self._set_status(LOADING, 0.0, "loading the model")
+            self._set_status(Stage.LOADING, 0.0, "loading the model")
             with self._native_work():
-                runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+                runtime = self._loader(lambda detail, frac: self._set_status(Stage.LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
-            largest = max((b for b, _ in runtime.buckets), default=1)
-            self.max_batch = max(1, min(self.max_batch, largest))
+            self.max_batch = max(1, min(self.max_batch, runtime.info.largest_batch))
             plan = self._planner(runtime) if self._planner is not None else []
         except Exception as exc:
             if isinstance(exc, DiffuError):  # a bad checkpoint: the message says it all
                 log.error("model load failed: %s", exc)
             else:
                 log.exception("model load failed")
-            self._set_status(FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
+            self._set_status(Stage.FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
             return
         with self._cond:
             if self._stopping:
                 return
-            if runtime.concurrent_compile:
-                self._warmer = threading.Thread(target=self._warm_main, name="diffu-warmup", daemon=True)
-                self._warmer.start()
-            self._warm.add(plan)
-            self._publish_warming()
+            self._start_warm_up(runtime, plan)
         log.info(
             "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up (%d before ready)%s",
-            runtime.model_name,
-            runtime.device,
-            runtime.dtype,
-            runtime.buckets,
+            runtime.info.model_name,
+            runtime.info.device,
+            runtime.info.dtype,
+            list(runtime.info.buckets),
             len(plan),
             sum(t.ready for t in plan),
             ", on a thread of their own" if self._warmer is not None else "",
@@ -359,7 +320,7 @@ class Scheduler:
                         self._cond.wait(left)  # woken by each submit and each finished preparation
                     if not self._pending:  # everything queued was cancelled meanwhile
                         continue
-                    batch = take_batch(self._pending, self.max_batch, self.runtime.buckets)
+                    batch = take_batch(self._pending, self.max_batch, self.runtime.info.buckets)
                     self._running = batch
             if primed is not None:
                 self._prime(*primed)
@@ -373,9 +334,11 @@ class Scheduler:
                 log.exception("engine batch failed")
                 for job in batch:
                     if not job.finished:
-                        self.counters["failed"] += 1
+                        self.counters.failed += 1
                         job.emit(
-                            JobError(500, "internal error in the engine (see the daemon log)", "server_error")
+                            JobError(
+                                500, "internal error in the engine (see the daemon log)", ErrorType.SERVER
+                            )
                         )
             finally:
                 with self._cond:
@@ -383,137 +346,6 @@ class Scheduler:
                     for job in batch:
                         self._forget(job)
                     self._cond.notify_all()  # the warm-up thread waits for an idle device
-
-    def _warm_here(self) -> bool:
-        """Whether the device thread itself has warm-up work (no warm-up thread; lock held)."""
-        return self._warmer is None and bool(self._warm.tasks)
-
-    # -- the warm-up thread ----------------------------------------------------------------------------
-    def _warm_main(self) -> None:
-        """Compile the warm-up's programs one by one while no job waits or runs; a job that comes during
-        a compile runs beside it on the device thread."""
-        niced = False
-        while True:
-            with self._cond:
-                while not self._stopping and (self._pending or self._running or not self._warm.tasks):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                task = self._busy = self._warm.pop()
-            if task is None:
-                continue
-            if not task.ready and not niced:
-                niced = True
-                _lower_priority()
-            self._warm_up(task)
-
-    @contextlib.contextmanager
-    def _native_work(self, what: str | None = None) -> Iterator[None]:
-        """Mark native work that cannot be interrupted (loading, compiling ``what``) on this thread, for
-        ``stop`` and the status."""
-        me = threading.get_ident()
-        with self._cond:
-            self._native.add(me)
-            if what is not None:
-                self._compiling[me] = what
-                self._show_compiling()
-            self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._native.discard(me)
-                if self._compiling.pop(me, None) is not None:
-                    self._show_compiling()
-
-    def _compile(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
-        """Compile what ``runtime.run(rows, params)`` needs, showing ``what`` in the status."""
-        with self._native_work(what):
-            return self.runtime.compile(rows, params)
-
-    def _show_compiling(self) -> None:
-        """Publish what is being compiled (lock held)."""
-        what = "; ".join(self._compiling.values()) or None
-        self.status = dataclasses.replace(self.status, compiling=what)
-        self._listen()
-
-    def _warm_up(self, task: WarmTask) -> None:
-        """Compile one warm-up task (nothing when its programs are compiled already), then have its
-        programs run once (``_prime``): here on the device thread, else handed to it."""
-        report = None
-        try:
-            if not self.runtime.compiled(task.rows, task.params):
-                report = self._compile(task.rows, task.params, f"warm-up: {task.label}")
-        except InputError as exc:  # a shape this runtime cannot run: nothing to warm
-            log.warning("warm-up skipped %s: %s", task.label, exc)
-        except Exception:
-            log.exception("warm-up of %s failed", task.label)
-        with self._cond:
-            self._busy = None  # compiled: what is left (its first run) is the device thread's
-            if report is not None and self._warmer is not None:
-                self._priming.append((task, report))
-                self._cond.notify_all()
-                return
-        if report is None:
-            self._warmed(task, None)
-        else:
-            self._prime(task, report)
-
-    def _prime(self, task: WarmTask, report: CompileReport) -> None:
-        """Run a freshly compiled task's programs once, on made-up rows, on the device thread. A program's
-        first run costs more than its later ones (measured on 2 loaded cores for the bundled model's chat
-        programs: the first step 0.68 s instead of 0.11 s, the answer 2.15 s instead of 1.4 s); paid here,
-        the first request of that shape does not pay it. Two forwards at most (the fast decoder's refresh
-        and one step of its block loop; a reference step), one when a request is waiting by then."""
-        t0 = time.perf_counter()
-        try:
-            events = self.runtime.run(task.rows, task.params)
-            try:
-                for i, _ in enumerate(events):
-                    if i == 1 or self._pending:  # a request came: it goes first, after this forward
-                        break
-            finally:
-                close = getattr(events, "close", None)
-                if close is not None:
-                    close()
-        except Exception:  # a made-up row the runtime refuses: its programs are compiled all the same
-            log.exception("first run of %s failed", task.label)
-        log.info(
-            "warmed up %s in %.1fs (%d compiled, %d from the cache), first run %.2fs",
-            task.label,
-            report.seconds,
-            report.compiled,
-            report.cache_hits,
-            time.perf_counter() - t0,
-        )
-        self._warmed(task, report.seconds)
-
-    def _warmed(self, task: WarmTask, seconds: float | None) -> None:
-        with self._cond:
-            self._warm.finished(task, seconds)
-            self._publish_warming()
-            self._cond.notify_all()
-
-    def _publish_warming(self) -> None:
-        """The stage after loading (lock held): "compiling" while the chat's first programs are not all in,
-        "warming (k of n)" while other programs wait, else "ready"."""
-        if self._stopping:
-            return  # a compile that outlived stop() must not turn "stopping" back into "ready"
-        warm = self._warm
-        busy = self._busy is not None or bool(self._priming)
-        counts = warm.counts(busy=busy)
-        if warm.ready_left:
-            done = warm.ready_total - warm.ready_left
-            detail = f"compiling the chat's programs ({done} of {warm.ready_total})"
-            progress = done / max(warm.ready_total, 1)
-            self._set_status(COMPILING, progress, detail, compiling=self.status.compiling, **counts)
-        elif warm.tasks or busy:
-            detail = f"warming ({warm.done} of {warm.total})"
-            progress = warm.done / max(warm.total, 1)
-            self._set_status(WARMING, progress, detail, compiling=self.status.compiling, **counts)
-        elif self.status.stage != READY:
-            self._set_status(READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
-            log.info("engine ready: %d shapes warmed up", warm.total)
 
     def _listen(self) -> None:
         for listener in self._listeners:
@@ -533,12 +365,3 @@ class Scheduler:
         with self._cond:
             self._warm.seconds.append(report.seconds)  # for the next estimates
         return report
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority to ``WARM_NICE`` (Linux: niceness is per thread; threads
-    XLA starts from it inherit it). Elsewhere, or where it is refused, nothing changes."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICE)
-    except (AttributeError, OSError) as exc:
-        log.debug("warm-up thread priority unchanged: %s", exc)

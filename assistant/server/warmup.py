@@ -91,7 +91,7 @@ class WarmTask:
 def shape_rows(rt: RuntimeProtocol, shape: Shape) -> tuple[CanvasRow, ...]:
     """Made-up rows of ``shape``: the context (split around the hole for an infill) and the masks. Only
     the shape reaches a compiled program, never the tokens."""
-    filler, mask = rt.tokenizer.pad_id, rt.tokenizer.mask_id
+    filler, mask = rt.rows.tokenizer.pad_id, rt.rows.tokenizer.mask_id
     n = shape.prompt_tokens
     suffix = min(n, max(1, n // 4)) if shape.infill else 0
     prefix = n - suffix
@@ -107,8 +107,8 @@ def default_plan(
     have compiled before it says ready, then the rest."""
     chat = {**CHAT_REQUEST, **chat_defaults(rt)}
     chat_new = int(chat.pop("max_new_tokens"))
-    retry = rt.chat_defaults.get(RETRY_KEY) or 0
-    lengths = sorted({n for _, n in rt.buckets})
+    retry = rt.info.chat_defaults.get(RETRY_KEY) or 0
+    lengths = sorted({n for _, n in rt.info.buckets})
     # Each length bucket above the answer holds the prompts up to its length less the answer.
     chat_rows = [n for n in lengths if n > chat_new]
 
@@ -144,7 +144,7 @@ def default_plan(
     for i in range(max(len(editor), len(longer))):
         later += editor[i : i + 1] + (turn(longer[i]) if i < len(longer) else [])
     if accelerator:  # batched buckets: a CPU serves few requests at once, and every bucket is a compile
-        for b in sorted({b for b, _ in rt.buckets})[1:]:
+        for b in sorted({b for b, _ in rt.info.buckets})[1:]:
             later += [Shape(n - chat_new, chat_new, batch=b, sampling=chat) for n in first + talk]
     return ready, later
 
@@ -152,7 +152,7 @@ def default_plan(
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
     """The model's own chat defaults (its generation_config.json) as request fields: the decoder and the
     chat's retry aside."""
-    return {k: v for k, v in rt.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
+    return {k: v for k, v in rt.info.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
 
 
 @dataclass

@@ -192,8 +192,18 @@ def test_models_and_status(tiny_daemon: DaemonProcess) -> None:
         assert c.get("/v1/models/DiffuCoder-micro").json()["id"] == "DiffuCoder-micro"
     assert status["dtype"] == "float32" and status["device"].startswith("cpu")
     assert sorted(status["buckets"]) == [[1, 128], [4, 128], [16, 128]] and status["max_context"] == 128
-    assert status["queue"]["capacity"] == 64 and status["counters"]["completed"] >= 0
-    assert status["uptime_seconds"] > 0 and status["engine"]["stage"] == "ready"
+    assert status["queue"]["capacity"] == 64 and status["uptime_seconds"] > 0
+    assert status["engine"]["stage"] == "ready"
+    # The counters count what happens: one request more, completed, with the tokens its answer reports.
+    # (A module's tests share the daemon but run one at a time, so nothing else moves them meanwhile.)
+    with tiny_daemon.client() as c:
+        body = {"prompt": "def f(x):", "max_new_tokens": 8, "steps": 4, "stream": False}
+        done = c.post("/v1/diffu/generate", json=body).json()
+        after = c.get("/v1/diffu/status").json()["counters"]
+    before = status["counters"]
+    assert after["requests"] == before["requests"] + 1 and after["completed"] == before["completed"] + 1
+    assert after["rows"] == before["rows"] + 1 and after["failed"] == before["failed"]
+    assert after["generated_tokens"] == before["generated_tokens"] + done["stats"]["new_tokens"]
 
 
 def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daemon: DaemonProcess) -> None:

@@ -57,7 +57,7 @@ def test_log_files_are_private_and_hold_no_query_string_token(tmp_path):
     import logging
     import stat
 
-    from assistant.cli.serve import setup_logging
+    from assistant.server.logs import setup_logging
 
     log_file = tmp_path / "logs" / "daemon.log"
     root = logging.getLogger()

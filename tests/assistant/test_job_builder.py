@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from assistant.config import Config
@@ -9,6 +11,7 @@ from assistant.server import protocol
 from assistant.server.fake_runtime import FakeRuntime
 from assistant.server.job_builder import build_job
 from assistant.server.request_fields import RequestError
+from model_runtime.rows import CanvasBuilder
 
 
 def spec_of(body: dict, *, default_tokens: int = 16) -> protocol.GenSpec:
@@ -30,10 +33,10 @@ def test_a_prompt_beyond_the_context_is_refused_with_its_numbers_as_fields() -> 
 
 def test_defaults_and_limits_are_applied_to_the_sampling_parameters() -> None:
     rt = FakeRuntime()
-    job, truncated = build_job(rt, spec_of({"prompt": "def f(", "top_k": rt.vocab_size + 5}), Config())
+    job, truncated = build_job(rt, spec_of({"prompt": "def f(", "top_k": rt.info.vocab_size + 5}), Config())
     assert not truncated and job.id and job.loop is None  # the HTTP layer attaches its loop
     assert job.params.top_k == 0  # every token kept: no filtering (and lax.top_k needs k <= vocab)
-    assert job.params.steps == 16 and job.params.decoder == rt.default_decoder
+    assert job.params.steps == 16 and job.params.decoder == rt.info.default_decoder
     assert job.row.ids[-16:] == (rt.tokenizer.mask_id,) * 16 and job.prompt_tokens == len("def f(")
     with pytest.raises(RequestError, match=r"steps: must be <= 8 \(the daemon's max_steps\), got 16") as info:
         build_job(rt, spec_of({"prompt": "x"}), Config(max_steps=8))
@@ -72,7 +75,8 @@ def real_tokens(tiny_dir) -> FakeRuntime:
     rt.tokenizer = load_tokenizer(  # type: ignore[assignment]
         tiny_dir, mask_id=cfg["mask_token_id"], pad_id=cfg["pad_token_id"], eos_id=cfg["eos_token_id"]
     )
-    rt.supports_holes = True  # type: ignore[misc]
+    rt.rows = CanvasBuilder(rt.tokenizer, rt.info.max_context)
+    rt.info = dataclasses.replace(rt.info, supports_holes=True)
     return rt
 
 
@@ -122,7 +126,7 @@ def test_control_token_strings_in_raw_and_infill_text_stay_text(real_tokens) -> 
 
     # Text without control strings is encoded exactly as before (the whole string at once).
     plain = "def f(x):\n    return x  # <|not a token|>\n"
-    assert rt.encode_prompt(plain) == tok.encode(plain)
+    assert rt.rows.encode_prompt(plain) == tok.encode(plain)
 
 
 def test_masks_written_in_a_holes_prompt_are_its_holes_and_nothing_else_is_a_control(real_tokens) -> None:

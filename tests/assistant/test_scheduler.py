@@ -31,7 +31,7 @@ def make_job(
     **params: Any,
 ) -> Job:
     ids = rt.tokenizer.encode(prompt)
-    row = rt.make_row(ids, tokens, chat=False)
+    row = rt.rows.make_row(ids, tokens, chat=False)
     params.setdefault("steps", tokens)
     return Job(
         row=row,
@@ -100,12 +100,12 @@ def test_queued_jobs_with_equal_params_run_as_one_batch_with_unchanged_results()
         for prompt, result in zip(prompts, results, strict=True):
             single = list(
                 alone.run(
-                    [alone.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
+                    [alone.rows.make_row(alone.tokenizer.encode(prompt), 8, chat=False)],
                     SamplingParams(max_new_tokens=8, steps=8),
                 )
             )[-1]
             assert isinstance(result, JobDone) and result.text == single.texts[0]
-        assert engine.counters["batched_rows"] == 5 and engine.counters["largest_batch"] == 5
+        assert engine.counters.batched_rows == 5 and engine.counters.largest_batch == 5
 
     asyncio.run(main())
 
@@ -139,9 +139,9 @@ def test_cancel_between_steps_frees_the_engine_for_the_next_job() -> None:
         assert isinstance(done, JobDone) and done.finish_reason == "cancelled" and done.steps_run < 10
         assert isinstance(result, JobDone) and result.finish_reason in ("stop", "length")
         # The next job waited for at most the step in flight (20 ms), not the 10 s the long one needed.
-        assert result.stats["queue_seconds"] < 0.5
+        assert result.stats.queue_seconds < 0.5
         assert time.monotonic() - t0 < 1.0
-        assert engine.counters["cancelled"] == 1
+        assert engine.counters.cancelled == 1
 
     asyncio.run(main())
 
@@ -156,7 +156,7 @@ def test_full_queue_is_refused_with_retry_after() -> None:
         with pytest.raises(QueueFull) as info:
             engine.submit(make_job(rt, "one too many"))
         assert info.value.retry_after is not None and info.value.retry_after >= 1
-        assert engine.counters["rejected"] == 1
+        assert engine.counters.rejected == 1
         engine.cancel(running)
         for job in queued:
             assert isinstance(await final(job), JobDone)
@@ -189,7 +189,7 @@ def test_a_newer_request_of_the_same_session_supersedes_the_older() -> None:
         old_done, new_done = await final(old), await final(new)
         engine.stop()
         assert isinstance(old_done, JobDone) and old_done.finish_reason == "cancelled"
-        assert old_done.stats["cancel_reason"] == "superseded"
+        assert old_done.stats.cancel_reason == "superseded"
         assert isinstance(new_done, JobDone) and new_done.finish_reason != "cancelled"
 
     asyncio.run(main())
@@ -321,8 +321,8 @@ def test_a_request_is_served_while_the_warm_up_goes_on_and_waits_for_its_own_pro
         assert isinstance(done, JobDone) and done.finish_reason in ("stop", "length")
         assert waited < 0.75  # its own 0.4 s compile, not also the one in progress
         # Its time and rate count generation only: the compile is reported apart.
-        assert done.stats["compile_seconds"] >= 0.4 and done.stats["compiled_programs"] == 1
-        assert done.stats["generate_seconds"] < 0.2
+        assert done.stats.compile_seconds >= 0.4 and done.stats.compiled_programs == 1
+        assert done.stats.generate_seconds < 0.2
         engine.stop()
 
     asyncio.run(main())
@@ -341,7 +341,7 @@ def test_a_request_whose_program_is_in_starts_during_a_warm_up_compile() -> None
         events = [e async for e in job.events()]
         assert time.monotonic() - t0 < 0.3  # not the second of the editor compile in progress
         assert not [e for e in events if isinstance(e, JobWaiting)]
-        assert isinstance(events[-1], JobDone) and events[-1].stats["compiled_programs"] == 0
+        assert isinstance(events[-1], JobDone) and events[-1].stats.compiled_programs == 0
         assert engine.status.compiling and "infill" in engine.status.compiling  # still compiling
         engine.stop()
 
@@ -360,7 +360,7 @@ def test_a_request_needing_the_program_the_warm_up_compiles_waits_for_that_compi
         done = await final(job)
         assert isinstance(done, JobDone) and time.monotonic() - t0 < 1.0  # the rest of that one compile
         # It waited for the warm-up's compile; nothing was compiled twice.
-        assert done.stats["compiled_programs"] == 0 and done.stats["compile_seconds"] > 0.1
+        assert done.stats.compiled_programs == 0 and done.stats.compile_seconds > 0.1
         assert len(rt.programs) == 1
         engine.stop()
 

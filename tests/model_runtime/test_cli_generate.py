@@ -384,7 +384,7 @@ def test_a_models_chat_defaults_are_read_checked_and_reported_by_the_daemon(micr
     expected = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus"}
     expected["retry_block"] = 64
     assert chat_defaults(model) == expected
-    assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).chat_defaults == expected
+    assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).info.chat_defaults == expected
     assert chat_defaults(micro_dir) == {}  # published checkpoints: no chat defaults
     bad = with_generation_config(micro_dir, tmp_path / "bad", top_p=1.5)
     with pytest.raises(ModelError, match=r"generation_config.json: top_p: must be in \(0, 1\]"):

@@ -32,7 +32,9 @@ def one_step(runtime, program) -> np.ndarray:  # type: ignore[no-untyped-def]
 
 
 def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -> None:
-    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=2)
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=2
+    )
     entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
     kept = cache.reference("step", (1, 32), entropy).program
     cache.reference("step", (1, 32), maskgit)
@@ -45,7 +47,9 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
     # A kept program still runs after the eviction cleared JAX's own caches.
     assert one_step(runtime, kept).shape == (1, 32)
     with pytest.raises(ValueError, match="max_programs: must be >= 2"):
-        ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
+        ProgramCache(
+            runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=1
+        )
 
 
 def _machine_bytes() -> int:
@@ -57,7 +61,7 @@ def test_the_ceiling_is_bounded_by_the_machine_not_by_a_count(runtime) -> None:
     """A count alone bounds nothing: a billion places for programs of a 7B model's size (about 400 MB
     each) used to report a ceiling of 400 PB. The byte budget bounds it by the machine's memory."""
     cache = ProgramCache(
-        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=10**9
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=10**9
     )
     cache.largest_bytes = 400 << 20
     info = cache.info()
@@ -70,7 +74,13 @@ def test_the_cache_evicts_by_bytes_and_keeps_the_newest_pair(runtime, monkeypatc
     """Programs and costs made up (no compile): past ``max_bytes`` the least recently used go, never the
     two newest; the ceiling is resident memory plus the room the bounds leave."""
     cache = ProgramCache(
-        runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=64, max_bytes=1000
+        runtime.config,
+        runtime.graphdef,
+        runtime.state,
+        runtime.info.dtype,
+        None,
+        max_programs=64,
+        max_bytes=1000,
     )
     with cache._lock:
         evicted = [cache._keep(("k", i), object(), cost) for i, cost in enumerate([400, 400, 400, 100])]
@@ -100,7 +110,7 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
     tok = runtime.tokenizer
 
     def row(text: str, seed: int):
-        return dataclasses.replace(runtime.make_row(tok.encode(text), 16, chat=False), seed=seed)
+        return dataclasses.replace(runtime.rows.make_row(tok.encode(text), 16, chat=False), seed=seed)
 
     def texts(rows) -> list[str]:
         done = [e for e in runtime.run(rows, params, stream=False) if isinstance(e, BatchDone)][-1]

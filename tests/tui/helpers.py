@@ -22,6 +22,7 @@ from textual.widgets import Markdown
 from assistant.client import APIError, DaemonUnavailable, Done, Step, Waiting
 from assistant.server.fake_runtime import IM_END_ID, FakeRuntime
 from assistant.server.http.native import Pieces
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
 from tui.settings import ChatSettings
@@ -124,17 +125,17 @@ class ScriptedBackend:
         request_id = f"req-{next(self._ids)}"
         tokens = params["max_new_tokens"]
         sampling = SamplingParams(max_new_tokens=tokens, steps=params.get("steps", tokens))
-        row = self.runtime.make_row(self.runtime.encode_chat(messages), tokens, chat=True)
+        row = self.runtime.rows.make_row(self.runtime.rows.encode_chat(messages), tokens, chat=True)
         if self.compile_first:
             yield Waiting(request_id, "compiling", "compiling the program for 1 x 256 tokens", 5.0)
             await self.resume.wait()
             if request_id in self.cancelled:
-                yield Done(request_id, "", "cancelled", stats={"steps": 0})
+                yield Done(request_id, "", "cancelled", stats=DoneStats(steps=0))
                 return
         for event in self.runtime.run([row], sampling):
             if isinstance(event, BatchStep):
                 if request_id in self.cancelled:
-                    yield Done(request_id, "", "cancelled", stats={"steps": event.step})
+                    yield Done(request_id, "", "cancelled", stats=DoneStats(steps=event.step))
                     return
                 self.steps_sent += 1
                 yield Step(
@@ -156,12 +157,12 @@ class ScriptedBackend:
                     request_id,
                     event.texts[0],
                     "stop",
-                    stats={
-                        "steps": event.stats.steps,
-                        "new_tokens": new,
-                        "generate_seconds": seconds,
-                        "tokens_per_second": new / seconds,
-                    },
+                    stats=DoneStats(
+                        steps=event.stats.steps,
+                        new_tokens=new,
+                        generate_seconds=seconds,
+                        tokens_per_second=new / seconds,
+                    ),
                     usage={"prompt_tokens": len(row.ids) - tokens, "completion_tokens": new},
                 )
 

@@ -240,6 +240,8 @@ def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_bloc
 
 
 def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_compiled() -> None:
+    import dataclasses
+
     from assistant.config import Config
     from assistant.server.fake_runtime import FakeRuntime
     from assistant.server.job_builder import build_job, warm_task
@@ -247,10 +249,11 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
     from assistant.server.warmup import default_plan
     from tui.settings import ChatConfig
 
-    rt = FakeRuntime(max_context=1024, length_buckets=(256, 384, 512))
-    rt.default_decoder = "fast"
-    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
-    chat, problem = ChatConfig().for_model(rt.chat_defaults)
+    defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
+    rt = FakeRuntime(
+        max_context=1024, length_buckets=(256, 384, 512), default_decoder="fast", chat_defaults=defaults
+    )
+    chat, problem = ChatConfig().for_model(defaults)
     assert problem == "" and chat.retry_block == 128
     ready, rest = default_plan(rt, Config(), accelerator=False)
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
@@ -276,6 +279,8 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
         (256, True),
     ]
     # A model without a second decode warms none.
-    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
+    rt.info = dataclasses.replace(
+        rt.info, chat_defaults={"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
+    )
     ready, rest = default_plan(rt, Config(), accelerator=False)
     assert len(ready) == 2 and [s.infill for s in rest[:2]] == [False, True]

@@ -90,7 +90,7 @@ def encode_prompts(
     rt: Runtime, messages: Sequence[list[dict[str, str]]], max_prompt_length: int
 ) -> list[list[int]]:
     """Chat prompts as ids, each cut to its last ``max_prompt_length`` tokens (published left truncation)."""
-    return [rt.encode_chat(m)[-max_prompt_length:] for m in messages]
+    return [rt.rows.encode_chat(m)[-max_prompt_length:] for m in messages]
 
 
 def generate(
@@ -113,7 +113,9 @@ def generate(
     start = time.perf_counter()
     completions: list[list[int]] = []
     for lo in range(0, len(prompts), batch_size):
-        rows = [rt.make_row(p, settings.max_new_tokens, chat=True) for p in prompts[lo : lo + batch_size]]
+        rows = [
+            rt.rows.make_row(p, settings.max_new_tokens, chat=True) for p in prompts[lo : lo + batch_size]
+        ]
         rows = [dataclasses.replace(row, seed=(seed + lo + j) % 2**32) for j, row in enumerate(rows)]
         events = rt.run(rows, dataclasses.replace(settings, seed=seed), stream=False)
         done = [e for e in events if isinstance(e, BatchDone)]  # without streaming: the one event

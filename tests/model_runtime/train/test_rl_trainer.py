@@ -180,7 +180,7 @@ def test_the_cli_trains_exports_a_loadable_model_and_refuses_changed_settings(
     facts = json.loads((out / "model" / "metrics.json").read_text())
     assert facts["rl"]["num_generations"] == 4 and facts["train"]["rollouts"] == 1
     rt = model_runtime.load(out / "model")
-    ids = rt.encode_chat([{"role": "user", "content": "hi"}])
+    ids = rt.rows.encode_chat([{"role": "user", "content": "hi"}])
     done = list(rt.generate([ids], model_runtime.SamplingParams(max_new_tokens=4, steps=4), chat=True))[-1]
     assert len(done.generated[0]) == 4
     capsys.readouterr()
@@ -258,7 +258,7 @@ def _mesh_run(run_dir: str, tiny_dir: str, tasks_file: str, tp: int, dp: int) ->
     t = RLTrainer(Path(run_dir), rt, read_tasks(tasks_file), [Reward("spaces", spaces, 1.0)], cfg, opts)
     history = t.run()
     t.close()
-    mesh = rt.mesh_info
+    mesh = rt.info.mesh
     keys = ("reward", "loss", "kl", "grad_norm")
     return {"mesh": [mesh["dp"], mesh["tp"]], "steps": [[h.get(k) for k in keys] for h in history]}
 

@@ -347,9 +347,9 @@ def test_bundled_model_writes_python_for_a_python_prompt():
     # What the README's `diffu generate --raw --prompt "def parse_date(text):"` runs: 128 masks, greedy, the
     # decoder the model recommends (the fast one: scripts/decoder_quality.py measured it writing better code).
     rt = model_runtime.load(bundled_model_dir(), length_buckets=(256,), batch_buckets=(1,))
-    assert rt.default_decoder == "fast"
+    assert rt.info.default_decoder == "fast"
     prompt = rt.tokenizer.encode("def parse_date(text):")
-    params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.default_decoder)
+    params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.info.default_decoder)
     done = list(rt.generate([prompt], params, chat=False))[-1]
     lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
     assert len(lines) >= 3, done.texts[0]
