@@ -169,7 +169,7 @@ async def drive() -> dict[str, Any]:
                     record["first_step_seconds"] = round(now, 3)
                 elif isinstance(event, Done):
                     record["answer_seconds"] = round(now, 3)
-                    record["compile_seconds"] = float(event.stats.get("compile_seconds", 0.0))
+                    record["compile_seconds"] = event.stats.compile_seconds
                 yield event
 
     backend = TimedBackend(load_config()[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -36,8 +37,12 @@ def test_the_model_the_fake_and_the_leader_are_runtimes(runtime, monkeypatch: py
         assert isinstance(rt, RuntimeProtocol), type(rt).__name__
         assert isinstance(rt.rows.tokenizer.stop_ids(chat=True), tuple) and rt.info.max_context > 0
         assert rt.rows.max_context == rt.info.max_context  # infill rows take in files up to the context
-    # What the leader is and how it builds rows are the wrapped runtime's, whole.
-    assert leader.info is fake.info and leader.rows is fake.rows
+    # What the leader is and how it builds rows are the wrapped runtime's, whole, but that it compiles
+    # between its batches: its followers take the published calls one at a time.
+    assert (
+        leader.info == dataclasses.replace(fake.info, concurrent_compile=False) and leader.rows is fake.rows
+    )
+    assert fake.info.concurrent_compile and runtime.info.concurrent_compile  # both on CPU
     assert leader.program_cache() is None and isinstance(runtime.program_cache()["held"], int)
     # The model's status facts, read once at load: its buckets hold the context, its chat defaults are
     # shared by every request, so nobody may change them.

@@ -127,7 +127,7 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
 def test_two_threads_asking_for_one_program_compile_it_once_and_one_runs_meanwhile(runtime) -> None:
     """The daemon's warm-up thread and its device thread may want the same program at once: one compiles
     it, the other waits and takes it. A program of another shape runs while a compile is under way."""
-    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None)
+    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None)
     spec = SamplerSpec(alg="entropy")
     held = cache.reference("step", (1, 32), spec).program
     with ThreadPoolExecutor(2) as pool:
