@@ -45,7 +45,6 @@ KNOWN_LONG: dict[str, str] = {
     "model_runtime/runtime.py:_run_fast": "#37 (the fast decoder)",
     "assistant/evals/sandbox.py": "#31's room (the sandbox grew past 450 with #31)",
     "assistant/evals/sandbox_child.py": "#31's room (the sandbox grew past 450 with #31)",
-    "lsp/server.py": "#34's room (the language server grew past 450 with #34)",
     "tui/app.py": "no owner yet: the chat's app",
 }
 
