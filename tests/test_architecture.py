@@ -43,8 +43,6 @@ KNOWN_LONG: dict[str, str] = {
     "assistant/cli/train.py:run": "#35 (the CLI commands)",
     "assistant/cli/train_rl.py:run": "#35 (the CLI commands)",
     "model_runtime/runtime.py:_run_fast": "#37 (the fast decoder)",
-    "assistant/evals/sandbox.py": "#31's room (the sandbox grew past 450 with #31)",
-    "assistant/evals/sandbox_child.py": "#31's room (the sandbox grew past 450 with #31)",
     "tui/app.py": "no owner yet: the chat's app",
 }
 
