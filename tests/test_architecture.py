@@ -226,6 +226,49 @@ def test_only_the_command_line_imports_the_editor_and_chat_clients() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# What the front ends (``tui``, ``lsp``) may use of ``assistant/``: the client library's public import and
+# the JAX-free modules below it. Not the server, the command line, the evaluation, nor the client
+# library's own modules (``assistant.client`` is the one import both front ends use).
+FRONT_END_IMPORTS = frozenset(
+    {
+        "assistant",  # the package itself, for __version__ (the editors' server info)
+        "assistant.client",
+        "assistant.wire",
+        "assistant.config",
+        "assistant.paths",
+        "assistant.errors",
+        "assistant.code_blocks",
+    }
+)
+FRONT_END_PACKAGES = ("assistant.infill",)  # and every module in it
+
+
+def front_end_may_import(target: str) -> bool:
+    """Whether a module of ``tui`` or ``lsp`` may import ``target``, a module of the four packages."""
+    if not (target == "assistant" or target.startswith("assistant.")):
+        return True  # the rule is about assistant/ only; the other rules hold for the rest
+    return target in FRONT_END_IMPORTS or any(
+        target == package or target.startswith(package + ".") for package in FRONT_END_PACKAGES
+    )
+
+
+def test_the_front_ends_import_only_the_client_side_of_assistant() -> None:
+    """The chat and the editors reach the daemon through ``assistant.client`` and share only pure,
+    JAX-free pieces of ``assistant/`` (the wire types, config, paths, the infill text handling, the code
+    blocks of an answer); what the evaluation and the chat both need lives below both."""
+    refused = ("assistant.evals.instructions", "assistant.server.job", "assistant.cli", "assistant.sse")
+    assert not any(map(front_end_may_import, refused))
+    assert front_end_may_import("assistant.infill.context") and front_end_may_import("model_runtime.params")
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if name.split(".")[0] in ("tui", "lsp")
+        for target in sorted(targets)
+        if not front_end_may_import(target)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def long_parts() -> dict[str, int]:
     """Every file over MAX_FILE_LINES and function over MAX_FUNCTION_LINES in the four packages, as
     ``path`` or ``path:function`` (the innermost name), with its length in lines."""
