@@ -7,6 +7,7 @@ shards. No code from the model directory runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from model_runtime.model import DreamModel
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
 from model_runtime.tokenizer import load_tokenizer
-from model_runtime.weights import ParamSpec
+from model_runtime.weights import ParamSpec, by_path
 
 Progress = Callable[[str, float], None]
 
@@ -108,6 +109,8 @@ def load(
     targets = check_names(cfg, tensors)
     jdtype = _dtype(dtype)
     if qspec is not None:
+        # Which matmul runs the quantized products decides how int4 is stored: settle it now.
+        qspec = qspec.resolved(1 if mesh is None else int(mesh.devices.size))
         for spec in targets.values():
             if qspec.applies(spec):
                 qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
@@ -167,6 +170,23 @@ def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
     return model_dir
 
 
+def _placed(
+    target: ParamSpec, array: np.ndarray, dtype: Any, q: quant.QuantSpec | None, mesh: Mesh | None
+) -> quant.Weight:
+    """One checkpoint tensor converted alone (layout change and dtype cast, or quantization) on the host,
+    then put onto its device, or its shards onto theirs."""
+
+    def put(host: np.ndarray) -> jax.Array:
+        if mesh is None:
+            return jax.device_put(host)
+        return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+
+    if q is None or not q.applies(target):
+        return put(np.asarray(target.convert(array), dtype=dtype))
+    host = quant.stored(*quant.quantize(target.convert(array), target, q, np.dtype(dtype)), target, q)
+    return dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
+
+
 def _place_weights(
     tensors: dict[str, TensorInfo],
     targets: dict[str, ParamSpec],
@@ -192,21 +212,41 @@ def _place_weights(
         node: Any = pure
         for part in target.path[:-1]:
             node = node[part]
-        leaf = str(target.path[-1])
-        # Convert this tensor alone: layout change and dtype cast (or quantization) on the host, then
-        # onto the device(s).
-        if qspec is not None and qspec.applies(target):
-            values, scale = quant.quantize(target.convert(array), target, qspec, np.dtype(jdtype))
-            placed = {leaf: values, leaf + "_scale": scale}
-        else:
-            placed = {leaf: np.asarray(target.convert(array), dtype=jdtype)}
-        for key, host in placed.items():
-            if mesh is None:
-                node[key] = jax.device_put(host)
-            else:
-                node[key] = sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
-        del placed
+        node[target.path[-1]] = _placed(target, array, jdtype, qspec, mesh)
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
     return graphdef, state
+
+
+def quantize_state(
+    state: nnx.State, cfg: DreamConfig, q: quant.QuantSpec, *, delete: bool = True
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """A float model's NNX state -> (graphdef, state) of the same model quantized, tensor by tensor on
+    its device (each float weight is deleted once quantized when ``delete``, so the peak is one tensor
+    above the quantized model plus the float remainder). For models that exist only in memory: the
+    random-weight benchmarks, a model just trained. ``q.kernel="auto"`` is settled for one device."""
+    q = q.resolved(1)
+    dtype = jax.tree.leaves(state)[0].dtype
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=dtype, rngs=nnx.Rngs(0), quant=q))
+    graphdef, out_state = nnx.split(abstract)
+    src, out = nnx.to_pure_dict(state), nnx.to_pure_dict(out_state)
+    fns: dict[tuple[Any, ...], Callable[[jax.Array], quant.QArray]] = {}
+    for path, spec in by_path(cfg).items():
+        s: Any = src
+        o: Any = out
+        for part in path[:-1]:
+            s, o = s[part], o[part]
+        w = s[path[-1]]
+        if not q.applies(spec):
+            o[path[-1]] = w
+            continue
+        key = (spec.shape, spec.contract, str(w.dtype))
+        if key not in fns:
+            fns[key] = jax.jit(lambda w, spec=spec: quant.stored(*quant.quantize_device(w, spec, q), spec, q))
+        o[path[-1]] = fns[key](w)
+        if delete:
+            jax.block_until_ready(o[path[-1]])
+            w.delete()
+    nnx.replace_by_pure_dict(out_state, out)
+    return graphdef, out_state

@@ -8,7 +8,6 @@ programs are in ``fast.py``. ``loader.load`` builds a Runtime from a checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeInfo, RuntimeProtocol
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
-from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
+from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
 from model_runtime.programs import ProgramCache, ReferenceProgram
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
@@ -155,7 +154,7 @@ class Runtime:
         """
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            _, _, _, fspec = self._fast_layout(rows, params, shape)
+            _, _, _, fspec = fast.layout(rows, params, shape)
             _, seconds, compiled, hits = self._programs.fast(shape, fspec)
             return CompileReport(seconds, compiled, hits)
         built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
@@ -164,7 +163,7 @@ class Runtime:
     def _program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> list[tuple]:
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            return self._programs.fast_keys(shape, self._fast_layout(rows, params, shape)[3])
+            return self._programs.fast_keys(shape, fast.layout(rows, params, shape)[3])
         return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
 
     # -- running --------------------------------------------------------------------------------
@@ -322,24 +321,34 @@ class Runtime:
             hits=hits,
         )
 
-    def _fast_layout(
-        self, rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
-    ) -> tuple[int, int, int, fast.FastSpec]:
-        """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
-        the programs' static switches. Every row's region sits in the same columns (``_checked_shape``)."""
-        n = shape[1]
-        r = rows[0]
-        lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
-        hi = n - len(r.ids) + r.region[1]
-        size = fast_block_size(params.block_length, hi - lo, n - 1)
-        fspec = fast.FastSpec(
-            sampler=dataclasses.replace(
-                SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
-            ),
-            block_length=size,
-            use_factor=params.factor is not None,
+    def fast_calls(self, rows: Sequence[CanvasRow], params: SamplingParams) -> fast.FastCalls:
+        """The fast decoder's compiled programs for ``rows`` bound to their inputs, as ``run`` calls them
+        (for benchmarks that time a refresh or a block on its own). InputError as ``run`` would."""
+        if params.decoder != "fast":
+            raise InputError("fast_calls: the sampling parameters must name the fast decoder")
+        return self._fast_calls(list(rows), params, self._checked_shape(rows, params))
+
+    def _fast_calls(
+        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int]
+    ) -> fast.FastCalls:
+        lo, hi, size, fspec = fast.layout(rows, params, shape)
+        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
+        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
+        return fast.FastCalls(
+            refresh_program=refresh,
+            block_program=block,
+            state=self.state,
+            batch=batch,
+            attn=jnp.asarray(batch.attn),
+            keys=row_keys([r.seed_for(params) for r in rows], shape[0]),
+            sampling=Knobs.of(params).sampling(),
+            threshold=jnp.float32(params.threshold),
+            factor=jnp.float32(params.factor or 1.0),
+            lo=lo,
+            hi=hi,
+            size=size,
+            compiled=CompileReport(compile_s, compiled, hits),
         )
-        return lo, hi, size, fspec
 
     def _run_fast(
         self,
@@ -356,14 +365,10 @@ class Runtime:
         Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
         of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
         """
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        lo, hi, size, fspec = self._fast_layout(rows, params, shape)
-        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
-        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
-        knobs = Knobs.of(params)
-        threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
-        keys = row_keys([r.seed_for(params) for r in rows], shape[0])
-        starts = list(range(lo, hi, size))
+        calls = self._fast_calls(rows, params, shape)
+        batch, lo, hi, size = calls.batch, calls.lo, calls.hi, calls.size
+        x = jnp.asarray(batch.x)
+        starts = calls.starts
         stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
         mask_id = self.config.mask_token_id
         bound = hi - lo  # every forward commits at least one position of every row
@@ -373,22 +378,9 @@ class Runtime:
         for b, start in enumerate(starts):
             where = (b, len(starts))
             t0 = time.perf_counter()
-            key = step_keys(keys, b)
-            x, caches = refresh(
-                self.state,
-                x,
-                attn,
-                jnp.int32(start),
-                step_keys(key, 0),
-                *knobs.sampling(),
-            )
+            x, caches = calls.refresh(x, b)
             forwards += 1
-            # The last block may be short, or the region shorter than a block: slide the window back,
-            # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
-            window = max(0, min(start, hi - size))
-            # The block loop's arguments after the cache; then how many forwards it has run, and how many
-            # more it may run in this call.
-            loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
+            window = calls.window(b)
             if stream and every_forward:
                 cur = processes.host(x)  # one host sync per forward: the event
                 seconds = time.perf_counter() - t0
@@ -400,7 +392,7 @@ class Runtime:
                     if not np.any(cur[:, window : window + size] == mask_id):
                         break
                     t0 = time.perf_counter()
-                    x, caches, _ = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
+                    x, caches, _ = calls.block(x, caches, b, i, 1)
                     forwards += 1
                     cur = processes.host(x)
                     yield batch.step_event(
@@ -409,7 +401,7 @@ class Runtime:
                     prev = cur
                 cur = np.array(cur)
             else:
-                x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
+                x, _, iters = calls.block(x, caches, b, 0, size)
                 cur = np.array(processes.host(x))  # one host sync per block: the event, end-of-text check
                 forwards += int(processes.host(iters))
                 if stream:
@@ -424,15 +416,16 @@ class Runtime:
             prev = cur
             if done:
                 break
+        report = calls.compiled
         yield batch.done_event(
             prev,
             self.tokenizer,
             pad_id=self.config.pad_token_id,
             steps=forwards,
             elapsed=time.perf_counter() - t_start,
-            compile_s=compile_s,
-            compiled=compiled,
-            hits=hits,
+            compile_s=report.seconds,
+            compiled=report.compiled,
+            hits=report.cache_hits,
             decoder="fast",
         )
 

@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 from tests.assistant.helpers import REPO
 
 PACKAGES = ("assistant", "model_runtime", "lsp", "tui")
@@ -23,12 +21,6 @@ PACKAGES = ("assistant", "model_runtime", "lsp", "tui")
 # Import circles that other branches of issue #33 remove, each as the files it joins. The lead deletes an
 # entry when its branch lands: ``test_a_known_circle_is_still_there`` fails as soon as one is gone, so an
 # entry never outlives its circle.
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    # quant.quantize_state builds a DreamModel (#36 moves it to the loading side).
-    "#36 model <-> quant": frozenset({"model_runtime.model", "model_runtime.quant"}),
-}
-
-
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last line of its body, nested functions included
 
@@ -42,7 +34,6 @@ KNOWN_LONG: dict[str, str] = {
     "assistant/cli/train.py:register": "#35 (the CLI commands)",
     "assistant/cli/train.py:run": "#35 (the CLI commands)",
     "assistant/cli/train_rl.py:run": "#35 (the CLI commands)",
-    "model_runtime/runtime.py:_run_fast": "#37 (the fast decoder)",
     "tui/app.py": "no owner yet: the chat's app",
 }
 
@@ -191,25 +182,8 @@ def later():
 
 def test_no_import_circle_between_files() -> None:
     edges = graph()
-    unknown = [
-        describe(edges, c) for c in circles(edges) if not any(c <= known for known in KNOWN_CIRCLES.values())
-    ]
-    assert not unknown, "import circles:\n" + "\n".join(unknown)
-
-
-@pytest.mark.parametrize(
-    "known",
-    [
-        pytest.param(k, marks=pytest.mark.xfail(raises=AssertionError, strict=True, reason=k))
-        for k in KNOWN_CIRCLES
-    ],
-)
-def test_a_known_circle_is_still_there(known: str) -> None:
-    """Expected to fail while the circle exists; once it is gone this passes, which (strict) fails the
-    run until the entry is taken out of KNOWN_CIRCLES."""
-    edges = graph()
-    left = [describe(edges, c) for c in circles(edges) if c & KNOWN_CIRCLES[known]]
-    assert not left, f"{known}: " + "; ".join(left)
+    found = [describe(edges, c) for c in circles(edges)]
+    assert not found, "import circles:\n" + "\n".join(found)
 
 
 def test_only_the_command_line_imports_the_editor_and_chat_clients() -> None:
