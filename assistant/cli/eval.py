@@ -398,7 +398,7 @@ class _Progress:
         self._progress.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:  # the exception's type, value and traceback, passed on
         self._progress.__exit__(*exc)
 
     def stage(self, description: str, total: int):
