@@ -28,9 +28,6 @@ MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last line of its body, n
 # deletes an entry when its branch lands. An entry that is no longer over the limit fails the test, so
 # none outlives its offender.
 KNOWN_LONG: dict[str, str] = {
-    "assistant/evals/sandbox.py": "#31's room (the sandbox grew past 450 with #31)",
-    "assistant/evals/sandbox_child.py": "#31's room (the sandbox grew past 450 with #31)",
-    "lsp/server.py": "#34's room (the language server grew past 450 with #34)",
     "tui/app.py": "no owner yet: the chat's app",
 }
 
@@ -194,6 +191,49 @@ def test_only_the_command_line_imports_the_editor_and_chat_clients() -> None:
             in_cli = name == "assistant.cli" or name.startswith("assistant.cli.")
             if front_end in ("tui", "lsp") and front_end != own and not in_cli:
                 wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+# What the front ends (``tui``, ``lsp``) may use of ``assistant/``: the client library's public import and
+# the JAX-free modules below it. Not the server, the command line, the evaluation, nor the client
+# library's own modules (``assistant.client`` is the one import both front ends use).
+FRONT_END_IMPORTS = frozenset(
+    {
+        "assistant",  # the package itself, for __version__ (the editors' server info)
+        "assistant.client",
+        "assistant.wire",
+        "assistant.config",
+        "assistant.paths",
+        "assistant.errors",
+        "assistant.code_blocks",
+    }
+)
+FRONT_END_PACKAGES = ("assistant.infill",)  # and every module in it
+
+
+def front_end_may_import(target: str) -> bool:
+    """Whether a module of ``tui`` or ``lsp`` may import ``target``, a module of the four packages."""
+    if not (target == "assistant" or target.startswith("assistant.")):
+        return True  # the rule is about assistant/ only; the other rules hold for the rest
+    return target in FRONT_END_IMPORTS or any(
+        target == package or target.startswith(package + ".") for package in FRONT_END_PACKAGES
+    )
+
+
+def test_the_front_ends_import_only_the_client_side_of_assistant() -> None:
+    """The chat and the editors reach the daemon through ``assistant.client`` and share only pure,
+    JAX-free pieces of ``assistant/`` (the wire types, config, paths, the infill text handling, the code
+    blocks of an answer); what the evaluation and the chat both need lives below both."""
+    refused = ("assistant.evals.instructions", "assistant.server.job", "assistant.cli", "assistant.sse")
+    assert not any(map(front_end_may_import, refused))
+    assert front_end_may_import("assistant.infill.context") and front_end_may_import("model_runtime.params")
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if name.split(".")[0] in ("tui", "lsp")
+        for target in sorted(targets)
+        if not front_end_may_import(target)
+    ]
     assert not wrong, "\n".join(wrong)
 
 

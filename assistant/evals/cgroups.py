@@ -104,9 +104,9 @@ def find() -> list[Hierarchy]:
             name = next(iter(held), None)
             if name is None or name not in own:
                 continue
-            base = _below(root, point, own[name])
-            if base is not None and _writable(base):
-                found.append(Hierarchy(1, base, held))
+            below = _below(root, point, own[name])
+            if below is not None and _writable(below):
+                found.append(Hierarchy(1, below, held))
     return found
 
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from assistant.evals.instructions import parsed
+from assistant.code_blocks import parsed
 from assistant.evals.sandbox import Limits, Sandbox
 
 RewardFn = Callable[..., list]

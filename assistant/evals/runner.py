@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
@@ -116,6 +117,7 @@ class LocalGenerator:
                 done = None
                 for event in self.rt.run(rows, params, stream=False):
                     done = event
+                assert done is not None, "a run ends with its BatchDone"
                 share = done.stats.generate_seconds / len(chunk)
                 for (i, row), text in zip(chunk, done.texts, strict=True):
                     out[i] = Generated(text, share, row.region[1] - row.region[0])
@@ -220,7 +222,7 @@ def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> 
                 Task(
                     p.task_id,
                     Job(prompt, tokens, chat=True),
-                    lambda code, p=p: he.instruct_program(p, code),
+                    partial(he.instruct_program, p),
                     he.cut_instruct,
                 )
             )
@@ -290,7 +292,7 @@ def score(
     """Run every completion's program; per-sample results and pass@k (k at most the samples per task)."""
     flat = [(ti, j, c) for ti, cs in enumerate(completions) for j, c in enumerate(cs)]
     programs = [tasks[ti].program(c) for ti, _, c in flat]
-    results = []
+    results: list[dict[str, Any]] = []
     isolation: dict[str, Any] = {}
     with Sandbox(sandbox_limits, workers=workers) as sandbox:
         for (ti, j, c), outcome in zip(flat, sandbox.map(programs, advance), strict=True):

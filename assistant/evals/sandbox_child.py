@@ -17,8 +17,8 @@ environment. Three processes follow, all from this file:
    (``setresuid`` to ``nobody``, then a user namespace of its own so that its process limit counts its
    own processes only), sets resource limits, drops every capability, applies a Landlock ruleset (read
    and execute under the Python installation and the system library directories, read and write in
-   its working directory only, no TCP bind or connect, no signals to processes outside the sandbox),
-   reports that on the result pipe and runs the program.
+   its working directory only, no TCP bind or connect, no signals to processes outside the sandbox:
+   ``sandbox_landlock.py``), reports that on the result pipe and runs the program.
 
 Everything is irreversible for the program: it holds no capability, hard limits cannot be raised, a
 Landlock domain can only be narrowed and namespaces cannot be left.
@@ -34,6 +34,7 @@ harness, which keeps its verdict in the program's process too.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import resource
@@ -41,6 +42,8 @@ import signal
 import stat
 import sys
 import traceback
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -57,45 +60,25 @@ PR_SET_DUMPABLE = 4
 # Where the program's tmpfs goes in its own mount namespace: /tmp exists everywhere and everyone may
 # pass through it, so the program reaches its directory whatever the modes of the evaluator's temp dir.
 MOUNT_POINTS = ("/tmp", "/var/tmp")
-
-# Landlock (linux/landlock.h). x86-64 and arm64 share these generic syscall numbers.
-SYS_LANDLOCK_CREATE_RULESET = 444
-SYS_LANDLOCK_ADD_RULE = 445
-SYS_LANDLOCK_RESTRICT_SELF = 446
-LANDLOCK_CREATE_RULESET_VERSION = 1
-LANDLOCK_RULE_PATH_BENEATH = 1
-PR_SET_NO_NEW_PRIVS = 38
-
-FS_EXECUTE = 1 << 0
-FS_WRITE_FILE = 1 << 1
-FS_READ_FILE = 1 << 2
-FS_READ_DIR = 1 << 3
-FS_TRUNCATE = 1 << 14
-FS_IOCTL_DEV = 1 << 15
-# Rights valid on a single file (the others only make sense on directories).
-FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
-NET_BIND_TCP = 1 << 0
-NET_CONNECT_TCP = 1 << 1
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
-SCOPE_SIGNAL = 1 << 1
-
-READ_ONLY_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin")
-READ_ONLY_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/dev/random", "/dev/zero")
-READ_WRITE_FILES = ("/dev/null",)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
+def _sibling(name: str) -> ModuleType:
+    """A module beside this file, loaded by its path. ``python -I`` keeps this file's directory off
+    ``sys.path`` (the program cannot import from it either), and the evaluator's own packages may not be
+    importable here at all; it is loaded in the outer process, before any confinement."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} beside {__file__}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+if TYPE_CHECKING:
+    from assistant.evals import sandbox_landlock
+else:
+    sandbox_landlock = _sibling("sandbox_landlock")
 
 
 class _CapHeader(ctypes.Structure):
@@ -266,75 +249,6 @@ def set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def landlock(libc: ctypes.CDLL, workdir: str, read_dirs: list[str]) -> int:
-    """Confine the filesystem (and, where supported, TCP and signals); returns the ABI used, 0 if none."""
-    syscall = libc.syscall
-    syscall.restype = ctypes.c_long
-    abi = syscall(
-        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
-        None,
-        ctypes.c_size_t(0),
-        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
-    )
-    if abi < 1:
-        return 0
-    handled_fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
-    if abi >= 2:
-        handled_fs |= 1 << 13  # refer
-    if abi >= 3:
-        handled_fs |= FS_TRUNCATE
-    if abi >= 5:
-        handled_fs |= FS_IOCTL_DEV
-    attr = _RulesetAttr(handled_fs, 0, 0)
-    size = 8
-    if abi >= 4:
-        attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP  # handled and never allowed
-        size = 16
-    if abi >= 6:
-        attr.scoped = SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET
-        size = 24
-    fd = syscall(
-        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
-        ctypes.byref(attr),
-        ctypes.c_size_t(size),
-        ctypes.c_uint32(0),
-    )
-    if fd < 0:
-        return 0
-    read_only = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-
-    def allow(path: str, access: int) -> None:
-        try:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return  # a directory this system lacks
-        try:
-            if not os.path.isdir(path):
-                access &= FILE_RIGHTS
-            rule = _PathBeneath(access & handled_fs, pfd)
-            syscall(
-                ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
-                ctypes.c_int(fd),
-                ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                ctypes.byref(rule),
-                ctypes.c_uint32(0),
-            )
-        finally:
-            os.close(pfd)
-
-    for path in [*READ_ONLY_DIRS, *read_dirs, *READ_ONLY_FILES]:
-        allow(path, read_only)
-    for path in READ_WRITE_FILES:
-        allow(path, FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)
-    allow(workdir, handled_fs)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        os.close(fd)
-        return 0
-    ok = syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) == 0
-    os.close(fd)
-    return int(abi) if ok else 0
-
-
 def harness(source: str, nonce: str, result_fd: int) -> None:
     """Run the program as ``__main__``, then write the verdict on ``result_fd``; never returns.
 
@@ -380,7 +294,7 @@ def program(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
     # be closed to the program's uid.
     os.fchdir(workdir_fd)
     os.close(workdir_fd)
-    report["landlock_abi"] = landlock(libc, ".", config["read_dirs"])
+    report["landlock_abi"] = sandbox_landlock.landlock(libc, ".", config["read_dirs"])
     with open("program.py", "w", encoding="utf-8") as f:  # for tracebacks' source lines
         f.write(source)
     os.write(result_fd, (json.dumps(report) + "\n").encode())

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from assistant.evals.sandbox import Limits, Sandbox, remove_tree
+from assistant.evals.sandbox import Limits, Sandbox
 from assistant.evals.sandbox_child import MOUNT_POINTS
+from assistant.evals.sandbox_cleanup import remove_tree
 from tests.assistant.helpers import process_start, sandbox_pids, sandbox_processes
 
 SECRET = "diffu-secret-token-7f3a"

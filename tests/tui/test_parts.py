@@ -206,7 +206,7 @@ def test_chat_defaults_the_chat_cannot_take_are_left_out_and_explained(tmp_path:
 
 
 def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_blocks() -> None:
-    from assistant.evals.instructions import unparsed_code
+    from assistant.code_blocks import unparsed_code
 
     # What needs a second decode: a python (or unlabelled) block none of whose closed blocks parses.
     assert unparsed_code("```python\ndef f(x)\n    return x\n```")
