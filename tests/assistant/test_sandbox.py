@@ -25,6 +25,7 @@ from assistant.evals.sandbox import Limits, Sandbox
 from assistant.evals.sandbox_child import MOUNT_POINTS
 from assistant.evals.sandbox_cleanup import remove_tree
 from tests.assistant.helpers import process_start, sandbox_pids, sandbox_processes
+from tests.preconditions import precondition
 
 SECRET = "diffu-secret-token-7f3a"
 
@@ -69,8 +70,7 @@ def _watch(sandbox: Sandbox, program: str, look) -> tuple:
 
 def _need(isolation: dict, *keys: str) -> None:
     missing = [k for k in keys if not isolation.get(k)]
-    if missing:
-        pytest.skip(f"this kernel does not grant {', '.join(missing)}")
+    precondition(not missing, f"this kernel does not grant {', '.join(missing)}")
 
 
 def test_a_correct_program_passes_and_a_wrong_one_fails(sandbox):
@@ -273,8 +273,10 @@ def test_a_leftover_writing_files_changes_nothing_above_its_directory(private_tm
 
 
 def test_memory_across_processes_stays_within_the_sandbox_total(isolation):
-    if isolation.get("cgroup_memory") is False:
-        pytest.skip("no memory cgroup here: memory is bounded per process only (docs/eval.md)")
+    precondition(
+        isolation.get("cgroup_memory") is not False,
+        "no memory cgroup here: memory is bounded per process only (docs/eval.md)",
+    )
     limit = 256 << 20
     # Three processes of 150 MB each, one after the other, holding their memory: together 450 MB.
     program = textwrap.dedent("""
@@ -299,8 +301,10 @@ def test_memory_across_processes_stays_within_the_sandbox_total(isolation):
 
 
 def test_disk_across_processes_stays_within_the_sandbox_total(sandbox, isolation, private_tmp):
-    if isolation.get("work_dir") == "temp dir":
-        pytest.skip("no mount namespace here: disk is bounded per file only (docs/eval.md)")
+    precondition(
+        isolation.get("work_dir") != "temp dir",
+        "no mount namespace here: disk is bounded per file only (docs/eval.md)",
+    )
     # Three processes writing two files of 20 MB each: 120 MB against the run's 64 MiB.
     program = textwrap.dedent("""
         import os

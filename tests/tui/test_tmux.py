@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.assistant.helpers import DaemonProcess
+from tests.preconditions import precondition
 from tui.settings import ChatSettings
 from tui.store import ChatStore
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)"
-)
+
+@pytest.fixture(autouse=True)
+def _tmux_installed() -> None:
+    precondition(shutil.which("tmux") is not None, "tmux is not installed (.ci/run installs it)")
 
 
 class Tmux:
