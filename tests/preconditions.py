@@ -1,8 +1,8 @@
 """What a test needs of the machine: skipped where it is missing, failed where ``CI`` is set.
 
 The CI run is meant to have everything (``.ci/run`` installs Neovim and tmux, builds the VS Code extension
-and sets ``CI``; its machine grants the namespaces, Landlock and cgroups the sandbox uses), so a skip there
-would hide a regression behind a missing precondition.
+and sets ``CI``; its machine grants the user and network namespaces and Landlock the sandbox relies on),
+so a skip there would hide a regression behind a missing precondition.
 """
 
 from __future__ import annotations

@@ -273,10 +273,10 @@ def test_a_leftover_writing_files_changes_nothing_above_its_directory(private_tm
 
 
 def test_memory_across_processes_stays_within_the_sandbox_total(isolation):
-    precondition(
-        isolation.get("cgroup_memory") is not False,
-        "no memory cgroup here: memory is bounded per process only (docs/eval.md)",
-    )
+    # Whether the evaluator may create cgroups depends on the machine and the user (docs/eval.md says what
+    # holds without them), not on what CI installs: a skip here, not a CI failure.
+    if isolation.get("cgroup_memory") is False:
+        pytest.skip("no memory cgroup here: memory is bounded per process only (docs/eval.md)")
     limit = 256 << 20
     # Three processes of 150 MB each, one after the other, holding their memory: together 450 MB.
     program = textwrap.dedent("""
@@ -301,10 +301,8 @@ def test_memory_across_processes_stays_within_the_sandbox_total(isolation):
 
 
 def test_disk_across_processes_stays_within_the_sandbox_total(sandbox, isolation, private_tmp):
-    precondition(
-        isolation.get("work_dir") != "temp dir",
-        "no mount namespace here: disk is bounded per file only (docs/eval.md)",
-    )
+    if isolation.get("work_dir") == "temp dir":  # as for the memory cgroup above
+        pytest.skip("no mount namespace here: disk is bounded per file only (docs/eval.md)")
     # Three processes writing two files of 20 MB each: 120 MB against the run's 64 MiB.
     program = textwrap.dedent("""
         import os
