@@ -56,7 +56,7 @@ def _buckets(values: tuple[int, ...]) -> str:
 
 
 def _quantize(value: str) -> str:
-    return "" if value in ("int8", "int4") else f"must be int8 or int4 (or unset), got {value!r}"
+    return "" if value in ("int8", "int4") else f"expected one of int8, int4; got {value!r}"
 
 
 def _host(value: str) -> str:

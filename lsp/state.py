@@ -196,6 +196,7 @@ def status_item(
 STAGES = {
     Stage.STARTING: "starting the daemon",
     Stage.LOADING: "loading the model",
+    Stage.COMPILING: "compiling the model",
     Stage.WARMING: "warming up",
     Stage.READY: "ready",
     HEALTH_OK: "ready",

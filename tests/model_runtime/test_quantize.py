@@ -179,7 +179,7 @@ def test_bad_quantize_values_give_one_line_and_exit_2(
     assert "expected one of int8, int4; got 'int3'" in capsys.readouterr().err
     from assistant.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="DIFFU_QUANTIZE: quantize: must be int8 or int4"):
+    with pytest.raises(ConfigError, match="DIFFU_QUANTIZE: quantize: expected one of int8, int4; got"):
         load_config(env={"DIFFU_QUANTIZE": "int3"}, path=tmp_path / "none.toml")
     assert load_config({"quantize": "int4"}, env={}, path=tmp_path / "none.toml")[0].quantize == "int4"
 
