@@ -56,7 +56,7 @@ def _buckets(values: tuple[int, ...]) -> str:
 
 
 def _quantize(value: str) -> str:
-    return "" if value in ("int8", "int4") else f"must be int8 or int4 (or unset), got {value!r}"
+    return "" if value in ("int8", "int4") else f"expected one of int8, int4; got {value!r}"
 
 
 def _host(value: str) -> str:
@@ -96,6 +96,11 @@ class Config:
         None, rule=http_url, help="clients only: talk to this daemon instead of looking for one"
     )
     autostart: bool = option(True, help="clients only: start a background daemon when none is running")
+    stop_daemon_with_chat: bool = option(
+        False,
+        help="diffu chat stops the daemon it started when it quits; by default the daemon stays, keeping "
+        "the model loaded and its programs compiled for the next chat, diffu generate, eval and editors",
+    )
     allowed_hosts: tuple[str, ...] = option(
         (), help="extra Host-header names accepted on a loopback bind (the DNS-rebinding allowlist)"
     )
@@ -172,7 +177,8 @@ class Config:
         256,
         ge=8,
         le=65536,
-        help="open connections at most; past it new ones get 503, so idle sockets cannot lock clients out",
+        help="open connections at most; past it a new one closes the longest idle or unauthenticated one "
+        "(503 only when all serve requests with the token), so idle sockets cannot lock clients out",
     )
     log_level: str = option("info", choices=LOG_LEVELS, help="the daemon's log level")
 

@@ -26,6 +26,7 @@ from pygls.protocol.language_server import lsp_method
 from pygls.workspace import TextDocument
 
 from assistant import __version__
+from assistant.wire import HEALTH_OK
 from lsp import capabilities
 from lsp.cache import SuggestionCache
 from lsp.jsonrpc import ConformantProtocol, serve
@@ -168,7 +169,7 @@ class DiffuLanguageServer(LanguageServer):
             link_state=link.state if link is not None else "connecting",
             busy=self.busy > 0,
             error=link.error if link is not None else "",
-            detail=stage_message(stage, detail) if stage and stage != "ok" else "",
+            detail=stage_message(stage, detail) if stage and stage != HEALTH_OK else "",
             latency_ms=self.timings.last_ms,
             model=link.model if link is not None else "",
         )

@@ -29,7 +29,7 @@ from lsprotocol import types
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
-from assistant.wire import prompt_budget
+from assistant.wire import ENDED, HEALTH_OK, ErrorCode, Stage, prompt_budget
 from lsp.state import stage_message
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 5.0  # after a failure, requests fail fast for this long; then the next one tries again
 FIT_ATTEMPTS = 3  # prompt builds per request when the daemon says a prompt does not fit
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the daemon's error code (OpenAI's) for an overflow
 # The link's states, as the status item shows them.
 CONNECTING, READY, UNAVAILABLE = "connecting", "ready", "unavailable"
 
@@ -117,8 +116,8 @@ class Progress:
         while True:
             self._changed.clear()
             stage, fraction, detail = self.latest
-            if stage in ("ok", "failed", "stopping"):
-                message = "model ready" if stage == "ok" else stage_message(stage, detail)
+            if stage == HEALTH_OK or stage in ENDED:
+                message = "model ready" if stage == HEALTH_OK else stage_message(stage, detail)
                 progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
             progress.report(
@@ -130,10 +129,14 @@ class Progress:
             await self._changed.wait()
 
 
+# Getting the daemon ready: its weights load, then it compiles the chat's first programs (the rest of its
+# warm-up, the editor's shapes among it, compiles in the background once it is ready).
+_SHARES: dict[str, tuple[float, float]] = {Stage.LOADING: (0.0, 80.0), Stage.COMPILING: (80.0, 100.0)}
+
+
 def _percent(stage: str, fraction: float) -> int:
-    # The daemon serves once its weights are loaded (its programs compile in the background, between
-    # requests): loading is all there is to getting ready.
-    return int(min(max(100.0 * fraction, 0.0), 100.0)) if stage == "loading" else 0
+    low, high = _SHARES.get(stage, (0.0, 0.0))
+    return int(low + (high - low) * min(max(fraction, 0.0), 1.0))
 
 
 class DaemonLink:
@@ -197,7 +200,11 @@ class DaemonLink:
             raise DaemonUnavailable(f"diffu configuration error: {exc}") from None
         self.config = config
         # Reads wait for whole generations; connecting has its own 10 s limit inside the client.
-        return AsyncClient(config=config, progress=self.progress, timeout=config.max_seconds + 60)
+        # The editor's shapes are not the chat's: it connects once the daemon takes requests, and asks for
+        # its own programs (``_warm``) instead of waiting for the chat's to compile.
+        return AsyncClient(
+            config=config, progress=self.progress, timeout=config.max_seconds + 60, wait_compiled=False
+        )
 
     def start(self) -> None:
         """Begin connecting in the background (the editor just finished initializing)."""
@@ -231,6 +238,9 @@ class DaemonLink:
                 self.client = self._build()
             client = self.client
             endpoint = await client.connect()
+            # It takes requests now (the chat's programs may still compile: not the editor's business),
+            # so the start-up progress ends here rather than at the daemon's "ok".
+            self.progress("ok", 1.0, "")
             models = await client.request("GET", "/v1/models")
             status = await client.status()
         except (DaemonUnavailable, APIError) as exc:
@@ -388,7 +398,7 @@ class DaemonLink:
 
 def is_overflow(exc: APIError) -> bool:
     """Whether the daemon refused a prompt that, with its canvas, exceeds the model's context."""
-    return exc.code == CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
+    return exc.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and isinstance(exc.details.get("prompt_tokens"), int)
 
 
 def overflow_facts(exc: APIError) -> tuple[int | None, int | None]:

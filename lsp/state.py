@@ -12,6 +12,8 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
+from assistant.wire import HEALTH_OK, Stage
+
 TIMINGS_KEPT = 200
 
 
@@ -192,13 +194,14 @@ def status_item(
 # The daemon's start-up stages in words: the ``status`` of its /health stream (``ok`` once it serves), the
 # scheduler's own names for the serving stages, and ``failed`` for an attempt that did not connect.
 STAGES = {
-    "starting": "starting the daemon",
-    "loading": "loading the model",
-    "warming": "warming up",
-    "ready": "ready",
-    "ok": "ready",
-    "failed": "the daemon failed",
-    "stopping": "the daemon is stopping",
+    Stage.STARTING: "starting the daemon",
+    Stage.LOADING: "loading the model",
+    Stage.COMPILING: "compiling the model",
+    Stage.WARMING: "warming up",
+    Stage.READY: "ready",
+    HEALTH_OK: "ready",
+    Stage.FAILED: "the daemon failed",
+    Stage.STOPPING: "the daemon is stopping",
 }
 
 

@@ -194,8 +194,8 @@ async def ask(
     prompt = prompts[-1]
     link.learn_ratio(len(prompt.prefix) + len(prompt.suffix), int(dones[0].usage.get("prompt_tokens", 0)))
     daemon_ms = (time.perf_counter() - sent) * 1000
-    engine_ms = float(dones[0].stats.get("generate_seconds", 0.0)) * 1000
-    queue_ms = float(dones[0].stats.get("queue_seconds", 0.0)) * 1000
+    engine_ms = dones[0].stats.generate_seconds * 1000
+    queue_ms = dones[0].stats.queue_seconds * 1000
     texts: list[str] = []
     for done in dones:
         if done.finish_reason == "cancelled":

@@ -4,13 +4,13 @@ Library use::
 
     import model_runtime
     rt = model_runtime.load("path/to/DiffuCoder-7B-Instruct")       # or a hub id, or None (bundled)
-    ids = rt.encode_chat([{"role": "user", "content": "Write quicksort"}])
+    ids = rt.rows.encode_chat([{"role": "user", "content": "Write quicksort"}])
     for event in rt.generate([ids], model_runtime.SamplingParams(max_new_tokens=256, steps=256)):
         ...   # BatchStep per denoising step, then one BatchDone
 
-This package's ``__init__`` imports no JAX: ``SamplingParams``, ``CanvasRow``, the event types and
-``RuntimeProtocol`` come from plain-Python modules and are safe for clients; ``load`` and ``Runtime``
-import JAX on first use.
+This package's ``__init__`` imports no JAX: ``SamplingParams``, ``CanvasRow``, the event types,
+``RuntimeProtocol`` and ``RuntimeInfo`` come from plain-Python modules and are safe for clients; ``load``
+and ``Runtime`` import JAX on first use.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from model_runtime.interface import (
     BatchStep,
     CanvasRow,
     GenerationStats,
+    RuntimeInfo,
     RuntimeProtocol,
 )
 from model_runtime.params import ALGS, DEFAULT_TOP_K, ParamError, SamplingParams
@@ -39,6 +40,7 @@ __all__ = [
     "GenerationStats",
     "ParamError",
     "Runtime",
+    "RuntimeInfo",
     "RuntimeProtocol",
     "SamplingParams",
     "load",

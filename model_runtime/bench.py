@@ -3,6 +3,13 @@
 Every figure is a median over repeats after a warm-up call, so compile time never leaks into a speed
 figure; compile time is reported on its own. FLOP counts are analytic (matmuls and attention of one
 full-canvas forward), so "GFLOP/s" can be set against the machine's own dense matmul rate.
+
+The accelerator scripts (``scripts/device_check.py``, ``bench_7b_shapes.py``, ``quant_gpu_check.py``)
+build on the public pieces here and on runtimes with random weights (``random_weights.py``): the
+fast decoder's refresh and block step timed through the runtime's own calls (``fast_parts``), the table
+of decoder settings every decoder benchmark measures (``DECODERS``) and the cost models that predict
+their speed from those timings (``COST_MODELS``). Their tiny modes run in the test suite, so a change
+here or in the runtime that breaks them breaks a test.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -21,6 +29,8 @@ from flax import nnx
 
 from model_runtime.config import DreamConfig
 from model_runtime.params import SamplingParams
+from model_runtime.runtime import Runtime
+from model_runtime.weights import by_path
 
 Tick = Callable[[str], None]
 
@@ -82,7 +92,8 @@ def reference_step_flops(cfg: DreamConfig, batch: int, length: int, rows: int) -
     return forward_flops(cfg, batch, length, logits_rows=rows) - skipped
 
 
-def _median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
+def median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
+    """The median and all of ``repeat`` timed calls of ``fn``, after one untimed call (which compiles)."""
     jax.block_until_ready(fn())  # warm-up (and compile, if needed)
     times = []
     for _ in range(repeat):
@@ -96,8 +107,22 @@ def matmul_gflops(n: int = 2048, repeat: int = 10) -> float:
     """The machine's dense float32 matmul rate through XLA: the ceiling for compute-bound steps."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
     f = jax.jit(lambda a: a @ a)
-    seconds, _ = _median_seconds(lambda: f(a), repeat)
+    seconds, _ = median_seconds(lambda: f(a), repeat)
     return 2 * n**3 / seconds / 1e9
+
+
+def device_ceilings(matmul_n: int = 8192, copy_elements: int = 1 << 29, repeat: int = 5) -> dict[str, float]:
+    """The default device's bf16 matmul rate (``matmul_n``^3, TFLOP/s) and copy bandwidth (an elementwise
+    pass over ``copy_elements`` bf16 values, 1 GiB by default: bytes read plus written per second)."""
+    k1, k2 = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(k1, (matmul_n, matmul_n), jnp.bfloat16)
+    b = jax.random.normal(k2, (matmul_n, matmul_n), jnp.bfloat16)
+    mm = jax.jit(jnp.matmul)
+    t_mm, _ = median_seconds(lambda: mm(a, b), repeat)
+    big = jax.random.normal(k1, (copy_elements,), jnp.bfloat16)
+    copy = jax.jit(lambda x: x * jnp.bfloat16(1.0001))  # one read and one write of every element
+    t_cp, _ = median_seconds(lambda: copy(big), repeat)
+    return {"matmul_tflops": 2 * matmul_n**3 / t_mm / 1e12, "copy_gbytes_per_s": 2 * big.nbytes / t_cp / 1e9}
 
 
 def forward_latency(rt, batch: int, length: int, repeat: int = 5) -> dict[str, float]:
@@ -108,7 +133,7 @@ def forward_latency(rt, batch: int, length: int, repeat: int = 5) -> dict[str, f
     t0 = time.perf_counter()
     jax.block_until_ready(model_fn(rt.state, x, attn))
     first = time.perf_counter() - t0
-    seconds, _ = _median_seconds(lambda: model_fn(rt.state, x, attn), repeat)
+    seconds, _ = median_seconds(lambda: model_fn(rt.state, x, attn), repeat)
     flops = forward_flops(rt.config, batch, length)
     return {
         "batch": batch,
@@ -128,12 +153,19 @@ def generation(
     chat: bool = False,
     repeat: int = 3,
     stream: bool = False,
+    compile_first: bool = False,
 ) -> dict[str, Any]:
-    """Median wall time of whole generations, after one warm-up run that compiles: one program call per
-    generation (a fast decoder's: per block), or with ``stream`` an event per forward, as the daemon runs
-    every job (so a cancelled one stops within two forwards)."""
+    """Median wall time of whole generations, after one warm-up run that compiles (or, with
+    ``compile_first``, after compiling the programs without running them: half the time on a device
+    where a generation takes seconds). ``stream``: one host sync per forward, as a streaming client
+    gets it (the reference decoder then runs its one-step program, not the fused loop)."""
     t0 = time.perf_counter()
-    warm = list(rt.generate(prompts, params, chat=chat, stream=stream))[-1]
+    if compile_first:
+        rows = [rt.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        compile_seconds = rt.compile(rows, params, stream=stream).seconds
+    else:
+        warm = list(rt.generate(prompts, params, chat=chat, stream=stream))[-1]
+        compile_seconds = warm.stats.compile_seconds
     first = time.perf_counter() - t0
     runs = []
     for _ in range(repeat):
@@ -153,7 +185,7 @@ def generation(
         "median_seconds": median,
         "seconds": runs,
         "tokens_per_second": new_tokens / median,
-        "compile_seconds": warm.stats.compile_seconds,
+        "compile_seconds": compile_seconds,
         "first_run_seconds": first,
         "seconds_per_forward": median / max(done.stats.steps, 1),
         "generated": done.generated,
@@ -180,9 +212,9 @@ def suite(
     tick = tick or (lambda label: None)
     result: dict[str, Any] = {
         "environment": environment(),
-        "model": rt.model_name,
-        "dtype": rt.dtype,
-        "quantize": rt.quantize_mode,
+        "model": rt.info.model_name,
+        "dtype": rt.info.dtype,
+        "quantize": rt.info.quantize_mode,
         "config": {k: v for k, v in rt.config.to_dict().items() if isinstance(v, int | float)},
     }
     if load_seconds is not None:
@@ -194,7 +226,7 @@ def suite(
         for batch in batches:
             tick(f"forward batch {batch} x {length}")
             result["forward"].append(forward_latency(rt, batch, length, repeat))
-    prompt = rt.tokenizer.encode("def fibonacci(n):\n")
+    prompt = rt.rows.tokenizer.encode("def fibonacci(n):\n")
     result["generation"] = []
     result["compile"] = []
     for new, steps in generate:
@@ -215,6 +247,114 @@ def suite(
         g.pop("generated")
         result["batch_scaling"].append(g)
     return result
+
+
+def fast_parts(
+    rt: Runtime, prompts: Sequence[Sequence[int]], params: SamplingParams, repeat: int = 5
+) -> dict[str, Any]:
+    """Median milliseconds of the fast decoder's first refresh and of its first block (the whole loop,
+    one call) for ``prompts``, through the runtime's own calls (``Runtime.fast_calls``); the block step
+    is the block's time over its forwards. Both programs donate their inputs: every call gets copies,
+    made outside the timed region."""
+    rows = [rt.rows.make_row(p, params.max_new_tokens, chat=False) for p in prompts]
+    calls = rt.fast_calls(rows, params)
+
+    def timed(make: Callable[[], tuple[Any, ...]], run: Callable[..., Any]) -> tuple[float, Any]:
+        times, out = [], None
+        for i in range(repeat + 1):  # the first call is a warm-up
+            args = jax.block_until_ready(make())
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(run(*args))
+            if i:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times), out
+
+    t_refresh, (x, caches) = timed(lambda: (jnp.asarray(calls.batch.x),), lambda x: calls.refresh(x, 0))
+    t_block, out = timed(
+        lambda: (jnp.copy(x), jax.tree.map(jnp.copy, caches)),
+        lambda x, c: calls.block(x, c, 0, 0, calls.size),
+    )
+    forwards = int(out[2])
+    return {
+        "batch": calls.batch.x.shape[0],
+        "canvas": calls.batch.x.shape[1],
+        "block_length": calls.size,
+        "refresh_ms": 1e3 * t_refresh,
+        "block_ms": 1e3 * t_block,
+        "block_forwards": forwards,
+        "block_step_ms": 1e3 * t_block / max(forwards, 1),
+    }
+
+
+def fast_program_texts(
+    rt: Runtime, prompts: Sequence[Sequence[int]], params: SamplingParams
+) -> dict[str, str]:
+    """The optimized HLO of the fast decoder's refresh and block programs for ``prompts`` (compiled
+    if they are not yet), for reading what XLA made of them (``hlo.fusion_verdict``)."""
+    calls = rt.fast_calls([rt.rows.make_row(p, params.max_new_tokens, chat=False) for p in prompts], params)
+    programs: dict[str, Any] = {"refresh": calls.refresh_program, "block": calls.block_program}
+    # On a mesh the program is wrapped (placement.Placed); its compiled form is the one XLA wrote.
+    return {kind: getattr(p, "compiled", p).as_text() for kind, p in programs.items()}
+
+
+def quantized_shapes(rt: Runtime) -> set[tuple[int, ...]]:
+    """The shapes (our layout) of the runtime's quantized weights."""
+    q = rt.quantize
+    return set() if q is None else {s.shape for s in by_path(rt.config).values() if q.applies(s)}
+
+
+# -- decoders and their cost models --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecoderCase:
+    """One decoder setting the benchmarks measure: its name in the tables, the ``SamplingParams`` fields
+    that make it (beyond ``max_new_tokens``; ``steps`` defaults to one token per step), and the cost
+    model (a key of ``COST_MODELS``) that predicts its tokens/s from the measured forward times."""
+
+    name: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    cost: str = "dualcache"
+
+    def params(self, new_tokens: int) -> SamplingParams:
+        return SamplingParams(**{"max_new_tokens": new_tokens, "steps": new_tokens, **self.settings})
+
+
+# Every decoder the device check and the accelerator benchmarks measure, by the same code: a new decoder
+# is one more row (and, if its forwards differ in kind, one more cost model).
+DECODERS: tuple[DecoderCase, ...] = (
+    DecoderCase("reference", {"decoder": "reference"}, cost="full"),
+    DecoderCase("fast", {"decoder": "fast"}, cost="dualcache"),
+)
+
+
+# Cost models: seconds per generated token from the measured forward times (``parts``: ``forward_ms``,
+# ``refresh_ms``, ``block_step_ms``), the block length, and ``tpf``, tokens per forward: generated
+# tokens over all the forwards the decoder ran (what a generation measures).
+
+
+def _full_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
+    """A decoder that runs one full forward per step."""
+    return parts["forward_ms"] / 1e3 / tpf
+
+
+def _dualcache_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
+    """The DualCache decoder: a block of ``block`` tokens takes ``block / tpf`` forwards, one of them the
+    refresh (a full forward keeping K/V), the others block steps over the cache."""
+    forwards = max(block / tpf, 1.0)
+    return (parts["refresh_ms"] + (forwards - 1.0) * parts["block_step_ms"]) / 1e3 / block
+
+
+COST_MODELS: dict[str, Callable[[Mapping[str, float], int, float], float]] = {
+    "full": _full_cost,
+    "dualcache": _dualcache_cost,
+}
+
+
+def modeled_tokens_per_second(case: DecoderCase, parts: Mapping[str, float], block: int, tpf: float) -> float:
+    """Tokens/s ``case``'s cost model predicts from the forward times in ``parts`` (``forward_ms``,
+    ``refresh_ms``, ``block_step_ms``) at ``tpf`` tokens per forward."""
+    return 1.0 / COST_MODELS[case.cost](parts, block, tpf)
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,10 +19,10 @@ import numpy as np
 
 from model_runtime.config import DreamConfig
 from model_runtime.errors import ModelError, WeightsError
+from model_runtime.model_ref import local_problem, one_line
 from model_runtime.weights import ParamSpec, Path_, param_table
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 _DTYPES = {
     "F32": np.dtype(np.float32),
@@ -38,16 +37,13 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "*.jinja
 def resolve_model_dir(model: str | os.PathLike, *, progress: Callable[[str], None] | None = None) -> Path:
     """A local directory as is; otherwise a hub id (``apple/DiffuCoder-7B-Instruct``) downloaded to the
     hub cache. Offline, or with no such id, the error names the id and how to pass a local path."""
+    problem = local_problem(model)
+    if problem:
+        raise ModelError(problem)
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     text = str(model)
-    if path.exists():
-        raise ModelError(
-            f"{text} is a file; --model takes a checkpoint directory (with config.json) or a hub id"
-        )
-    if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
-        raise ModelError(f"model directory {text} does not exist")
     if progress:
         progress(f"downloading {text} from the Hugging Face hub")
     try:
@@ -56,7 +52,7 @@ def resolve_model_dir(model: str | os.PathLike, *, progress: Callable[[str], Non
         return Path(snapshot_download(text, allow_patterns=_HUB_PATTERNS))
     except Exception as exc:  # offline, unknown repo, gated repo, ... all end the same way for the user
         raise ModelError(
-            f"cannot fetch {text!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"cannot fetch {text!r} from the Hugging Face hub ({type(exc).__name__}: {one_line(str(exc))}). "
             f"Download it on a machine with access (huggingface-cli download {text} --local-dir DIR) "
             "and pass --model DIR"
         ) from None
@@ -119,7 +115,7 @@ def list_tensors(model_dir: Path) -> dict[str, TensorInfo]:
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
             raise ModelError(f"{index_path.name}: expected a JSON object with a weight_map") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise ModelError(f"{index_path.name}: weight_map must map tensor names to file names")

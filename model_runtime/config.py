@@ -233,4 +233,6 @@ def load_config(model_dir: str | Path) -> DreamConfig:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("<file>", f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the parser's stack: no config is shaped like that
+        raise ConfigError("<file>", f"{path} is nested too deep to be a model config") from None
     return DreamConfig.from_dict(raw)

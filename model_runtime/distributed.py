@@ -1,85 +1,24 @@
-"""Several hosts (a TPU pod slice, a multi-node GPU job): joining ``jax.distributed``, gathering results.
+"""A daemon over several hosts: process 0 serves (``Leader``) while the others repeat its device calls
+(``follow``).
 
-JAX is multi-controller: every process runs the same program on its own devices, and the jitted steps
-span the global device mesh. ``diffu generate`` and ``diffu bench`` run that way: every process runs the
-same command and process 0 prints. ``diffu serve`` runs the daemon on process 0 (``Leader``) while the
-others repeat its device calls (``follow``).
+Every process joins the process group first (``model_runtime.processes``); then process 0 runs the
+daemon with a ``Leader`` around its runtime, and every other process loads its own shards and follows.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
-from model_runtime.rows import CanvasBuilder
 
-if TYPE_CHECKING:
-    from model_runtime.runtime import Runtime
-
-_initialized = False
-
-
-def initialize(
-    coordinator: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    *,
-    auto: bool = False,
-) -> None:
-    """Join the process group (idempotent). ``auto`` lets JAX detect a TPU pod or cluster itself.
-
-    Must run before anything touches a device. On CPU the cross-process collectives go through gloo.
-    """
-    global _initialized
-    if _initialized:
-        return
-    if not auto and coordinator is None:
-        return
-    if not auto and (num_processes is None or process_id is None):
-        raise InputError(
-            "multi-host needs --coordinator, --num-processes and --process-id together "
-            "(or --multihost-auto on a TPU pod slice)"
-        )
-    if (
-        not auto
-        and num_processes is not None
-        and process_id is not None
-        and not 0 <= process_id < num_processes
-    ):
-        raise InputError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
-    # Cross-process collectives of the CPU backend (harmless where the devices are accelerators).
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if auto:
-        jax.distributed.initialize()
-    else:
-        jax.distributed.initialize(
-            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
-        )
-    _initialized = True
-
-
-def multi() -> bool:
-    return jax.process_count() > 1
-
-
-def host(x: jax.Array) -> np.ndarray:
-    """A device array on this host, whole: gathered from the other processes when it spans them."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
-# -- a daemon over several hosts: process 0 leads, the others follow ----------------------------------
-#
 # Every process must launch the same compiled programs in the same order (their collectives meet across
 # hosts), so the followers repeat each runtime call of the leader. The calls travel through the key-value
 # store of JAX's coordination service (the one jax.distributed.initialize started): the leader writes
@@ -109,58 +48,31 @@ def _decode_rows(data: list[dict[str, Any]]) -> list[CanvasRow]:
     ]
 
 
-class Leader(CanvasBuilder):
+class Leader:
     """Process 0's runtime: answers from the runtime it wraps, and publishes every call that runs device
     programs (``compile``, ``run``) to the followers before making it; ``shutdown()`` releases them.
 
-    It satisfies ``RuntimeProtocol`` member by member (rows are built by the shared ``CanvasBuilder``
-    from the wrapped runtime's tokenizer), so the daemon serves it like any runtime.
+    What the runtime is (``info``) and how it builds rows (``rows``) are the wrapped runtime's own, so
+    the daemon serves it like any runtime and it builds exactly the rows the runtime would.
     """
 
     def __init__(self, runtime: RuntimeProtocol) -> None:
         self._runtime = runtime
         self._client = _client()
         self._seq = 0
-        self.tokenizer = runtime.tokenizer
-        self.max_context = runtime.max_context
-        self.model_name = runtime.model_name
-        self.device = runtime.device
-        self.dtype = runtime.dtype
-        self.default_decoder = runtime.default_decoder
-        self.chat_defaults = runtime.chat_defaults
-        self.one_line_defaults = runtime.one_line_defaults
-        self.supports_holes = runtime.supports_holes
+        # The followers take the published calls one at a time, in order: a compile beside a batch would
+        # hold a follower away from the batch's collectives.
+        self.info = dataclasses.replace(runtime.info, concurrent_compile=False)
+        self.rows = runtime.rows
 
-    @property
-    def quantize_mode(self) -> str | None:
-        return self._runtime.quantize_mode
-
-    @property
-    def mesh_info(self) -> dict[str, object] | None:
-        return self._runtime.mesh_info
-
-    @property
     def program_cache(self) -> dict[str, int | None] | None:
-        return self._runtime.program_cache  # this process's; every process compiles the same programs
-
-    @property
-    def vocab_size(self) -> int:
-        return self._runtime.vocab_size
+        return self._runtime.program_cache()  # this process's; every process compiles the same programs
 
     @property
     def forwards(self) -> int:
         return self._runtime.forwards
 
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        return self._runtime.buckets
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self._runtime.encode_chat(messages)
-
     def _publish(self, call: dict) -> str:
-        import json
-
         self._seq += 1
         key = f"{_PREFIX}/job/{self._seq}"
         self._client.key_value_set(key, json.dumps(call))
@@ -233,10 +145,8 @@ def _wait(client: Any, key: str) -> str | None:
             continue
 
 
-def follow(runtime: Runtime, log: logging.Logger) -> int:
+def follow(runtime: RuntimeProtocol, log: logging.Logger) -> int:
     """A follower's life: repeat each call process 0 publishes until it stops. Returns the jobs run."""
-    import json
-
     client = _client()
     seq = 0
     while True:

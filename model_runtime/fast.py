@@ -22,13 +22,20 @@ and speed of both).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from model_runtime.batch import PlacedBatch
+from model_runtime.interface import CanvasRow, CompileReport
+from model_runtime.kernels import step_keys
 from model_runtime.model import KV
+from model_runtime.params import SamplingParams, fast_block_size
 from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
 
 
@@ -155,3 +162,81 @@ def block_loop(
 
     block, caches, forwards = jax.lax.while_loop(cond, body, (block, caches, done))
     return jax.lax.dynamic_update_slice_in_dim(x, block, window, axis=1), caches, forwards
+
+
+def layout(
+    rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
+) -> tuple[int, int, int, FastSpec]:
+    """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
+    the programs' static switches. Every row's region sits in the same columns (the runtime checks)."""
+    n = shape[1]
+    r = rows[0]
+    lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
+    hi = n - len(r.ids) + r.region[1]
+    size = fast_block_size(params.block_length, hi - lo, n - 1)
+    fspec = FastSpec(
+        sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
+        block_length=size,
+        use_factor=params.factor is not None,
+    )
+    return lo, hi, size, fspec
+
+
+@dataclass(frozen=True)
+class FastCalls:
+    """The fast decoder's two compiled programs bound to one run's fixed inputs: the one way they are
+    called, by ``Runtime`` (generation) and by the benchmarks (``Runtime.fast_calls``,
+    ``bench.fast_parts``), so a change to the programs' arguments cannot leave a caller behind.
+
+    Both programs donate what they are given: ``refresh`` its canvas, ``block`` its canvas and caches.
+    A caller that needs them again passes copies.
+    """
+
+    refresh_program: Callable[..., Any]
+    block_program: Callable[..., Any]
+    state: nnx.State
+    batch: PlacedBatch  # the left-padded rows (``batch.x`` is the starting canvas, on the host)
+    attn: jax.Array  # [B, L]
+    keys: jax.Array  # [B], one per row
+    sampling: tuple[jax.Array, jax.Array, jax.Array]  # temperature, top_p, top_k (kernels.Knobs)
+    threshold: jax.Array
+    factor: jax.Array
+    lo: int  # the region's columns [lo, hi) in the bucket
+    hi: int
+    size: int  # block length
+    compiled: CompileReport  # what getting the programs ready cost
+
+    @property
+    def starts(self) -> list[int]:
+        """Each block's first column."""
+        return list(range(self.lo, self.hi, self.size))
+
+    def window(self, b: int) -> int:
+        """Block ``b``'s window: the last block may be short, or the region shorter than a block, so it
+        slides back, never past ``hi`` (the positions it takes in are decoded already, or prompt)."""
+        return max(0, min(self.starts[b], self.hi - self.size))
+
+    def refresh(self, x: jax.Array, b: int) -> tuple[jax.Array, list[KV]]:
+        """Block ``b``'s refresh: every layer's keys and values, and the block's first position."""
+        key = step_keys(self.keys, b)
+        start = jnp.int32(self.starts[b])
+        return self.refresh_program(self.state, x, self.attn, start, step_keys(key, 0), *self.sampling)
+
+    def block(
+        self, x: jax.Array, caches: list[KV], b: int, done: int, limit: int
+    ) -> tuple[jax.Array, list[KV], jax.Array]:
+        """Block ``b``'s loop: at most ``limit`` more forwards after ``done``; (x, caches, forwards)."""
+        key = step_keys(step_keys(self.keys, b), 1)
+        return self.block_program(
+            self.state,
+            x,
+            self.attn,
+            caches,
+            jnp.int32(self.window(b)),
+            key,
+            *self.sampling,
+            self.threshold,
+            self.factor,
+            jnp.int32(done),
+            jnp.int32(limit),
+        )

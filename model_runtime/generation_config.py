@@ -54,6 +54,8 @@ def _read(model_dir: str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"generation_config.json: cannot read it as a JSON object ({exc})") from None
+    except RecursionError:
+        raise ModelError("generation_config.json: nested too deep to be a generation config") from None
     if not isinstance(data, dict):
         raise ModelError("generation_config.json: cannot read it as a JSON object (not an object)")
     return data

@@ -1,10 +1,14 @@
-"""The runtime's interface, free of JAX: the rows it denoises, the events it yields, and the protocol.
+"""The runtime's interface, free of JAX: what it is, the events it yields, and the protocol.
 
 Three things serve requests through this interface: ``model_runtime.Runtime`` (the model on its devices),
 ``assistant.server.fake_runtime.FakeRuntime`` (no model, for tests and ``--model fake:``) and
 ``model_runtime.distributed.Leader`` (process 0 of a multi-host daemon). The scheduler and the HTTP layer
 are typed against :class:`RuntimeProtocol` only; ``tests/model_runtime/test_interface.py`` and the type
-checker in ``.ci/run`` hold all three to it.
+checker in ``.ci/run`` hold all three to it. The protocol is narrow on purpose: a frozen
+:class:`RuntimeInfo` for everything fixed once the model is loaded (name, device, context, buckets,
+defaults), the row builder (``model_runtime.rows.CanvasBuilder``, one class for all three), and the few
+calls that touch the device. A new status field is one field of ``RuntimeInfo``, set where a runtime is
+built; the leader passes the value on whole.
 
 Events come in one vocabulary across the layers, each named for its unit: the runtime yields
 :class:`BatchStep` and :class:`BatchDone` for a batch of rows, the scheduler turns them into ``JobStep``,
@@ -18,37 +22,62 @@ Clients import this module without paying for JAX, so it must stay plain Python.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from model_runtime.params import SamplingParams
+from model_runtime.rows import CanvasBuilder, CanvasRow, TokenizerProtocol
+
+__all__ = [
+    "BatchDone",
+    "BatchEvent",
+    "BatchEvents",
+    "BatchStep",
+    "CanvasRow",
+    "CompileReport",
+    "GenerationStats",
+    "RuntimeInfo",
+    "RuntimeProtocol",
+    "TokenizerProtocol",
+]
 
 
 @dataclass(frozen=True)
-class CanvasRow:
-    """One row of a batch: its token ids (prompt and masks, no padding) and the region to report.
+class RuntimeInfo:
+    """What a loaded runtime is: fixed from the end of its load, read by the daemon for its status
+    report, its limits (context, vocabulary, buckets) and a request's defaults (decoder, chat knobs)."""
 
-    For plain generation the region is the ``max_new_tokens`` masks appended after the prompt; for
-    infill it is the masks between prefix and suffix; for a prompt with ``<|mask|>`` holes it spans the
-    first hole to the last. ``chat`` picks the stop tokens of the answer. ``seed`` is the row's own PRNG
-    seed (its request's), so rows with different seeds share a batch and each draws as it would alone;
-    None takes the batch's ``params.seed``.
-    """
+    model_name: str
+    device: str  # where it runs, for status reports (``gpu:NVIDIA H100 x1``)
+    dtype: str
+    max_context: int  # the longest row (prompt, canvas and suffix) it runs, in tokens
+    vocab_size: int
+    buckets: tuple[tuple[int, int], ...]  # the (batch, length) shapes it compiles; a batch must fit one
+    default_decoder: str = "reference"  # what a request that names none gets (the model's recommendation)
+    # The sampling knobs a chat with this model starts from (its generation_config.json); read-only.
+    chat_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # The sampling knobs a request whose answer is one line (``max_lines`` 1) gets when it names no
+    # decoder (its generation_config.json's ``diffu_one_line``; empty: the default decoder); read-only.
+    one_line_defaults: Mapping[str, Any] = field(default_factory=dict)
+    supports_holes: bool = False  # whether ``<|mask|>`` in a raw prompt is the mask token
+    quantize_mode: str | None = None  # ``int8``/``int4`` when the weights are quantized
+    mesh: Mapping[str, object] | None = None  # the device mesh for status reports; None without one
+    # Whether ``compile`` may run on another thread while ``run`` runs: the daemon then warms up on a
+    # thread of its own, beside the requests.
+    concurrent_compile: bool = False
 
-    ids: tuple[int, ...]
-    region: tuple[int, int]
-    chat: bool = False
-    seed: int | None = None
-
-    def seed_for(self, params: SamplingParams) -> int:
-        """The seed this row samples with in a batch run with ``params``."""
-        return params.seed if self.seed is None else self.seed
+    def __post_init__(self) -> None:
+        # Shared by every request of the daemon: a caller must not change the model's defaults for all.
+        object.__setattr__(self, "chat_defaults", MappingProxyType(dict(self.chat_defaults)))
+        object.__setattr__(self, "one_line_defaults", MappingProxyType(dict(self.one_line_defaults)))
+        object.__setattr__(self, "buckets", tuple((int(b), int(n)) for b, n in self.buckets))
 
     @property
-    def canvas_tokens(self) -> int:
-        """Positions in the reported region."""
-        return self.region[1] - self.region[0]
+    def largest_batch(self) -> int:
+        """The most rows one batch may hold."""
+        return max((b for b, _ in self.buckets), default=1)
 
 
 @dataclass(frozen=True)
@@ -128,117 +157,26 @@ BatchEvents = Generator[BatchEvent, None, None]
 
 
 @runtime_checkable
-class TokenizerProtocol(Protocol):
-    """What serving needs of a tokenizer: text to ids and back, and the special ids."""
-
-    @property
-    def mask_id(self) -> int: ...
-
-    @property
-    def eos_id(self) -> int: ...
-
-    @property
-    def pad_id(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """One printable piece per id (step events render canvases from them)."""
-        ...
-
-    def stop_ids(self, *, chat: bool) -> tuple[int, ...]:
-        """The ids an answer is cut at."""
-        ...
-
-
-@runtime_checkable
 class RuntimeProtocol(Protocol):
-    """A loaded model as the daemon serves it: build rows, compile, denoise batches into events."""
+    """A loaded model as the daemon serves it: what it is, its row builder, compile, denoise batches."""
 
     @property
-    def model_name(self) -> str: ...
+    def info(self) -> RuntimeInfo: ...
 
     @property
-    def device(self) -> str:
-        """Where it runs, for status reports (``gpu:NVIDIA H100 x1``)."""
+    def rows(self) -> CanvasBuilder:
+        """Builds its canvas rows (plain, infill, infill with files, holes) and holds its tokenizer."""
         ...
-
-    @property
-    def dtype(self) -> str: ...
-
-    @property
-    def quantize_mode(self) -> str | None:
-        """``int8``/``int4`` when the weights are quantized, else None."""
-        ...
-
-    @property
-    def mesh_info(self) -> dict[str, object] | None:
-        """The device mesh for status reports; None without one."""
-        ...
-
-    @property
-    def program_cache(self) -> dict[str, int | None] | None:
-        """The compiled-program cache's bound, contents and memory ceiling for status reports; None for a
-        runtime that compiles nothing."""
-        ...
-
-    @property
-    def max_context(self) -> int:
-        """The longest row (prompt, canvas and suffix) it runs, in tokens."""
-        ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def default_decoder(self) -> str:
-        """The decoder a request that names none gets (the model's recommendation)."""
-        ...
-
-    @property
-    def chat_defaults(self) -> dict[str, Any]:
-        """The sampling knobs a chat with this model starts from (its generation_config.json)."""
-        ...
-
-    @property
-    def one_line_defaults(self) -> dict[str, Any]:
-        """The sampling knobs a request whose answer is one line (``max_lines`` 1) gets when it names no
-        decoder (its generation_config.json's ``diffu_one_line``; {}: the default decoder)."""
-        ...
-
-    @property
-    def supports_holes(self) -> bool:
-        """Whether ``<|mask|>`` in a raw prompt is the mask token (so its holes can be filled)."""
-        ...
-
-    @property
-    def tokenizer(self) -> TokenizerProtocol: ...
 
     @property
     def forwards(self) -> int:
         """Forwards of the model run since start, by every decoder (the daemon's counters report it)."""
         ...
 
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        """The (batch, length) shapes it compiles; a batch must fit one."""
+    def program_cache(self) -> dict[str, int | None] | None:
+        """The compiled-program cache now: its bound, contents and memory ceiling for status reports;
+        None for a runtime that compiles nothing."""
         ...
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
-
-    def make_row(self, prompt_ids: Sequence[int], max_new_tokens: int, *, chat: bool) -> CanvasRow: ...
-
-    def make_infill_row(self, prefix: str, suffix: str, canvas_tokens: int) -> CanvasRow: ...
-
-    def make_holes_row(self, prompt_ids: Sequence[int]) -> tuple[CanvasRow, int]: ...
-
-    def make_repo_infill_row(
-        self, prefix: str, suffix: str, canvas_tokens: int, files: Sequence[tuple[str, str]]
-    ) -> tuple[CanvasRow, bool]: ...
-
-    def hole_fills(self, row: CanvasRow, region_ids: Sequence[int]) -> list[str]: ...
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         """Whether ``run(rows, params)`` would start without compiling (its programs are in memory).

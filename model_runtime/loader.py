@@ -7,29 +7,34 @@ shards. No code from the model directory runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from model_runtime import compile_cache, generation_config, quant, sharding
 from model_runtime.checkpoint import (
+    TensorInfo,
     check_names,
     list_tensors,
     read_tensors,
     refuse_pickle_only,
     resolve_model_dir,
 )
-from model_runtime.config import load_config
+from model_runtime.config import DreamConfig, load_config
 from model_runtime.errors import InputError, ModelError
 from model_runtime.model import DreamModel
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.runtime import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, Runtime
 from model_runtime.tokenizer import load_tokenizer
+from model_runtime.weights import ParamSpec, by_path
 
 Progress = Callable[[str, float], None]
 
@@ -88,32 +93,9 @@ def load(
     if batch_buckets is None:
         batch_buckets = daemon_batch_buckets()
     compile_cache.enable(cache_dir)
-    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
-    if (
-        qspec is not None
-        and qspec.mode == "int4"
-        and mesh is not None
-        and mesh.devices.flat[0].platform == "cpu"
-    ):
-        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
-        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
-        raise InputError(
-            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
-            "use --quantize int8, or one device (tp=1, dp=1)"
-        )
-    if model is None:
-        # No model configured: the small demo model trained by `diffu train` that ships in the package.
-        from model_runtime.bundled import bundled_model_dir
-
-        model = bundled_model_dir()
-        if not (model / "config.json").is_file():
-            raise ModelError(
-                "no model given and the bundled demo model is missing from this installation: "
-                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
-            )
+    mesh = _mesh(tp, dp, qspec)
     report = progress or (lambda stage, frac: None)
-    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
-    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
+    model_dir = _model_dir(model, report)
     report("reading config", 0.0)
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(
@@ -127,9 +109,97 @@ def load(
     targets = check_names(cfg, tensors)
     jdtype = _dtype(dtype)
     if qspec is not None:
+        # Which matmul runs the quantized products decides how int4 is stored: settle it now.
+        qspec = qspec.resolved(1 if mesh is None else int(mesh.devices.size))
         for spec in targets.values():
             if qspec.applies(spec):
                 qspec.scale_shape(spec)  # a dimension the int4 group does not divide: refused up front
+    graphdef, state = _place_weights(tensors, targets, cfg, jdtype, qspec, mesh, report)
+    report("ready", 1.0)
+    return Runtime(
+        cfg,
+        tokenizer,
+        graphdef,
+        state,
+        model_name=str(model if model is not None else model_dir),
+        model_dir=model_dir,
+        dtype=jdtype,
+        max_context=max_context,
+        length_buckets=length_buckets,
+        batch_buckets=batch_buckets,
+        mesh=mesh,
+        default_decoder=generation_config.recommended_decoder(model_dir),
+        quantize=qspec,
+        chat_defaults=generation_config.chat_defaults(model_dir),
+        one_line_defaults=generation_config.one_line_defaults(model_dir),
+        max_programs=max_programs,
+    )
+
+
+def _mesh(tp: int, dp: int | None, qspec: quant.QuantSpec | None) -> Mesh | None:
+    """The tp x dp device mesh, or None for one device; refuses what the mesh cannot run."""
+    mesh = sharding.MeshSpec(tp=tp, dp=dp).build() if tp > 1 or (dp or 1) > 1 else None
+    if (
+        qspec is not None
+        and qspec.mode == "int4"
+        and mesh is not None
+        and mesh.devices.flat[0].platform == "cpu"
+    ):
+        # XLA's CPU client keeps sharded int4 arrays unpacked while compiled programs ask for the packed
+        # layout, so every call would fail its layout check (jax 0.8, virtual CPU devices).
+        raise InputError(
+            "quantize int4: XLA's CPU backend cannot run int4 weights sharded over several devices; "
+            "use --quantize int8, or one device (tp=1, dp=1)"
+        )
+    return mesh
+
+
+def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
+    """The checkpoint directory of ``model`` (downloaded if a hub id), or of the bundled demo model."""
+    if model is None:
+        # No model configured: the small demo model trained by `diffu train` that ships in the package.
+        from model_runtime.bundled import bundled_model_dir
+
+        model = bundled_model_dir()
+        if not (model / "config.json").is_file():
+            raise ModelError(
+                "no model given and the bundled demo model is missing from this installation: "
+                "pass --model PATH_OR_HUB_ID (a DiffuCoder/Dream checkpoint directory)"
+            )
+    model_dir = resolve_model_dir(model, progress=lambda msg: report(msg, 0.0))
+    refuse_pickle_only(model_dir)  # the clearest message for such a directory comes first
+    return model_dir
+
+
+def _placed(
+    target: ParamSpec, array: np.ndarray, dtype: Any, q: quant.QuantSpec | None, mesh: Mesh | None
+) -> quant.Weight:
+    """One checkpoint tensor converted alone (layout change and dtype cast, or quantization) on the host,
+    then put onto its device, or its shards onto theirs."""
+
+    def put(host: np.ndarray) -> jax.Array:
+        if mesh is None:
+            return jax.device_put(host)
+        return sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
+
+    if q is None or not q.applies(target):
+        return put(np.asarray(target.convert(array), dtype=dtype))
+    host = quant.stored(*quant.quantize(target.convert(array), target, q, np.dtype(dtype)), target, q)
+    return dataclasses.replace(host, values=put(host.values), scale=put(host.scale))
+
+
+def _place_weights(
+    tensors: dict[str, TensorInfo],
+    targets: dict[str, ParamSpec],
+    cfg: DreamConfig,
+    jdtype: jnp.dtype,
+    qspec: quant.QuantSpec | None,
+    mesh: Mesh | None,
+    report: Progress,
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's (graphdef, state) with every checkpoint tensor (``targets``: its parameter, by tensor
+    name) converted (or quantized) on the host and placed on the device, or its shards on the mesh, one
+    tensor at a time."""
     # Abstract shapes first (nothing allocated), then each tensor goes straight into its shards.
     abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=jdtype, rngs=nnx.Rngs(0), quant=qspec))
     graphdef, state = nnx.split(abstract)
@@ -143,39 +213,41 @@ def load(
         node: Any = pure
         for part in target.path[:-1]:
             node = node[part]
-        leaf = str(target.path[-1])
-        # Convert this tensor alone: layout change and dtype cast (or quantization) on the host, then
-        # onto the device(s).
-        if qspec is not None and qspec.applies(target):
-            values, scale = quant.quantize(target.convert(array), target, qspec, np.dtype(jdtype))
-            placed = {leaf: values, leaf + "_scale": scale}
-        else:
-            placed = {leaf: np.asarray(target.convert(array), dtype=jdtype)}
-        for key, host in placed.items():
-            if mesh is None:
-                node[key] = jax.device_put(host)
-            else:
-                node[key] = sharding.place(host, sharding.param_sharding(target, host.shape, mesh))
-        del placed
+        node[target.path[-1]] = _placed(target, array, jdtype, qspec, mesh)
         done += int(np.prod(array.shape))
         report("loading weights", done / total)
     nnx.replace_by_pure_dict(state, pure)
-    report("ready", 1.0)
-    return Runtime(
-        cfg,
-        tokenizer,
-        graphdef,
-        state,
-        model_name=str(model),
-        model_dir=model_dir,
-        dtype=jdtype,
-        max_context=max_context,
-        length_buckets=length_buckets,
-        batch_buckets=batch_buckets,
-        mesh=mesh,
-        default_decoder=generation_config.recommended_decoder(model_dir),
-        quantize=qspec,
-        chat_defaults=generation_config.chat_defaults(model_dir),
-        one_line_defaults=generation_config.one_line_defaults(model_dir),
-        max_programs=max_programs,
-    )
+    return graphdef, state
+
+
+def quantize_state(
+    state: nnx.State, cfg: DreamConfig, q: quant.QuantSpec, *, delete: bool = True
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """A float model's NNX state -> (graphdef, state) of the same model quantized, tensor by tensor on
+    its device (each float weight is deleted once quantized when ``delete``, so the peak is one tensor
+    above the quantized model plus the float remainder). For models that exist only in memory: the
+    random-weight benchmarks, a model just trained. ``q.kernel="auto"`` is settled for one device."""
+    q = q.resolved(1)
+    dtype = jax.tree.leaves(state)[0].dtype
+    abstract = nnx.eval_shape(lambda: DreamModel(cfg, dtype=dtype, rngs=nnx.Rngs(0), quant=q))
+    graphdef, out_state = nnx.split(abstract)
+    src, out = nnx.to_pure_dict(state), nnx.to_pure_dict(out_state)
+    fns: dict[tuple[Any, ...], Callable[[jax.Array], quant.QArray]] = {}
+    for path, spec in by_path(cfg).items():
+        s: Any = src
+        o: Any = out
+        for part in path[:-1]:
+            s, o = s[part], o[part]
+        w = s[path[-1]]
+        if not q.applies(spec):
+            o[path[-1]] = w
+            continue
+        key = (spec.shape, spec.contract, str(w.dtype))
+        if key not in fns:
+            fns[key] = jax.jit(lambda w, spec=spec: quant.stored(*quant.quantize_device(w, spec, q), spec, q))
+        o[path[-1]] = fns[key](w)
+        if delete:
+            jax.block_until_ready(o[path[-1]])
+            w.delete()
+    nnx.replace_by_pure_dict(out_state, out)
+    return graphdef, out_state

@@ -19,31 +19,32 @@ KV = tuple[jax.Array, jax.Array]  # one layer's keys and values, [B, K, L, E] ea
 
 
 class _Params:
-    """Creates a module's parameters from the parameter table (``weights.py``): shape, initialiser and,
-    under weight-only quantization, the integer values plus a ``<name>_scale`` parameter."""
+    """Creates a module's parameters from the parameter table (``weights.py``): shape and initialiser,
+    or, for a weight under quantization, a ``quant.QArray`` placeholder (integers and scales as one
+    value) to be filled by the loader."""
 
-    def __init__(self, cfg: DreamConfig, dtype: jnp.dtype, rngs: nnx.Rngs | None, quant: q.QuantSpec | None):
+    def __init__(self, cfg: DreamConfig, dtype: jnp.dtype, rngs: nnx.Rngs, quant: q.QuantSpec | None):
         self.table, self.dtype, self.rngs, self.quant = by_path(cfg), dtype, rngs, quant
 
-    def add(self, module: nnx.Module, path: Path_) -> None:
+    def param(self, path: Path_) -> nnx.Param[jax.Array]:
+        """A float parameter (norms and biases are never quantized)."""
         spec = self.table[path]
-        name = str(path[-1])
-        if self.quant is not None and self.quant.applies(spec):
-            # Placeholders of the right shape and dtype: only ever built abstractly, then loaded.
-            setattr(module, name, nnx.Param(jnp.zeros(spec.shape, self.quant.np_dtype)))
-            setattr(module, name + "_scale", nnx.Param(jnp.ones(self.quant.scale_shape(spec), self.dtype)))
-            return
         if spec.init == "normal":
             value = nnx.initializers.normal(0.02)(self.rngs.params(), spec.shape, self.dtype)
         else:
             value = (jnp.zeros if spec.init == "zeros" else jnp.ones)(spec.shape, self.dtype)
-        setattr(module, name, nnx.Param(value))
+        return nnx.Param(value)
 
-
-def _dense(module: nnx.Module, subscripts: str, x: jax.Array, name: str) -> jax.Array:
-    """``einsum(subscripts, x, module.<name>)``, through its scales when the weight is quantized."""
-    scale = getattr(module, name + "_scale", None)
-    return q.dense(subscripts, x, getattr(module, name)[...], None if scale is None else scale[...])
+    def weight(self, path: Path_) -> nnx.Param[q.Weight]:
+        """A matmul weight: float, or quantized when the spec covers it."""
+        spec = self.table[path]
+        value: q.Weight
+        if self.quant is not None and self.quant.applies(spec):
+            # Placeholders of the right shapes and dtypes: only ever built abstractly, then loaded.
+            value = q.placeholder(spec, self.quant, self.dtype)
+        else:
+            value = self.param(path).get_value()
+        return nnx.Param(value)
 
 
 def shift_logits(logits: jax.Array) -> jax.Array:
@@ -94,8 +95,10 @@ def _canvas_mask(
 
 
 class RMSNorm(nnx.Module):
+    weight: nnx.Param[jax.Array]
+
     def __init__(self, params: _Params, path: Path_, eps: float) -> None:
-        params.add(self, path + ("weight",))
+        self.weight = params.param(path + ("weight",))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -119,9 +122,22 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 class Attention(nnx.Module):
+    q_kernel: nnx.Param[q.Weight]  # [D, H, E]
+    k_kernel: nnx.Param[q.Weight]  # [D, K, E]
+    v_kernel: nnx.Param[q.Weight]  # [D, K, E]
+    o_kernel: nnx.Param[q.Weight]  # [H, E, D]
+    q_bias: nnx.Param[jax.Array]  # [H, E]
+    k_bias: nnx.Param[jax.Array]  # [K, E]
+    v_bias: nnx.Param[jax.Array]  # [K, E]
+
     def __init__(self, cfg: DreamConfig, params: _Params, path: Path_) -> None:
-        for name in ("q_kernel", "q_bias", "k_kernel", "k_bias", "v_kernel", "v_bias", "o_kernel"):
-            params.add(self, path + (name,))
+        self.q_kernel = params.weight(path + ("q_kernel",))
+        self.q_bias = params.param(path + ("q_bias",))
+        self.k_kernel = params.weight(path + ("k_kernel",))
+        self.k_bias = params.param(path + ("k_bias",))
+        self.v_kernel = params.weight(path + ("v_kernel",))
+        self.v_bias = params.param(path + ("v_bias",))
+        self.o_kernel = params.weight(path + ("o_kernel",))
         self.theta = cfg.rope_theta
         self.groups = cfg.num_groups
 
@@ -153,11 +169,12 @@ class Attention(nnx.Module):
         # projections themselves produce [B, L, N, E] and the swap rides along with the bias add: asked for
         # [B, N, L, E] directly, XLA's CPU backend transposed the weights on every step (whole reference
         # generations ran 6-10% slower).
-        q = jnp.swapaxes(_dense(self, "bld,dhe->blhe", xq, "q_kernel") + self.q_bias[...], 1, 2)
-        k = jnp.swapaxes(_dense(self, "bld,dke->blke", x, "k_kernel") + self.k_bias[...], 1, 2)
-        v = jnp.swapaxes(_dense(self, "bld,dke->blke", x, "v_kernel") + self.v_bias[...], 1, 2)
+        q = jnp.swapaxes(dense("bld,dhe->blhe", xq, self.q_kernel) + self.q_bias[...], 1, 2)
+        k = jnp.swapaxes(dense("bld,dke->blke", x, self.k_kernel) + self.k_bias[...], 1, 2)
+        v = jnp.swapaxes(dense("bld,dke->blke", x, self.v_kernel) + self.v_bias[...], 1, 2)
         q, k = rope(q, qpos, self.theta), rope(k, positions, self.theta)
         if cache is not None:
+            assert start is not None, "a cached block step needs its start"
             k, v = write_block(cache[0], k, start), write_block(cache[1], v, start)
         # GQA: query head h uses kv head h // G (repeat_kv repeats each kv head G times consecutively).
         q = q.reshape(b, k.shape[1], self.groups, n, q.shape[-1])  # [B, K, G, Lq, E]
@@ -172,21 +189,31 @@ class Attention(nnx.Module):
         # there poisons the whole batch's next layer.
         probs = jnp.where(jnp.any(valid, axis=-1, keepdims=True), probs, 0.0).astype(x.dtype)
         out = jnp.einsum("bkglm,bkme->bkgle", probs, v).reshape(b, -1, n, q.shape[-1])  # [B, H, Lq, E]
-        return _dense(self, "bhle,hed->bld", out, "o_kernel"), (k, v)
+        return dense("bhle,hed->bld", out, self.o_kernel), (k, v)
 
 
 class MLP(nnx.Module):
+    gate_kernel: nnx.Param[q.Weight]  # [D, F]
+    up_kernel: nnx.Param[q.Weight]  # [D, F]
+    down_kernel: nnx.Param[q.Weight]  # [F, D]
+
     def __init__(self, params: _Params, path: Path_) -> None:
-        for name in ("gate_kernel", "up_kernel", "down_kernel"):
-            params.add(self, path + (name,))
+        self.gate_kernel = params.weight(path + ("gate_kernel",))
+        self.up_kernel = params.weight(path + ("up_kernel",))
+        self.down_kernel = params.weight(path + ("down_kernel",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate = jax.nn.silu(_dense(self, "bld,df->blf", x, "gate_kernel"))
-        up = _dense(self, "bld,df->blf", x, "up_kernel")
-        return _dense(self, "blf,fd->bld", gate * up, "down_kernel")
+        gate = jax.nn.silu(dense("bld,df->blf", x, self.gate_kernel))
+        up = dense("bld,df->blf", x, self.up_kernel)
+        return dense("blf,fd->bld", gate * up, self.down_kernel)
 
 
 class Block(nnx.Module):
+    input_layernorm: RMSNorm
+    attn: Attention
+    post_attention_layernorm: RMSNorm
+    mlp: MLP
+
     def __init__(self, cfg: DreamConfig, params: _Params, n: int) -> None:
         path: Path_ = ("layers", n)
         self.input_layernorm = RMSNorm(params, path + ("input_layernorm",), cfg.rms_norm_eps)
@@ -221,6 +248,11 @@ class DreamModel(nnx.Module):
     (``loader.load``); such a model is only ever built under ``nnx.eval_shape``.
     """
 
+    embed: nnx.Param[q.Weight]  # [V, D]
+    lm_head: nnx.Param[q.Weight]  # [D, V]; absent with tied embeddings
+    layers: nnx.List[Block]
+    norm: RMSNorm
+
     def __init__(
         self,
         cfg: DreamConfig,
@@ -231,11 +263,11 @@ class DreamModel(nnx.Module):
     ) -> None:
         self.cfg = cfg
         params = _Params(cfg, dtype, rngs, quant)
-        params.add(self, ("embed",))
+        self.embed = params.weight(("embed",))
         self.layers = nnx.List([Block(cfg, params, n) for n in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(params, ("norm",), cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings:
-            params.add(self, ("lm_head",))
+        if not cfg.tie_word_embeddings:  # the state holds what the checkpoint holds
+            self.lm_head = params.weight(("lm_head",))
 
     def __call__(
         self,
@@ -271,6 +303,7 @@ class DreamModel(nnx.Module):
         if caches is None:
             query_mask, query_pos = attention_mask, positions
         else:
+            assert start is not None, "a cached block needs its start"
             n = input_ids.shape[1]
             query_mask = read_block(attention_mask, start, n)
             query_pos = read_block(positions, start, n)
@@ -320,17 +353,35 @@ class DreamModel(nnx.Module):
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """The embedding rows of ``input_ids`` (``[B, L]`` -> ``[B, L, D]``); a quantized table gathers
         the integer rows and their scales and dequantizes only those."""
-        rows = jnp.take(self.embed[...], input_ids, axis=0)
-        scale = getattr(self, "embed_scale", None)
-        if scale is None:
-            return rows
-        scale = scale[...]
-        return q.dequantize_jax(rows, jnp.take(scale, input_ids, axis=0), scale.dtype)
+        table = self.embed.get_value()
+        if not isinstance(table, q.QArray):
+            return jnp.take(table, input_ids, axis=0)
+        rows = jnp.take(table.ints(), input_ids, axis=0)
+        return q.dequantize_jax(rows, jnp.take(table.scale, input_ids, axis=0), table.scale.dtype)
 
     def head(self, hidden: jax.Array) -> jax.Array:
         """``lm_head`` (or the tied embedding) over hidden states ``[..., D]`` -> logits ``[..., V]``."""
         if not self.cfg.tie_word_embeddings:
-            return _dense(self, "...d,dv->...v", hidden, "lm_head")
-        if getattr(self, "embed_scale", None) is not None:
-            return _dense(self, "...d,vd->...v", hidden, "embed")
-        return jnp.einsum("...d,dv->...v", hidden, self.embed[...].T)
+            return dense("...d,dv->...v", hidden, self.lm_head)
+        return dense("...d,vd->...v", hidden, self.embed)
+
+
+def dense(subscripts: str, x: jax.Array, w: nnx.Param[q.Weight]) -> jax.Array:
+    """``einsum(subscripts, x, w)`` for a float or a quantized weight parameter (``quant.dense``)."""
+    return q.dense(subscripts, x, w.get_value())
+
+
+def named_arrays(state: nnx.State) -> dict[str, jax.Array]:
+    """Every array of a model's state by its parameter path (``layers/0/attn/q_kernel``); a quantized
+    weight's integers under its own path and its scales under ``<path>_scale``."""
+    out = {}
+    for path, arr in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
+        parts: list[str] = []
+        for p in path:
+            attr = getattr(p, "name", None)  # a QArray's .values / .scale
+            if attr == "scale":
+                parts[-1] += "_scale"
+            elif attr is None:
+                parts.append(str(getattr(p, "key", getattr(p, "idx", p))))
+        out["/".join(parts)] = arr
+    return out

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from model_runtime import distributed
+from model_runtime import processes
 
 
 class Placed:
@@ -33,7 +33,7 @@ def _put(value: object, target: NamedSharding | None) -> object:
     and contributes its own shards; arrays that already span the processes (program outputs) stay."""
     if target is None or isinstance(value, jax.Array) and not value.is_fully_addressable:
         return value  # an input the compiled program does not use (None), or one already in place
-    if not distributed.multi():
+    if not processes.multi():
         return jax.device_put(value, target)
     if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
         data = np.asarray(jax.random.key_data(value))

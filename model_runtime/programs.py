@@ -11,16 +11,21 @@ The cache is bounded. Request values never reach a key directly: what would chan
 block lengths; ``params.py`` refuses other values), so the keys a daemon can see are a finite set. As
 the last line of defence the cache keeps at most ``max_programs`` programs and evicts the least recently
 used one; evicting also clears JAX's own tracing and compilation caches, which would otherwise keep the
-evicted program's executable alive. ``info()`` reports the bound, what is held and the memory ceiling it
-implies (the daemon's ``/v1/diffu/status``): a program's cost is measured as the growth of the process's
-resident memory while it was built (XLA reports no host code size on CPU; the first build, which also
-starts the compiler, is left out), and the ceiling is what the process holds now plus the largest such
-cost for every free place: an upper bound, as the growth includes the compiler's scratch memory.
+evicted program's executable alive.
+
+The cache is bounded in bytes too, since a count alone bounds nothing a machine can hold (64 programs of
+a 7B model's size were a 28 GB ceiling on a 24 GB machine): a program's cost is measured as the growth of
+the process's resident memory while it was built (XLA reports no host code size on CPU; the first build,
+which also starts the compiler, is left out, and the growth includes the compiler's scratch memory, so it
+errs high), and the programs held together cost at most ``max_bytes``, by default half the memory the
+machine had available when the cache was made (``MemAvailable``); past it the least recently used go
+(never the two newest: the fast decoder runs a pair). ``info()`` reports the bounds, what is held and the
+memory ceiling they imply (the daemon's ``/v1/diffu/status``): what the process holds now plus the room
+the bounds leave for more programs, which the machine's memory bounds in turn.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -34,7 +39,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from model_runtime import compile_cache, fast, sliding
 from model_runtime.config import DreamConfig
+from model_runtime.inflight import InFlight
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
+from model_runtime.memory import resident_bytes
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
 from model_runtime.placement import Placed, output_shardings
 from model_runtime.sampling import SamplerSpec
@@ -52,6 +59,21 @@ class Built(NamedTuple):
     hits: int
 
 
+class ReferenceProgram(NamedTuple):
+    """What makes a reference-decoder program (the arguments of :meth:`ProgramCache.reference`):
+    ``kind`` "step" (one denoising step) or "all" (the whole loop, its schedule padded to ``n_ratios``
+    entries), the (batch, length) bucket, the sampler's static switches, the hooks, and the logits
+    ``window`` (0: the whole canvas)."""
+
+    kind: str
+    shape: tuple[int, int]
+    spec: SamplerSpec
+    logits_hook: Hook | None = None
+    tokens_hook: Hook | None = None
+    n_ratios: int = 0
+    window: int = 0
+
+
 class ProgramCache:
     """Compiled programs of one model's parameters (``graphdef``/``state``) on one device or mesh."""
 
@@ -63,14 +85,17 @@ class ProgramCache:
         dtype: str,
         mesh: Mesh | None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
+        max_bytes: int | None = None,
     ) -> None:
         if max_programs < 2:
             # The fast decoder needs its refresh and block programs at once.
             raise ValueError(f"max_programs: must be >= 2, got {max_programs}")
         self.max_programs = max_programs
+        self.max_bytes = max_bytes if max_bytes is not None else default_max_bytes()
         self.compiled = 0  # programs built since start (fresh or from the persistent cache)
         self.evicted = 0
         self.largest_bytes = 0  # the most resident memory one build added (the first one left out)
+        self._costs: dict[tuple[Any, ...], int] = {}  # each held program's build cost, in bytes
         # The scheduler thread compiles; status requests read from the event loop's thread.
         self._lock = threading.Lock()
         self.cfg = cfg
@@ -85,6 +110,8 @@ class ProgramCache:
         )
         self._replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
         self._programs: OrderedDict[tuple[Any, ...], Program] = OrderedDict()  # least recently used first
+        # The device thread and the daemon's warm-up thread may ask for the same program at once.
+        self._inflight: InFlight[Built] = InFlight()
         static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
         # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
         rows_out: dict[str, Any] = {} if self._rows is None else {"out_shardings": self._rows}
@@ -125,21 +152,44 @@ class ProgramCache:
         return self._programs.items()
 
     def info(self) -> dict[str, int | None]:
-        """The bound and what is held: programs kept (``held``) and at most kept, programs built since start
-        and evicted, the largest resident memory one build added, and the process's resident memory now and
-        at most with the cache full (None where the platform does not say)."""
+        """The bounds and what is held: programs kept (``held``) and at most kept, programs built since
+        start and evicted, the largest resident memory one build added, the bytes the held programs cost
+        and may cost at most, and the process's resident memory now and at most (None where the platform
+        does not say)."""
         resident = resident_bytes()
         with self._lock:
             free = self.max_programs - len(self._programs)
+            held = sum(self._costs.values())
+            room = free * self.largest_bytes  # the count's bound, in the largest program's bytes
+            if self.max_bytes is not None:
+                room = min(room, max(0, self.max_bytes - held))
             return {
                 "held": len(self._programs),
                 "max_programs": self.max_programs,
                 "compiled": self.compiled,
                 "evicted": self.evicted,
                 "largest_program_bytes": self.largest_bytes,
+                "held_program_bytes": held,
+                "max_program_bytes": self.max_bytes,
                 "resident_bytes": resident,
-                "memory_ceiling_bytes": None if resident is None else resident + free * self.largest_bytes,
+                "memory_ceiling_bytes": None if resident is None else resident + room,
             }
+
+    def _keep(self, key: tuple[Any, ...], program: Program, cost: int) -> int:
+        """Hold ``program`` as the most recently used; evict the least recently used past either bound
+        (never the two newest). Returns how many were evicted. Called with the lock held."""
+        self._programs[key] = program
+        self._programs.move_to_end(key)
+        self._costs[key] = cost
+        evicted = 0
+        while len(self._programs) > 2 and (
+            len(self._programs) > self.max_programs
+            or (self.max_bytes is not None and sum(self._costs.values()) > self.max_bytes)
+        ):
+            old, _ = self._programs.popitem(last=False)
+            del self._costs[old]
+            evicted += 1
+        return evicted
 
     def _get(self, key: tuple[Any, ...]) -> Program | None:
         """The program under ``key``, marked as the most recently used one."""
@@ -187,24 +237,35 @@ class ProgramCache:
         """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
         schedule padded to ``n_ratios`` entries)."""
         key = self.reference_key(kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
-        program = self._get(key)
-        if program is not None:
-            return Built(program, 0.0, 0, 0)
-        # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
-        common: dict[str, Any] = dict(
-            attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
-        )
-        inputs: StepInputs | LoopInputs
-        if kind == "step":
-            f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
-            inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
-        else:
-            ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
-            inputs = LoopInputs(ratios=ratios, steps=i32, **common)
-        statics = dict(
-            mask_id=self.cfg.mask_token_id, logits_hook=logits_hook, tokens_hook=tokens_hook, window=window
-        )
-        return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
+
+        def build() -> Built:
+            # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
+            common: dict[str, Any] = dict(
+                attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
+            )
+            inputs: StepInputs | LoopInputs
+            if kind == "step":
+                f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
+                inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
+            else:
+                ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
+                inputs = LoopInputs(ratios=ratios, steps=i32, **common)
+            hooks = dict(logits_hook=logits_hook, tokens_hook=tokens_hook)
+            statics = dict(mask_id=self.cfg.mask_token_id, window=window, **hooks)
+            return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
+
+        return self._held_or_built(key, build)
+
+    def _held_or_built(self, key: tuple[Any, ...], build: Callable[[], Built]) -> Built:
+        """The program under ``key`` if it is held, else ``build()``'s; when another thread is building
+        it, this one waits and reports the wait as its compile seconds (nothing compiled here)."""
+
+        def held() -> Built | None:
+            program = self._get(key)
+            return None if program is None else Built(program, 0.0, 0, 0)
+
+        built, waited = self._inflight.get(key, held, build)
+        return built if waited is None else built._replace(seconds=built.seconds + waited)
 
     @staticmethod
     def reference_key(
@@ -227,24 +288,26 @@ class ProgramCache:
     # -- the fast decoder ------------------------------------------------------------------------
     def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
         """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
+        return self._pair(
+            self.fast_keys(shape, fspec), fspec, lambda kind, out: self._fast_args(kind, shape, out)
+        )
+
+    def _fast_args(self, kind: str, shape: tuple[int, int], built: list[Program]) -> tuple[Any, ...]:
+        """The fast decoder's abstract arguments for ``kind``; the block program's caches are laid out
+        as the refresh program (``built[0]``) lays them out."""
         b, n = shape
         cfg = self.cfg
         x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
         f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._keys(b)
-
-        def args(kind: str, built: list[Program]) -> tuple[Any, ...]:
-            if kind == "refresh":
-                return (x, attn, i32, rng, f32, f32, i32)
-            # The block program takes the caches exactly as the refresh program lays them out.
-            kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
-            layouts: Any = output_shardings(built[0])
-            caches = [
-                tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer)
-                for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
-            ]
-            return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
-
-        return self._pair(self.fast_keys(shape, fspec), fspec, args)
+        if kind == "refresh":
+            return (x, attn, i32, rng, f32, f32, i32)
+        kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
+        layouts: Any = output_shardings(built[0])
+        caches = [
+            tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer)
+            for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+        ]
+        return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
 
     # -- the sliding decoder ---------------------------------------------------------------------
     @staticmethod
@@ -302,20 +365,20 @@ class ProgramCache:
         spec: object,
         args: Callable[[str, list[Program]], tuple[Any, ...]],
     ) -> tuple[list[Program], float, int, int]:
-        """A decoder's programs under ``keys`` (each key starts with its kind), from memory or compiled for
-        the abstract arguments ``args(kind, the programs before it)`` gives (a second program takes what
-        the first lays out); plus the compile seconds, fresh compiles and persistent-cache hits."""
+        """A decoder's two programs under ``keys`` (each key starts with its kind), held or compiled once
+        for the abstract arguments ``args(kind, the programs before it)`` gives (the second program takes
+        what the first lays out); plus the compile seconds, fresh compiles and persistent-cache hits."""
+        statics = {"mask_id": self.cfg.mask_token_id}
         out: list[Program] = []
         seconds, compiled, hits = 0.0, 0, 0
-        statics = {"mask_id": self.cfg.mask_token_id}
         for key in keys:
-            program = self._get(key)
-            if program is None:
-                built = self._compile(key, key[0], args(key[0], out), spec, statics)
-                program = built.program
-                seconds += built.seconds
-                compiled, hits = compiled + built.compiled, hits + built.hits
-            out.append(program)
+
+            def build(key: tuple[Any, ...] = key) -> Built:
+                return self._compile(key, key[0], args(key[0], out), spec, statics)
+
+            built = self._held_or_built(key, build)
+            out.append(built.program)
+            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
         return out, seconds, compiled, hits
 
     def _compile(
@@ -333,14 +396,11 @@ class ProgramCache:
         program: Program = compiled if self.mesh is None else Placed(compiled)
         rss1 = resident_bytes()
         with self._lock:
-            evict = max(0, len(self._programs) + 1 - self.max_programs)
-            for _ in range(evict):
-                self._programs.popitem(last=False)
-            self._programs[key] = program
             # The process's first build also starts the compiler (about 800 MB of RSS on CPU, once), which
             # no later program costs again: only later builds measure a program.
-            if self.compiled and rss0 is not None and rss1 is not None:
-                self.largest_bytes = max(self.largest_bytes, rss1 - rss0)
+            cost = max(0, rss1 - rss0) if self.compiled and rss0 is not None and rss1 is not None else 0
+            self.largest_bytes = max(self.largest_bytes, cost)
+            evict = self._keep(key, program, cost)
             self.compiled += 1
             self.evicted += evict
         if evict:
@@ -352,10 +412,11 @@ class ProgramCache:
         return Built(program, seconds, (requests1 - requests0) - hits, hits)
 
 
-def resident_bytes() -> int | None:
-    """The process's resident memory (Linux ``/proc/self/statm``; None elsewhere)."""
+def default_max_bytes() -> int | None:
+    """Half the memory the machine has available now (Linux ``MemAvailable``); None elsewhere."""
     try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        with open("/proc/meminfo", encoding="ascii") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
+    return kib * 1024 // 2

@@ -8,7 +8,6 @@ programs are in ``fast.py``. ``loader.load`` builds a Runtime from a checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +19,22 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import distributed, fast, quant, sharding, sliding
+from model_runtime import fast, processes, quant, sharding
 from model_runtime.batch import PlacedBatch
+from model_runtime.cached_runs import CachedRuns
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchDone, BatchEvents, CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.interface import (
+    BatchDone,
+    BatchEvents,
+    CanvasRow,
+    CompileReport,
+    RuntimeInfo,
+    RuntimeProtocol,
+)
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
-from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams, fast_block_size
-from model_runtime.programs import ProgramCache
+from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
+from model_runtime.programs import ProgramCache, ReferenceProgram
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
 from model_runtime.sliding import spec_of as sliding_spec
@@ -46,11 +53,8 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in sorted(buckets) if b >= n), None)
 
 
-class Runtime(CanvasBuilder):
+class Runtime(CachedRuns):
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
-
-    # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
-    supports_holes = True
 
     def __init__(
         self,
@@ -74,62 +78,53 @@ class Runtime(CanvasBuilder):
     ) -> None:
         self.config = cfg
         self.quantize = quantize
-        # The decoder a request gets when it names none: the model's recorded choice (generation_config.json
-        # ``diffu_decoder``, see generation_config.py), else the reference decoder.
-        self.default_decoder = default_decoder
-        # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
-        self.chat_defaults = dict(chat_defaults or {})
-        # What a one-line request that names no decoder gets (generation_config.one_line_defaults).
-        self.one_line_defaults = dict(one_line_defaults or {})
         self.mesh = mesh
         self.tokenizer: DreamTokenizer = tokenizer
         self.graphdef = graphdef
         self.state = state
-        self.model_name = model_name
         self.model_dir = model_dir
-        self.dtype = jnp.dtype(dtype).name
-        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
-        lengths = sorted({b for b in length_buckets if b <= self.max_context} | {self.max_context})
-        self.length_buckets = tuple(lengths)
+        dtype_name = jnp.dtype(dtype).name
+        context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_position_embeddings)
+        self.length_buckets = tuple(sorted({b for b in length_buckets if b <= context} | {context}))
         dp = int(mesh.shape["dp"]) if mesh is not None else 1
         # With data parallelism every batch bucket is a multiple of dp, so each replica gets whole rows.
         self.batch_buckets = tuple(sorted({-(-b // dp) * dp for b in batch_buckets}))
         devices = list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
-        self.device = f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}"
-        self._programs = ProgramCache(cfg, graphdef, state, self.dtype, mesh, max_programs)
+        self.info = RuntimeInfo(
+            model_name=model_name,
+            device=f"{devices[0].platform}:{devices[0].device_kind} x{len(devices)}",
+            dtype=dtype_name,
+            max_context=context,
+            vocab_size=cfg.vocab_size,
+            buckets=tuple((b, n) for b in self.batch_buckets for n in self.length_buckets),
+            # The decoder a request gets when it names none: the model's recorded choice
+            # (generation_config.json ``diffu_decoder``, see generation_config.py), else the reference one.
+            default_decoder=default_decoder,
+            # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
+            chat_defaults=dict(chat_defaults or {}),
+            # What a one-line request that names no decoder gets (generation_config.one_line_defaults).
+            one_line_defaults=dict(one_line_defaults or {}),
+            # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
+            supports_holes=True,
+            quantize_mode=quantize.mode if quantize is not None else None,
+            mesh=sharding.describe(mesh),
+            # JAX lowers and XLA compiles on any thread, beside a program running on another (the program
+            # cache builds each program once however many threads ask). Measured on CPU, where a compile
+            # is host work; an accelerator's compile also runs kernels on it (GPU autotuning), so there it
+            # stays on the device thread until measured there.
+            concurrent_compile=devices[0].platform == "cpu",
+        )
+        self.rows = CanvasBuilder(tokenizer, context)
+        self._programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
         # Forwards of the model run since start, every decoder's (a queued forward that ran after its
         # consumer stopped reading included): the daemon's counters report it.
         self.forwards = 0
 
-    @property
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
         return self._programs.info()
 
-    @property
-    def mesh_info(self) -> dict[str, object]:
-        """The device mesh (dp x tp, devices, processes), for status reports."""
-        return sharding.describe(self.mesh)
-
-    @property
-    def quantize_mode(self) -> str | None:
-        return self.quantize.mode if self.quantize is not None else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def buckets(self) -> list[tuple[int, int]]:
-        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
-
-    # -- building rows (the rest is CanvasBuilder's) ---------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        try:
-            return self.tokenizer.encode_chat(messages)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-
+    # -- library use: prompts in, events out ------------------------------------------------------
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -141,19 +136,20 @@ class Runtime(CanvasBuilder):
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Left-padded batch generation: one BatchStep per step, then a BatchDone."""
-        rows = [self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+        rows = [self.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
         return self.run(rows, params, stream=stream, logits_hook=logits_hook, tokens_hook=tokens_hook)
 
     def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
-        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+        return self.run([self.rows.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
     # -- compiling ------------------------------------------------------------------------------
     def bucket_for(self, batch: int, length: int) -> tuple[int, int]:
-        if length > self.max_context:
+        context = self.info.max_context
+        if length > context:
             raise InputError(
                 f"the prompt and canvas need {length} tokens, more than the context of "
-                f"{self.max_context} tokens; shorten the prompt or lower max_new_tokens",
-                details={"row_tokens": length, "context_length": self.max_context},
+                f"{context} tokens; shorten the prompt or lower max_new_tokens",
+                details={"row_tokens": length, "context_length": context},
             )
         b = _pick(self.batch_buckets, batch)
         if b is None:
@@ -178,7 +174,7 @@ class Runtime(CanvasBuilder):
         """
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            _, _, _, fspec = self._fast_layout(rows, params, shape)
+            _, _, _, fspec = fast.layout(rows, params, shape)
             _, seconds, compiled, hits = self._programs.fast(shape, fspec)
             return CompileReport(seconds, compiled, hits)
         if params.decoder == "sliding":
@@ -190,7 +186,7 @@ class Runtime(CanvasBuilder):
     def _program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> list[tuple]:
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
-            return self._programs.fast_keys(shape, self._fast_layout(rows, params, shape)[3])
+            return self._programs.fast_keys(shape, fast.layout(rows, params, shape)[3])
         if params.decoder == "sliding":
             return self._programs.sliding_keys(shape, sliding_spec(params))
         return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
@@ -216,7 +212,7 @@ class Runtime(CanvasBuilder):
             index=jnp.int32(step),
             knobs=Knobs.of(params),
         )
-        return distributed.host(program(self.state, jnp.asarray(x), inputs))
+        return processes.host(program(self.state, jnp.asarray(x), inputs))
 
     def run(
         self,
@@ -273,12 +269,17 @@ class Runtime(CanvasBuilder):
         stream: bool,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
-    ) -> tuple:
-        """The arguments of ``ProgramCache.reference`` for a reference-decoder run of ``rows``."""
-        n_ratios = 0 if stream else ratio_bucket(params.steps)
-        window = 0 if logits_hook or tokens_hook else self._window(list(rows), shape[1])
-        kind = "step" if stream else "all"
-        return kind, shape, SamplerSpec.from_params(params), logits_hook, tokens_hook, n_ratios, window
+    ) -> ReferenceProgram:
+        """The program a reference-decoder run of ``rows`` uses."""
+        return ReferenceProgram(
+            kind="step" if stream else "all",
+            shape=shape,
+            spec=SamplerSpec.from_params(params),
+            logits_hook=logits_hook,
+            tokens_hook=tokens_hook,
+            n_ratios=0 if stream else ratio_bucket(params.steps),
+            window=0 if logits_hook or tokens_hook else self._window(list(rows), shape[1]),
+        )
 
     def _window(self, rows: list[CanvasRow], n: int) -> int:
         """For plain generation (masks only in an appended region), the length bucket holding the region.
@@ -305,9 +306,9 @@ class Runtime(CanvasBuilder):
         logits_hook: Hook | None,
         tokens_hook: Hook | None,
     ) -> BatchEvents:
-        args = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
-        program, compile_s, compiled, hits = self._programs.reference(*args)
-        n_ratios = args[5]
+        which = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
+        program, compile_s, compiled, hits = self._programs.reference(*which)
+        n_ratios = which.n_ratios
         batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
         x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
         if tokens_hook is not None:
@@ -321,10 +322,10 @@ class Runtime(CanvasBuilder):
             padded = np.ones(n_ratios, np.float32)
             padded[: params.steps] = ratios
             loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
-            prev = distributed.host(program(self.state, x, loop))
+            prev = processes.host(program(self.state, x, loop))
             self.forwards += params.steps
         else:
-            prev = distributed.host(x)
+            prev = processes.host(x)
             for i in range(params.steps):
                 t0 = time.perf_counter()
                 inputs = StepInputs(
@@ -336,11 +337,11 @@ class Runtime(CanvasBuilder):
                     knobs=knobs,
                 )
                 x = program(self.state, x, inputs)
-                cur = distributed.host(x)  # the one host transfer per step that streaming needs
+                cur = processes.host(x)  # the one host transfer per step that streaming needs
                 self.forwards += 1
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
-        yield self._done(batch, prev, params, params.steps, t_start, (compile_s, compiled, hits))
+        yield self._done(batch, prev, params, params.steps, t_start, CompileReport(compile_s, compiled, hits))
 
     def _done(
         self,
@@ -349,221 +350,22 @@ class Runtime(CanvasBuilder):
         params: SamplingParams,
         steps: int,
         t_start: float,
-        built: tuple[float, int, int],
+        built: CompileReport,
     ) -> BatchDone:
         """The batch's BatchDone: the answers in ``final`` after ``steps`` forwards, timed from
-        ``t_start``; ``built`` is what getting the programs cost (seconds, compiled, cache hits)."""
-        compile_s, compiled, hits = built
+        ``t_start``; ``built`` is what getting the programs cost."""
         return batch.done_event(
             final,
             self.tokenizer,
             pad_id=self.config.pad_token_id,
             steps=steps,
             elapsed=time.perf_counter() - t_start,
-            compile_s=compile_s,
-            compiled=compiled,
-            hits=hits,
+            compile_s=built.seconds,
+            compiled=built.compiled,
+            hits=built.cache_hits,
             decoder=params.decoder,
             max_lines=params.max_lines,
         )
-
-    def _fast_layout(
-        self, rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
-    ) -> tuple[int, int, int, fast.FastSpec]:
-        """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
-        the programs' static switches. Every row's region sits in the same columns (``_checked_shape``)."""
-        n = shape[1]
-        r = rows[0]
-        lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
-        hi = n - len(r.ids) + r.region[1]
-        size = fast_block_size(params.block_length, hi - lo, n - 1)
-        fspec = fast.FastSpec(
-            sampler=dataclasses.replace(
-                SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False
-            ),
-            block_length=size,
-            use_factor=params.factor is not None,
-        )
-        return lo, hi, size, fspec
-
-    def _run_fast(
-        self,
-        rows: list[CanvasRow],
-        params: SamplingParams,
-        shape: tuple[int, int],
-        stream: bool,
-    ) -> BatchEvents:
-        """The fast decoder (model_runtime.fast), early stop at end-of-text. Streaming, one BatchStep per
-        forward (the refresh, then each forward of the block loop, resumed one forward at a time);
-        without it each block is one call.
-
-        Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
-        of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
-        """
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        lo, hi, size, fspec = self._fast_layout(rows, params, shape)
-        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
-        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
-        knobs = Knobs.of(params)
-        threshold, factor = jnp.float32(params.threshold), jnp.float32(params.factor or 1.0)
-        keys = row_keys([r.seed_for(params) for r in rows], shape[0])
-        starts = list(range(lo, hi, size))
-        stops = [set(np.flatnonzero(t)) for t in self._stop_table(rows, len(rows))]
-        newlines = self._newline_table(params)
-        mask_id = self.config.mask_token_id
-        bound = hi - lo  # every forward commits at least one position of every row
-        forwards = 0
-        prev = batch.x
-        t_start = time.perf_counter()
-        # A call queued ahead whose forward is not counted yet, with its ``done`` argument: if the consumer
-        # stops reading, the device still runs it, and it counts in ``self.forwards`` if it did run one.
-        pending: tuple[tuple, int] | None = None
-        try:
-            for b, start in enumerate(starts):
-                where = (b, len(starts))
-                t0 = time.perf_counter()
-                key = step_keys(keys, b)
-                first = (jnp.int32(start), step_keys(key, 0), *knobs.sampling())
-                x, caches = refresh(self.state, x, attn, *first)
-                forwards += 1
-                # The last block may be short, or the region shorter than a block: slide the window back,
-                # never past hi (the positions it takes in are decoded already, or prompt: nothing changes).
-                window = max(0, min(start, hi - size))
-                # The block loop's arguments after the cache; then how many forwards it has run, and how
-                # many more it may run in this call.
-                loop = (jnp.int32(window), step_keys(key, 1), *knobs.sampling(), threshold, factor)
-                if stream:
-                    # The block loop resumed one forward at a time (the same program, the same keys), each
-                    # call queued before the previous forward's canvas is read: the device never waits for
-                    # the host's event, and a consumer that stops reading stops it within two forwards.
-                    # The loop's own condition, "a mask left in the block", is checked on the host copy;
-                    # the call queued after the block's last forward finds none and changes nothing.
-                    queued = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(1))
-                    pending = (queued, 0)
-                    cur = distributed.host(x)
-                    seconds = time.perf_counter() - t0
-                    yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
-                    prev = cur
-                    for i in range(1, size + 1):
-                        t0 = time.perf_counter()
-                        x, caches, _ = queued
-                        pending = None
-                        if not np.any(cur[:, window : window + size] == mask_id):
-                            break  # the queued call found the block full and ran nothing
-                        queued = block(self.state, x, attn, caches, *loop, jnp.int32(i), jnp.int32(1))
-                        pending = (queued, i)
-                        forwards += 1
-                        cur = distributed.host(x)
-                        yield batch.step_event(
-                            prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
-                        )
-                        prev = cur
-                    cur = np.array(cur)
-                else:
-                    x, _, iters = block(self.state, x, attn, caches, *loop, jnp.int32(0), jnp.int32(size))
-                    cur = np.array(distributed.host(x))  # one host sync per block: the end-of-text check
-                    forwards += int(distributed.host(iters))
-                # Every block so far is decoded whole: a row has ended once a stop token or its last line
-                # lies in them.
-                decoded = cur[: len(rows), lo : start + size]
-                ended = [any(t in stop for t in row) for row, stop in zip(decoded, stops, strict=True)]
-                if params.max_lines:
-                    lines = newlines[decoded].sum(axis=1) >= params.max_lines
-                    ended = [e or bool(m) for e, m in zip(ended, lines, strict=True)]
-                done = all(ended)
-                if done and b < len(starts) - 1:
-                    # Every row has ended its text: the rest of the canvas would be padding. Fill it, stop.
-                    rest = cur[:, start + size : hi]
-                    rest[rest == mask_id] = self.config.pad_token_id
-                prev = cur
-                if done:
-                    break
-            yield self._done(batch, prev, params, forwards, t_start, (compile_s, compiled, hits))
-        finally:
-            if pending is not None:
-                (_, _, ran), done_before = pending
-                forwards += int(distributed.host(ran)) > done_before
-            self.forwards += forwards
-
-    def _stop_table(self, rows: Sequence[CanvasRow], batch: int) -> np.ndarray:
-        """``[batch, V]``: the tokens that end each row's text."""
-        table = np.zeros((batch, self.config.vocab_size), bool)
-        for j, r in enumerate(rows):
-            table[j, list(self.tokenizer.stop_ids(chat=r.chat))] = True
-        return table
-
-    def _newline_table(self, params: SamplingParams) -> np.ndarray:
-        """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros."""
-        table = np.zeros(self.config.vocab_size, np.int32)
-        if params.max_lines:
-            counts = self.tokenizer.newlines()[: self.config.vocab_size]
-            table[: len(counts)] = counts
-        return table
-
-    def _run_sliding(
-        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int], stream: bool
-    ) -> BatchEvents:
-        """The sliding decoder (model_runtime.sliding). With ``stream`` one BatchStep per forward: each
-        call runs one forward, and the next call is dispatched before this one's canvas is read, so the
-        device never waits for the host; a consumer that stops reading (a cancelled job) stops it within
-        two forwards. Without ``stream`` the whole loop is one call and one host sync."""
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        spec = sliding_spec(params)
-        (prefill, steps), compile_s, compiled, hits = self._programs.sliding(shape, spec)
-        mask_id, pad_id = self.config.mask_token_id, self.config.pad_token_id
-        fill = np.zeros(shape, bool)
-        for j, r in enumerate(rows):
-            lo, hi = batch.offsets[j] + r.region[0], batch.offsets[j] + r.region[1]
-            fill[j, lo:hi] = batch.x[j, lo:hi] == mask_id
-        knobs = Knobs.of(params)
-        inputs = sliding.SlidingInputs(
-            attn=jnp.asarray(batch.attn),
-            fill=jnp.asarray(fill),
-            stops=jnp.asarray(self._stop_table(rows, shape[0])),
-            newlines=jnp.asarray(self._newline_table(params)),
-            max_lines=jnp.int32(params.max_lines or 0),
-            key=row_keys([r.seed_for(params) for r in rows], shape[0]),
-            temperature=knobs.temperature,
-            top_p=knobs.top_p,
-            top_k=knobs.top_k,
-            threshold=jnp.float32(params.threshold),
-            factor=jnp.float32(params.factor or 1.0),
-            refresh_every=jnp.int32(params.refresh_every),
-        )
-        # Every forward commits at least one position of every unfinished row.
-        bound = int(fill.sum(axis=1).max(initial=0))
-        bound_ = jnp.int32(max(bound, 1))
-        t_start = time.perf_counter()
-        front, cache = prefill(self.state, jnp.asarray(batch.x), inputs)
-        latest = front  # the last call dispatched: its count of forwards is what the device ran
-        try:
-            prev = batch.x
-            if not stream:
-                front, cache = steps(self.state, front, cache, inputs, bound_, bound_)
-                latest = front
-            else:
-                t0 = t_start
-                while True:
-                    # Queue the next forward first (a no-op once every row is finished), then read this
-                    # one: the device never waits for the host's event.
-                    nxt = steps(self.state, front, cache, inputs, jnp.int32(1), bound_)
-                    latest = nxt[0]
-                    cur = distributed.host(front.x)
-                    done = bool(np.all(distributed.host(front.finished)))
-                    forwards = int(distributed.host(front.forwards))
-                    yield batch.step_event(prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id)
-                    t0 = time.perf_counter()
-                    prev = cur
-                    if done or forwards >= bound:
-                        break
-                    front, cache = nxt
-            final = np.array(distributed.host(front.x))
-            forwards = int(distributed.host(front.forwards))
-            # A row that stopped early (end of text, end of its last line) leaves masks behind: padding.
-            final[fill & (final == mask_id)] = pad_id
-            yield self._done(batch, final, params, forwards, t_start, (compile_s, compiled, hits))
-        finally:
-            self.forwards += int(distributed.host(latest.forwards))
 
 
 if TYPE_CHECKING:

@@ -128,8 +128,8 @@ class DreamTokenizer:
         """The chat prompt's ids. What people wrote never becomes a control token: a message holding
         ``<|im_start|>`` or ``<|im_end|>`` is encoded as that text, so it cannot forge a turn."""
         parts = chat_parts(messages)
-        specials = self._special_strings()
-        if not any(content and any(sp in text for sp in specials) for text, content in parts):
+        controls = self._control_strings()
+        if not any(content and any(sp in text for sp in controls) for text, content in parts):
             return self.encode("".join(text for text, _ in parts))  # byte-exact with the reference
         ids: list[int] = []
         for text, content in parts:
@@ -137,16 +137,23 @@ class DreamTokenizer:
         return ids
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids of ``text`` with special-token strings in it encoded as plain text."""
+        """Ids of ``text`` as text: the string of any added token in it (``<|endoftext|>``, ``<|mask|>``,
+        ``<|im_end|>``, ``<|file_sep|>``, ...) is encoded as its characters, never as that token. Text
+        without such strings gets the same ids as ``encode``."""
         if self._text_tok is None:
-            # A copy that reads special-token strings as text (a flag on the shared tokenizer would
-            # race with other threads encoding prompts at the same time).
-            self._text_tok = Tokenizer.from_str(self._tok.to_str())
-            self._text_tok.encode_special_tokens = True
+            # A copy that reads every added token's string as text (a flag on the shared tokenizer would
+            # race with other threads encoding prompts at the same time). Qwen2 leaves the FIM and
+            # repository markers plain added tokens, which that flag does not split: mark them special.
+            text_tok = Tokenizer.from_str(self._tok.to_str())
+            text_tok.add_special_tokens(
+                [AddedToken(c, special=True, normalized=False) for c in self._control_strings()]
+            )
+            text_tok.encode_special_tokens = True
+            self._text_tok = text_tok
         return self._text_tok.encode(text, add_special_tokens=False).ids
 
-    def _special_strings(self) -> list[str]:
-        return [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+    def _control_strings(self) -> list[str]:
+        return [t.content for t in self._tok.get_added_tokens_decoder().values()]
 
     # -- decoding -------------------------------------------------------------------------------
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
@@ -213,6 +220,18 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path.name}: cannot read it as JSON ({exc})") from None
+    except RecursionError:
+        raise ModelError(f"{path.name}: nested too deep to be a tokenizer file") from None
+
+
+# Token ids are unsigned 32-bit in the tokenizers library, and no vocabulary comes near that.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def _token_id(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_ID:
+        raise ModelError(f"{where}: a token id must be an integer in 0..{MAX_TOKEN_ID}, got {value!r}")
+    return value
 
 
 def _added_tokens(model_dir: Path) -> dict[str, tuple[int, bool]]:
@@ -223,19 +242,20 @@ def _added_tokens(model_dir: Path) -> dict[str, tuple[int, bool]]:
         decoder = _read_json(cfg_path).get("added_tokens_decoder") or {}
         for key, entry in decoder.items():
             try:
-                added[str(entry["content"])] = (int(key), bool(entry.get("special", True)))
+                token_id = int(key)
+                added[str(entry["content"])] = (token_id, bool(entry.get("special", True)))
             except (KeyError, TypeError, ValueError):
                 raise ModelError(
                     f"tokenizer_config.json: added_tokens_decoder[{key!r}] is malformed"
                 ) from None
+            _token_id(token_id, f"tokenizer_config.json: added_tokens_decoder[{key!r}]")
     path = model_dir / "added_tokens.json"
     if path.is_file():
         data = _read_json(path)
         if not isinstance(data, dict):
             raise ModelError("added_tokens.json: expected an object mapping tokens to ids")
         for content, token_id in data.items():
-            if not isinstance(token_id, int):
-                raise ModelError(f"added_tokens.json: id of {content!r} must be an integer, got {token_id!r}")
+            _token_id(token_id, f"added_tokens.json: {content!r}")
             special = added.get(content, (token_id, content not in _NON_SPECIAL))[1]
             added[content] = (token_id, special)
     return added
@@ -261,6 +281,8 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
         vocab = _read_json(vocab_path)
         if not isinstance(vocab, dict):
             raise ModelError("vocab.json: expected an object mapping tokens to ids")
+        for content, token_id in vocab.items():
+            _token_id(token_id, f"vocab.json: {content!r}")
         merges = []
         for lineno, line in enumerate(merges_path.read_text(encoding="utf-8").splitlines(), 1):
             if not line or line.startswith("#version"):

@@ -66,27 +66,13 @@ def _t(w: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _table(cfg: DreamConfig) -> tuple[ParamSpec, ...]:
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    h, k, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-
-    def heads_in(n: int) -> tuple[Convert, Convert]:  # q/k/v: [N*E, D] <-> [D, N, E]
-        return (lambda w: w.T.reshape(d, n, e)), (lambda w: w.reshape(d, n * e).T)
-
-    def bias(n: int) -> tuple[Convert, Convert]:  # [N*E] <-> [N, E]
-        return (lambda w: w.reshape(n, e)), (lambda w: w.reshape(n * e))
-
-    o_in: Convert = lambda w: w.T.reshape(h, e, d)  # noqa: E731  [D, H*E] -> [H, E, D]
-    o_out: Convert = lambda w: w.reshape(h * e, d).T  # noqa: E731
-
-    def norm(name: str, path: Path_) -> ParamSpec:
-        return ParamSpec(name, path, (d,), (d,), ("embed",), _same, _same, init="ones")
-
+    d, v = cfg.hidden_size, cfg.vocab_size
     specs = [
         ParamSpec(
             "model.embed_tokens.weight", ("embed",), (v, d), (v, d), ("vocab", "embed"), _same, _same,
             contract=(1,),
         ),
-        norm("model.norm.weight", ("norm", "weight")),
+        _norm("model.norm.weight", ("norm", "weight"), d),
     ]  # fmt: skip
     if not cfg.tie_word_embeddings:
         specs.append(
@@ -96,57 +82,76 @@ def _table(cfg: DreamConfig) -> tuple[ParamSpec, ...]:
             )
         )  # fmt: skip
     for n in range(cfg.num_hidden_layers):
-        p = f"model.layers.{n}."
-        a: Path_ = ("layers", n, "attn")
-        mlp: Path_ = ("layers", n, "mlp")
-        # Table order is the order tensors are drawn (tiny.random_tensors), checked and exported in;
-        # it is the old name map's, so seeded tiny checkpoints keep their weights.
-        specs += [
-            norm(p + "input_layernorm.weight", ("layers", n, "input_layernorm", "weight")),
-            norm(p + "post_attention_layernorm.weight", ("layers", n, "post_attention_layernorm", "weight")),
-            ParamSpec(
-                p + "self_attn.q_proj.weight", a + ("q_kernel",), (h * e, d), (d, h, e),
-                ("embed", "heads", "head_dim"), *heads_in(h), contract=(0,), quantizable=True,
-            ),
-            ParamSpec(
-                p + "self_attn.q_proj.bias", a + ("q_bias",), (h * e,), (h, e), ("heads", "head_dim"),
-                *bias(h), init="zeros",
-            ),
-            ParamSpec(
-                p + "self_attn.k_proj.weight", a + ("k_kernel",), (k * e, d), (d, k, e),
-                ("embed", "kv_heads", "head_dim"), *heads_in(k), contract=(0,), quantizable=True,
-            ),
-            ParamSpec(
-                p + "self_attn.k_proj.bias", a + ("k_bias",), (k * e,), (k, e), ("kv_heads", "head_dim"),
-                *bias(k), init="zeros",
-            ),
-            ParamSpec(
-                p + "self_attn.v_proj.weight", a + ("v_kernel",), (k * e, d), (d, k, e),
-                ("embed", "kv_heads", "head_dim"), *heads_in(k), contract=(0,), quantizable=True,
-            ),
-            ParamSpec(
-                p + "self_attn.v_proj.bias", a + ("v_bias",), (k * e,), (k, e), ("kv_heads", "head_dim"),
-                *bias(k), init="zeros",
-            ),
-            # No o_proj bias in Qwen2.
-            ParamSpec(
-                p + "self_attn.o_proj.weight", a + ("o_kernel",), (d, h * e), (h, e, d),
-                ("heads", "head_dim", "embed"), o_in, o_out, contract=(0, 1), quantizable=True,
-            ),
-            ParamSpec(
-                p + "mlp.gate_proj.weight", mlp + ("gate_kernel",), (f, d), (d, f), ("embed", "mlp"),
-                _t, _t, contract=(0,), quantizable=True,
-            ),
-            ParamSpec(
-                p + "mlp.up_proj.weight", mlp + ("up_kernel",), (f, d), (d, f), ("embed", "mlp"),
-                _t, _t, contract=(0,), quantizable=True,
-            ),
-            ParamSpec(
-                p + "mlp.down_proj.weight", mlp + ("down_kernel",), (d, f), (f, d), ("mlp", "embed"),
-                _t, _t, contract=(0,), quantizable=True,
-            ),
-        ]  # fmt: skip
+        specs += _layer(cfg, n)
     return tuple(specs)
+
+
+def _norm(name: str, path: Path_, d: int) -> ParamSpec:
+    return ParamSpec(name, path, (d,), (d,), ("embed",), _same, _same, init="ones")
+
+
+def _layer(cfg: DreamConfig, n: int) -> list[ParamSpec]:
+    """Decoder layer ``n``'s tensors. Table order is the order tensors are drawn (tiny.random_tensors),
+    checked and exported in; it is the old name map's, so seeded tiny checkpoints keep their weights."""
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    h, k, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    def heads_in(heads: int) -> tuple[Convert, Convert]:  # q/k/v: [N*E, D] <-> [D, N, E]
+        return (lambda w: w.T.reshape(d, heads, e)), (lambda w: w.reshape(d, heads * e).T)
+
+    def bias(heads: int) -> tuple[Convert, Convert]:  # [N*E] <-> [N, E]
+        return (lambda w: w.reshape(heads, e)), (lambda w: w.reshape(heads * e))
+
+    o_in: Convert = lambda w: w.T.reshape(h, e, d)  # noqa: E731  [D, H*E] -> [H, E, D]
+    o_out: Convert = lambda w: w.reshape(h * e, d).T  # noqa: E731
+    p = f"model.layers.{n}."
+    a: Path_ = ("layers", n, "attn")
+    mlp: Path_ = ("layers", n, "mlp")
+    return [
+        _norm(p + "input_layernorm.weight", ("layers", n, "input_layernorm", "weight"), d),
+        _norm(p + "post_attention_layernorm.weight", ("layers", n, "post_attention_layernorm", "weight"), d),
+        ParamSpec(
+            p + "self_attn.q_proj.weight", a + ("q_kernel",), (h * e, d), (d, h, e),
+            ("embed", "heads", "head_dim"), *heads_in(h), contract=(0,), quantizable=True,
+        ),
+        ParamSpec(
+            p + "self_attn.q_proj.bias", a + ("q_bias",), (h * e,), (h, e), ("heads", "head_dim"),
+            *bias(h), init="zeros",
+        ),
+        ParamSpec(
+            p + "self_attn.k_proj.weight", a + ("k_kernel",), (k * e, d), (d, k, e),
+            ("embed", "kv_heads", "head_dim"), *heads_in(k), contract=(0,), quantizable=True,
+        ),
+        ParamSpec(
+            p + "self_attn.k_proj.bias", a + ("k_bias",), (k * e,), (k, e), ("kv_heads", "head_dim"),
+            *bias(k), init="zeros",
+        ),
+        ParamSpec(
+            p + "self_attn.v_proj.weight", a + ("v_kernel",), (k * e, d), (d, k, e),
+            ("embed", "kv_heads", "head_dim"), *heads_in(k), contract=(0,), quantizable=True,
+        ),
+        ParamSpec(
+            p + "self_attn.v_proj.bias", a + ("v_bias",), (k * e,), (k, e), ("kv_heads", "head_dim"),
+            *bias(k), init="zeros",
+        ),
+        # No o_proj bias in Qwen2.
+        ParamSpec(
+            p + "self_attn.o_proj.weight", a + ("o_kernel",), (d, h * e), (h, e, d),
+            ("heads", "head_dim", "embed"), o_in, o_out, contract=(0, 1), quantizable=True,
+        ),
+        ParamSpec(
+            p + "mlp.gate_proj.weight", mlp + ("gate_kernel",), (f, d), (d, f), ("embed", "mlp"),
+            _t, _t, contract=(0,), quantizable=True,
+        ),
+        ParamSpec(
+            p + "mlp.up_proj.weight", mlp + ("up_kernel",), (f, d), (d, f), ("embed", "mlp"),
+            _t, _t, contract=(0,), quantizable=True,
+        ),
+        ParamSpec(
+            p + "mlp.down_proj.weight", mlp + ("down_kernel",), (d, f), (f, d), ("mlp", "embed"),
+            _t, _t, contract=(0,), quantizable=True,
+        ),
+    ]  # fmt: skip
 
 
 def param_table(cfg: DreamConfig) -> dict[str, ParamSpec]:

@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from assistant.evals import rewards as builtins
     from model_runtime.train.rl import rollout
+    from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
     from model_runtime.train.rl.run import load_policy
     from model_runtime.train.rl.tasks import read_tasks
-    from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer, rate_of
+    from model_runtime.train.rl.trainer import RLTrainer, rate_of
 
     run = json.loads((args.run_dir / "run.json").read_text(encoding="utf-8"))
     cfg = RLConfig(**run["rl"])

@@ -157,7 +157,7 @@ def main() -> int:
     requests = [json.loads(line) for line in lines]
     requests = requests[: args.limit]
     rt = model_runtime.load(args.model, length_buckets=(256, 384, 512), batch_buckets=(1, args.batch))
-    base = CHAT_DEFAULTS | {"decoder": rt.default_decoder} | chat_defaults(args.model)
+    base = CHAT_DEFAULTS | {"decoder": rt.info.default_decoder} | chat_defaults(args.model)
     given = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
     points = GRID if args.record else ({},)
     results = [run(rt, requests, base | point | given, args.batch) for point in points]

@@ -18,14 +18,13 @@ _SESSION_TMP = Path(tempfile.mkdtemp(prefix="diffu-tests-"))
 os.environ.setdefault("DIFFU_JAX_CACHE_DIR", str(_SESSION_TMP / "jax-cache"))
 os.environ.setdefault("DIFFU_CODE_EXECUTED_MARKER", str(_SESSION_TMP / "custom-code-executed"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Under pytest-xdist (the README's test line runs two workers) every worker makes its temp files in a
-# directory of its own, so the tests that count what sandboxed programs leave behind (temp entries,
-# running processes) count their own worker's only. Workers share the compilation cache above: the
-# controller set it before they started.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _WORKER_TMP = _SESSION_TMP / "tmp"
-    _WORKER_TMP.mkdir()
-    tempfile.tempdir = str(_WORKER_TMP)
+# Every test process (each pytest-xdist worker, or a plain run) makes its temp files in a directory of its
+# own, so the tests that count what sandboxed programs leave behind (temp entries, running processes)
+# count their own run's only, whatever else runs sandboxed programs on the machine. Workers share the
+# compilation cache above: the controller set it before they started.
+_WORKER_TMP = _SESSION_TMP / "tmp"
+_WORKER_TMP.mkdir(exist_ok=True)
+tempfile.tempdir = str(_WORKER_TMP)
 # The tests run tiny models, whose time is all XLA compiling: without LLVM's optimizations it compiles
 # a quarter faster (every test, parity with the PyTorch reference included, passes the same). Shared
 # with subprocesses; tests that need virtual devices append --xla_force_host_platform_device_count.

@@ -12,12 +12,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from assistant.client import AsyncClient, Done, Step, Waiting, resolve_endpoint
+from assistant.client import AsyncClient, Done, Endpoint, Step, Waiting, resolve_endpoint
 from assistant.config import Config
+from assistant.wire import Stage
 from tui.settings import ChatSettings
 
 Progress = Callable[[str, float, str], None]
-"""``progress(stage, fraction, detail)``: ``starting``, ``loading``, ``compiling``, then ``ok``."""
+"""``progress(stage, fraction, detail)``: ``starting`` or ``connecting``, then the daemon's stages
+(``assistant.wire.Stage``) until ``/health`` says ``ok``."""
 
 
 class Backend(Protocol):
@@ -58,7 +60,7 @@ class DaemonBackend:
         async with self._lock:
             existing = await asyncio.to_thread(resolve_endpoint, self.config)
             if existing is None and self._client.autostart and self.config.model:
-                progress("starting", 0.0, f"starting a diffu daemon for {self.config.model}")
+                progress(Stage.STARTING, 0.0, f"starting a diffu daemon for {self.config.model}")
             else:
                 progress("connecting", 0.0, existing.url if existing else "looking for a diffu daemon")
             self._client.progress = progress
@@ -87,5 +89,14 @@ class DaemonBackend:
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)
 
+    async def status(self) -> dict[str, Any]:
+        """The daemon's ``/v1/diffu/status`` (its stage and what it compiles now among it)."""
+        return await self._client.status()
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    @property
+    def started_daemon(self) -> Endpoint | None:
+        """The daemon this chat started itself (None: it found one running, or reached DIFFU_URL)."""
+        return self._client.started_daemon

@@ -18,7 +18,17 @@ from rich.live import Live
 from assistant.client import APIError, Client, DaemonUnavailable, Done, Step, Waiting, stderr_progress
 from assistant.config import Config
 from assistant.errors import UsageError
-from tui.render import Trace, canvas_text, header_text, retried_note, retried_stats, retry_label, summary
+from assistant.wire import HEALTH_OK
+from tui.render import (
+    Trace,
+    answer_stats,
+    canvas_text,
+    header_text,
+    retried_note,
+    retried_stats,
+    retry_label,
+    summary,
+)
 from tui.settings import ChatSettings
 
 _NOTES = {
@@ -35,7 +45,7 @@ def _loading_progress() -> Callable[[str, float, str], None]:
 
     def progress(stage: str, fraction: float, detail: str) -> None:
         nonlocal loading
-        if stage != "ok" or loading:
+        if stage != HEALTH_OK or loading:
             loading = True
             report(stage, fraction, detail)
 
@@ -59,11 +69,13 @@ def run_once(
     out = out or sys.stdout
     console = console or Console(stderr=True, soft_wrap=True)
     done: Done | None = None
-    first: Done | None = None
+    retried: dict[str, Any] | None = None
     messages = [{"role": "user", "content": prompt}]
     try:
         with (
-            Client(config=config, progress=_loading_progress()) as client,
+            # Its request goes as soon as the daemon takes it: the chat's first program, if still being
+            # compiled, is waited for then, and the daemon's other ready-time compiles are not.
+            Client(config=config, progress=_loading_progress(), wait_compiled=False) as client,
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
             if for_model is not None:
@@ -72,23 +84,21 @@ def run_once(
             retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
             if done is not None and retry is not None:
                 # The chat's answer is the second decode's (see ChatSettings.retry_settings).
-                first = done
+                retried = retried_stats(done.stats, retry)
                 trace, done = _answer(client, live, console, messages, retry, label=retry_label(retry))
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
     if done is None:
         raise UsageError("the daemon ended the stream without an answer")
-    if first is not None:
-        done.stats["retried"] = retried_stats(first.stats, retry)
     out.write(done.text if done.text.endswith("\n") else done.text + "\n")
     out.flush()
-    stats = done.stats
+    stats = answer_stats(done.stats, retried)
     if console.is_terminal:
         console.print(f"[dim]{summary(stats, len(trace))}[/]")
     if done.finish_reason in _NOTES:
         console.print(f"diffu: note: {_NOTES[done.finish_reason]}", style="yellow", highlight=False)
-    if first is not None and not console.is_terminal:  # a terminal saw it in the summary line
-        console.print(f"diffu: note: {retried_note(stats['retried'])}", style="yellow", highlight=False)
+    if retried is not None and not console.is_terminal:  # a terminal saw it in the summary line
+        console.print(f"diffu: note: {retried_note(retried)}", style="yellow", highlight=False)
     return 0
 
 

@@ -17,6 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from assistant.client import Step, Waiting
+from assistant.wire import DoneStats
 
 MASK_GLYPH = "░"
 SPECIAL_GLYPH = "·"
@@ -166,12 +167,18 @@ def retry_label(retry: Any) -> str:
     return f"the code did not parse: decoding again in blocks of {retry.block_length}"
 
 
-def retried_stats(first: dict[str, Any], retry: Any) -> dict[str, Any]:
+def retried_stats(first: DoneStats, retry: Any) -> dict[str, Any]:
     """What an answer's stats keep of its first decode when it was decoded again with ``retry`` (its
     ChatSettings): ``stats["retried"]``."""
-    kept: dict[str, Any] = {"block_length": retry.block_length}
-    if "generate_seconds" in first:
-        kept["first_seconds"] = float(first["generate_seconds"])
+    return {"block_length": retry.block_length, "first_seconds": first.generate_seconds}
+
+
+def answer_stats(stats: DoneStats, retried: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stats a chat keeps with an answer (and saves): the daemon's, plus its first decode's when
+    the answer was decoded twice (``retried``, from :func:`retried_stats`)."""
+    kept = stats.to_dict()
+    if retried is not None:
+        kept["retried"] = retried
     return kept
 
 

@@ -86,9 +86,11 @@ class ReplayScreen(ModalScreen[None]):
             await body.mount(Static("No denoising history was kept for this answer."))
         else:
             view = DenoiseView(self.trace)
-            view.index = 0  # start at the first step, paused
+            view.index = 0
             await body.mount(view)
         self._update_state()
+        if self.trace.frames:
+            self.action_toggle_play()  # a replay plays from the first step; any key pauses it
 
     def _update_state(self) -> None:
         state = Text()
@@ -99,8 +101,8 @@ class ReplayScreen(ModalScreen[None]):
 
     def _show(self, index: int) -> None:
         view = self.view
-        if view is None or not self.trace.frames:
-            return
+        if view is None or not view.is_mounted or not self.trace.frames:
+            return  # a tick while the screen is being taken down (the app quits during a replay)
         view.show(max(0, min(index, len(self.trace.frames) - 1)))
         self._update_state()
 
@@ -152,6 +154,9 @@ class ReplayScreen(ModalScreen[None]):
     def action_close(self) -> None:
         self._pause()
         self.dismiss(None)
+
+    def on_unmount(self) -> None:
+        self._pause()
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from assistant.code_blocks import unparsed_code
 from assistant.errors import UsageError
-from assistant.evals.instructions import unparsed_code
 from assistant.wire import SamplingOptions
 from model_runtime.generation_config import retry_block_problem, retry_request
 from model_runtime.options import Flat, Option, OptionError, like, option, options, validate

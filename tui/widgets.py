@@ -17,7 +17,7 @@ from textual.widgets import Button, Label, Markdown, ProgressBar, Sparkline, Sta
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import Done, Step, Waiting
-from tui.render import CanvasStyles, Trace, canvas_text, header_text, step_label, summary
+from tui.render import CanvasStyles, Trace, answer_stats, canvas_text, header_text, step_label, summary
 
 MAX_REDRAWS_PER_SECOND = 30
 EMPTY_ANSWER = "*(the model gave an empty answer)*"
@@ -284,6 +284,7 @@ class AnswerView(Vertical):
         stats: dict[str, Any] | None = None,
         trace: Trace | None = None,
         message_id: int | None = None,
+        has_trace: bool = False,
         live: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -293,6 +294,7 @@ class AnswerView(Vertical):
         self.finish_reason = finish_reason
         self.stats = stats or {}
         self.message_id = message_id
+        self.has_trace = has_trace  # a reopened answer whose history is in the database, loaded on replay
         self.live = live
         self.request_id = ""
         if live:
@@ -307,6 +309,12 @@ class AnswerView(Vertical):
     @property
     def denoise(self) -> DenoiseView:
         return self.query_one(DenoiseView)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether there is a denoising history to replay (none for an answer cancelled before its first
+        step)."""
+        return bool(self.trace.frames) or self.has_trace
 
     @property
     def answered(self) -> bool:
@@ -330,16 +338,16 @@ class AnswerView(Vertical):
         await self.remove_children()
         await self.mount(DenoiseView(self.trace, label=label))
 
-    def record(self, done: Done) -> None:
-        """Take the final text, finish reason and stats (before drawing them, so they can be saved)."""
+    def record(self, done: Done, retried: dict[str, Any] | None = None) -> None:
+        """Take the final text, finish reason and stats (before drawing them, so they can be saved);
+        ``retried``: what is kept of a first decode (``render.retried_stats``)."""
         self.content = done.text
         self.finish_reason = done.finish_reason
-        self.stats = dict(done.stats)
+        self.stats = answer_stats(done.stats, retried)
 
-    async def finish(self, done: Done) -> None:
-        """The answer is final: the canvas becomes Markdown (or stays, frozen, when cancelled)."""
-        self.record(done)
-        if done.finish_reason == "cancelled":
+    async def finish(self) -> None:
+        """The answer (recorded) is final: the canvas becomes Markdown (or stays, frozen, when cancelled)."""
+        if self.finish_reason == "cancelled":
             self.denoise.label = ""  # no longer "cancelling…": the footer says what happened
             self.denoise.flush_now()
             await self.mount(Static(self._footer_text(), classes="answer--footer"))
@@ -385,7 +393,7 @@ class AnswerView(Vertical):
             note = _FINISH_NOTES.get(self.finish_reason or "")
             if note:
                 markup += f" · [i]{note}[/i]"
-        if self.trace.frames or self.message_id is not None:
+        if self.replayable:
             # A link: clicking it opens this answer's denoising history.
             markup += f"  [@click=app.replay_answer('{self.id}')]⟲ replay[/]"
         return Content.from_markup(markup)

@@ -119,15 +119,16 @@ def run_suite(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'diffu[plot]'") from None
+            raise UsageError("--plot needs matplotlib: pip install -e '.[plot]' in the clone") from None
     _fresh_cache(args)
     generate = args.generate or [(128, 128)]
     console = Console(stderr=True, soft_wrap=True)
     try:
         rt, load_seconds = _load(args)
         longest = max(args.lengths + [n + 16 for n, _ in generate])
-        if longest > rt.max_context:
-            raise UsageError(f"a canvas of {longest} tokens exceeds the model's context of {rt.max_context}")
+        context = rt.info.max_context
+        if longest > context:
+            raise UsageError(f"a canvas of {longest} tokens exceeds the model's context of {context}")
         total = 1 + len(args.lengths) * len(args.batches) + 2 * len(generate) + len(args.batches)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
             task = progress.add_task("benchmark", total=total)
@@ -201,11 +202,11 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat: must be >= 1")
     check_prompt_args(args)
-    params = sampling_params(args)
     _fresh_cache(args)
     try:
         rt, load_seconds = _load(args)
-        params = model_decoder(args, params, rt)
+        # The model's own settings where no flag is given, as diffu generate runs it.
+        params = model_decoder(args, sampling_params(args, model=rt.info.chat_defaults), rt)
         rows = build_rows(rt, args, params)
         prompts = [list(r.ids[: r.region[0]]) for r in rows]
         if args.suffix is not None:
@@ -218,9 +219,9 @@ def run_generate(args: argparse.Namespace) -> int:
     result.pop("generated")
     result.update(
         load_seconds=load_seconds,
-        model=rt.model_name,
-        dtype=rt.dtype,
-        quantize=rt.quantize_mode,
+        model=rt.info.model_name,
+        dtype=rt.info.dtype,
+        quantize=rt.info.quantize_mode,
         environment=bench.environment(),
     )
     if args.json:

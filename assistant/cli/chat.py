@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assistant.errors import UsageError
+
+if TYPE_CHECKING:
+    from assistant.client import Endpoint
+    from assistant.config import Config
+    from tui.app import ChatApp
+    from tui.backend import Backend
+    from tui.store import ChatStore
 
 
 def register(subparsers: Any) -> None:
@@ -78,24 +85,62 @@ def run(args: argparse.Namespace) -> int:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("diffu chat needs a terminal; use --once PROMPT for scripts and pipes")
 
-    from tui.app import ChatApp
     from tui.backend import DaemonBackend
     from tui.store import ChatStore
 
     store = ChatStore()
+    backend = DaemonBackend(config)
     try:
         if args.conversation and store.conversation(args.conversation) is None:
             raise UsageError(f"--conversation: no saved conversation {args.conversation!r}")
-        app = ChatApp(
-            DaemonBackend(config),
-            store,
-            baseline=chat_config.settings,
-            for_model=chat_config.for_model,
-            keymap=chat_config.keymap,
-            config_file=paths.config_file(),
-            conversation_id=args.conversation,
-        )
+        app = chat_app(backend, store, conversation_id=args.conversation)
         app.run()
     finally:
         store.close()
+    if backend.started_daemon is not None:
+        after_chat(config, backend.started_daemon)
     return app.return_code or 0
+
+
+def chat_app(backend: Backend, store: ChatStore, *, conversation_id: str | None = None) -> ChatApp:
+    """The full-screen chat as ``diffu chat`` runs it: settings and keymap from config.toml, layered over
+    the model's chat defaults once connected (``scripts/first_use.py`` drives this same app)."""
+    from assistant import paths
+    from tui import keys
+    from tui.app import ChatApp
+    from tui.settings import read_chat_config
+
+    chat_config = read_chat_config(paths.config_file(), keys.DESCRIPTIONS)
+    return ChatApp(
+        backend,
+        store,
+        baseline=chat_config.settings,
+        for_model=chat_config.for_model,
+        keymap=chat_config.keymap,
+        config_file=paths.config_file(),
+        conversation_id=conversation_id,
+    )
+
+
+def after_chat(config: Config, started: Endpoint) -> None:
+    """What becomes of the daemon this chat started, said on stderr: stopped with the chat
+    (``stop_daemon_with_chat``), or left running with the model warm, and how to stop it."""
+    from assistant.client import discovery
+    from model_runtime.memory import resident_bytes
+
+    info = started.info
+    if info is None:
+        return
+    if config.stop_daemon_with_chat:
+        stopped = discovery.stop_daemon(info, timeout=config.shutdown_grace + 5)
+        state = "stopped" if stopped else "could not stop (see 'diffu daemon logs')"
+        print(f"diffu: {state} the daemon this chat started (pid {info.pid})", file=sys.stderr)
+        return
+    resident = resident_bytes(info.pid)
+    memory = f", {resident / 2**20:.0f} MB" if resident else ""
+    print(
+        f"diffu: the daemon this chat started (pid {info.pid}, {started.url}{memory}) keeps the model "
+        "loaded and compiled for the next chat, diffu generate and your editor; 'diffu daemon stop' "
+        "stops it (stop_daemon_with_chat = true in config.toml: with the chat)",
+        file=sys.stderr,
+    )

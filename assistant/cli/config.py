@@ -33,10 +33,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    from assistant import api_token
     from assistant.config import load_config
-    from assistant.server import security
 
     del args
     config, _ = load_config()
-    print(config.api_key or security.load_or_create_token())
+    print(config.api_key or api_token.load_or_create_token())
     return 0

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from assistant.errors import UsageError
+from assistant.wire import DaemonCounters, Stage
 
 NOT_RUNNING = 3
 
@@ -134,8 +135,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             continue
         engine, queue = server.get("engine", {}), server.get("queue", {})
         stage, detail = engine.get("stage"), engine.get("detail") or ""
-        if stage == "warming":
+        if stage == Stage.WARMING:
             state = f"ready to serve{_warming(engine, ', ')}"
+        elif stage == "compiling":  # it takes requests, but a chat's first one would wait for these
+            state = f"serving, {detail}; ready once they are in"
         else:
             state = stage if detail in ("", stage) else f"{stage} ({detail})"
         if engine.get("compiling"):
@@ -145,7 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  device:  {server.get('device')} ({server.get('dtype')}), "
             f"context {server.get('max_context')}\n"
             f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
-            f"  served:  {server.get('counters', {}).get('completed', 0)} requests, "
+            f"  served:  {DaemonCounters.from_dict(server.get('counters') or {}).completed} requests, "
             f"up {server.get('uptime_seconds', 0):.0f}s"
         )
         if server.get("programs"):
@@ -167,7 +170,7 @@ def _programs(info: dict[str, Any]) -> str:
 
 def _warming(engine: dict[str, Any], sep: str) -> str:
     """``, warming up 2 of 9 request shapes in the background (about 40 s left)`` while warming."""
-    if engine.get("stage") != "warming":
+    if engine.get("stage") != Stage.WARMING:
         return ""
     eta = engine.get("eta_seconds")
     left = f" (about {eta:.0f} s left)" if eta is not None else ""

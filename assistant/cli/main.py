@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from assistant import __version__
+from assistant.cli.parser import Parser
 from assistant.errors import UsageError
 
 # Sub-command modules, imported when the parser is built. Keep them light at import time: heavy
@@ -31,7 +32,7 @@ COMMAND_MODULES = (
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and each command's own parser (for errors shown with the command's usage)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="diffu",
         description="A local code assistant on DiffuCoder, a masked-diffusion code model.",
     )

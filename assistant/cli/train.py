@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from assistant.cli import train_rl
 
@@ -37,6 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--init-from", default=None, metavar="MODEL", help="fine-tune this checkpoint (directory or hub id)"
     )
+    _add_sft_options(p)
+    _add_corpus_options(p)
+    _add_model_options(p)
+    _add_optimisation_options(p)
+    _add_run_options(p)
+    train_rl.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_sft_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("instruction tuning")
     g.add_argument(
         "--sft",
@@ -59,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="stop",
         help="a DATA line that cannot be used: stop with its line number, or skip it and say so (stop)",
     )
+
+
+def _add_corpus_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("corpus")
     g.add_argument(
         "--suffix", action="append", default=None, help="file suffix to include; repeatable (default .py)"
@@ -78,6 +93,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=20,
         help="files (with --sft: conversations) per thousand held out for evaluation (20)",
     )
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (from scratch; ignored with --init-from)")
     g.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (8192)")
     g.add_argument("--hidden-size", type=int, default=256)
@@ -86,6 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--heads", type=int, default=4, help="num_attention_heads (4)")
     g.add_argument("--kv-heads", type=int, default=2, help="num_key_value_heads (2)")
     g.add_argument("--max-position", type=int, default=1024, help="max_position_embeddings (1024)")
+
+
+def _add_optimisation_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (1000)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step, over all devices (16)")
@@ -98,6 +119,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--ema-decay", type=float, default=0.995)
     g.add_argument("--seed", type=int, default=0)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument(
         "--checkpoint-every", type=int, default=None, help="steps between checkpoints (100; --rl: 10)"
@@ -124,8 +148,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="build the tokenizer and the token shards in OUT, then stop (train later, or elsewhere)",
     )
-    train_rl.add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,6 +155,49 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rl is not None:
         return train_rl.run(args)
+    _check(args)
+    # Heavy imports only now: the CLI must start without JAX.
+    from rich.console import Console
+
+    from model_runtime.errors import DiffuError
+    from model_runtime.train.run import train_model
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        cfg, shape, copts, ropts = _run_options(args, lambda msg: console.print(msg, highlight=False))
+        common = {"init_from": args.init_from, "cfg": cfg, "ropts": ropts, "copts": copts}
+        if args.sft is not None:
+            from model_runtime.train.sft import train_sft
+            from model_runtime.train.sft_data import SFTOptions
+
+            sopts = SFTOptions(
+                on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille, mix_code=args.mix_code
+            )
+            facts = train_sft(args.out, args.sft, sopts=sopts, source=args.source, **common)
+        else:
+            facts = train_model(args.out, args.source, shape=shape, prepare_only=args.prepare_only, **common)
+    except DiffuError as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        console.print(f"stopped; the run is checkpointed: run the same command to resume ({args.out})")
+        return 130
+    if args.prepare_only:
+        print(json.dumps(facts["corpus"], indent=2))
+        return 0
+    held = {
+        name: {k: v for k, v in facts[name].items() if not isinstance(v, list)}
+        for name in ("heldout", "sft_heldout")
+        if name in facts
+    }
+    print(json.dumps(held["heldout"] if list(held) == ["heldout"] else held, indent=2))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The flags of pre-training and SFT checked (one line each), and their defaults where --rl has its
+    own."""
+    from assistant.errors import UsageError
+
     if args.sft is not None:
         if args.init_from is None:
             raise UsageError("--sft needs --init-from MODEL: the model to instruction-tune")
@@ -162,77 +227,49 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_at is not None and args.stop_at < 1:
         raise UsageError("--stop-at: must be >= 1")
 
-    # Heavy imports only now: the CLI must start without JAX.
-    from rich.console import Console
 
-    from model_runtime.errors import DiffuError
+def _run_options(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, Any, Any, Any]:
+    """The flags as the trainer's option objects: (TrainConfig, ModelShape, CorpusOptions, RunOptions)."""
     from model_runtime.train.corpus import DEFAULT_EXCLUDES
     from model_runtime.train.loop import LoopOptions, TrainConfig, default_warmup
-    from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions, train_model
+    from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions
 
-    console = Console(stderr=True, soft_wrap=True)
-    try:
-        cfg = TrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            learning_rate=args.lr,
-            warmup_steps=args.warmup if args.warmup is not None else default_warmup(args.steps),
-            min_lr_ratio=args.min_lr_ratio,
-            weight_decay=args.weight_decay,
-            ema_decay=args.ema_decay,
-            seed=args.seed,
-        )
-        shape = ModelShape(
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            intermediate_size=args.intermediate_size,
-            num_hidden_layers=args.layers,
-            num_attention_heads=args.heads,
-            num_key_value_heads=args.kv_heads,
-            max_position_embeddings=args.max_position,
-        )
-        copts = CorpusOptions(
-            suffixes=tuple(args.suffix or (".py",)),
-            excludes=DEFAULT_EXCLUDES + tuple(args.exclude),
-            max_file_bytes=args.max_file_bytes,
-            heldout_permille=args.heldout_permille,
-        )
-        ropts = RunOptions(
-            eval_infill_cases=args.eval_infill_cases,
-            export_dtype=args.export_dtype,
-            log=lambda msg: console.print(msg, highlight=False),
-            loop=LoopOptions(
-                checkpoint_every=args.checkpoint_every,
-                eval_every=args.eval_every,
-                log_every=args.log_every,
-                show_progress=not args.quiet,
-                stop_at=args.stop_at,
-            ),
-        )
-        common = {"init_from": args.init_from, "cfg": cfg, "ropts": ropts, "copts": copts}
-        if args.sft is not None:
-            from model_runtime.train.sft import train_sft
-            from model_runtime.train.sft_data import SFTOptions
-
-            sopts = SFTOptions(
-                on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille, mix_code=args.mix_code
-            )
-            facts = train_sft(args.out, args.sft, sopts=sopts, source=args.source, **common)
-        else:
-            facts = train_model(args.out, args.source, shape=shape, prepare_only=args.prepare_only, **common)
-    except DiffuError as exc:
-        raise UsageError(str(exc)) from None
-    except KeyboardInterrupt:
-        console.print(f"stopped; the run is checkpointed: run the same command to resume ({args.out})")
-        return 130
-    if args.prepare_only:
-        print(json.dumps(facts["corpus"], indent=2))
-        return 0
-    held = {
-        name: {k: v for k, v in facts[name].items() if not isinstance(v, list)}
-        for name in ("heldout", "sft_heldout")
-        if name in facts
-    }
-    print(json.dumps(held["heldout"] if list(held) == ["heldout"] else held, indent=2))
-    return 0
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup if args.warmup is not None else default_warmup(args.steps),
+        min_lr_ratio=args.min_lr_ratio,
+        weight_decay=args.weight_decay,
+        ema_decay=args.ema_decay,
+        seed=args.seed,
+    )
+    shape = ModelShape(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.max_position,
+    )
+    copts = CorpusOptions(
+        suffixes=tuple(args.suffix or (".py",)),
+        excludes=DEFAULT_EXCLUDES + tuple(args.exclude),
+        max_file_bytes=args.max_file_bytes,
+        heldout_permille=args.heldout_permille,
+    )
+    ropts = RunOptions(
+        eval_infill_cases=args.eval_infill_cases,
+        export_dtype=args.export_dtype,
+        log=log,
+        loop=LoopOptions(
+            checkpoint_every=args.checkpoint_every,
+            eval_every=args.eval_every,
+            log_every=args.log_every,
+            show_progress=not args.quiet,
+            stop_at=args.stop_at,
+        ),
+    )
+    return cfg, shape, copts, ropts

@@ -108,7 +108,7 @@ def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]
     """(model_runtime Reward objects, things to close afterwards)."""
     from assistant.errors import UsageError
     from assistant.evals import rewards
-    from model_runtime.train.rl.trainer import Reward
+    from model_runtime.train.rl.config import Reward
 
     built, closers = [], []
     for name, weight in specs:
@@ -125,62 +125,19 @@ def _build_rewards(specs: list[tuple[str, float]]) -> tuple[list[Any], list[Any]
 def run(args: argparse.Namespace) -> int:
     from assistant.errors import UsageError
 
-    if args.init_from is None:
-        raise UsageError("--rl needs --init-from MODEL: the (instruction-tuned) model to improve")
-    if args.tasks is None:
-        raise UsageError(
-            "--rl needs --tasks TASKS.jsonl (python -m model_runtime.train.rl.synthetic writes some)"
-        )
-    if args.source is not None or getattr(args, "sft", None) is not None:
-        raise UsageError("--rl trains on --tasks only; leave out SOURCE and --sft")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise UsageError("--checkpoint-every: must be >= 1")
-    if args.stop_at is not None and args.stop_at < 1:
-        raise UsageError("--stop-at: must be >= 1")
-    reward_specs = parse_rewards(args.reward)
+    reward_specs = _check(args)
 
     from rich.console import Console
 
     from model_runtime.errors import DiffuError
+    from model_runtime.train.rl.config import RLOptions
     from model_runtime.train.rl.run import train_rl
-    from model_runtime.train.rl.tasks import read_tasks
-    from model_runtime.train.rl.trainer import RLConfig, RLOptions
 
     console = Console(stderr=True)
     log = lambda msg: console.print(msg, highlight=False, markup=False)  # noqa: E731
     closers: list[Any] = []
     try:
-        steps = args.steps
-        if steps is None:  # one epoch, as the recipe: every task once, each rollout used num_iterations times
-            n_tasks = len(read_tasks(args.tasks))
-            steps = max(1, n_tasks // max(args.prompts_per_step, 1)) * max(args.num_iterations, 1)
-        cfg = RLConfig(
-            steps=steps,
-            prompts_per_step=args.prompts_per_step,
-            num_generations=args.num_generations,
-            chunk=args.chunk,
-            accumulation=args.accumulation,
-            num_iterations=args.num_iterations,
-            mask_seed_pick=args.mask_seed_pick,
-            beta=args.beta,
-            epsilon=args.epsilon,
-            ref_sync_steps=args.ref_sync_steps,
-            ref_mixup_alpha=args.ref_mixup_alpha,
-            learning_rate=args.lr if args.lr is not None else DEFAULT_LR,
-            warmup_steps=args.warmup or 0,
-            min_lr_ratio=args.min_lr_ratio,
-            weight_decay=args.weight_decay,
-            max_prompt_length=args.max_prompt_length,
-            max_completion_length=args.max_completion_length,
-            diffusion_steps=args.diffusion_steps or args.max_completion_length,
-            temperature=args.rollout_temperature,
-            top_p=args.rollout_top_p,
-            generation_batch_size=args.generation_batch_size,
-            rollout_decoder=args.rollout_decoder,
-            block_length=args.rollout_block_length,
-            threshold=args.rollout_threshold,
-            seed=args.seed,
-        )
+        cfg = _rl_config(args)
         rewards, closers = _build_rewards(reward_specs)
         options = RLOptions(
             checkpoint_every=args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
@@ -211,3 +168,61 @@ def run(args: argparse.Namespace) -> int:
             c.close()
     print(json.dumps(facts.get("train", facts), indent=2))
     return 0
+
+
+def _check(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """The --rl flags checked (one line each); the parsed --reward specs."""
+    from assistant.errors import UsageError
+
+    if args.init_from is None:
+        raise UsageError("--rl needs --init-from MODEL: the (instruction-tuned) model to improve")
+    if args.tasks is None:
+        raise UsageError(
+            "--rl needs --tasks TASKS.jsonl (python -m model_runtime.train.rl.synthetic writes some)"
+        )
+    if args.source is not None or getattr(args, "sft", None) is not None:
+        raise UsageError("--rl trains on --tasks only; leave out SOURCE and --sft")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise UsageError("--checkpoint-every: must be >= 1")
+    if args.stop_at is not None and args.stop_at < 1:
+        raise UsageError("--stop-at: must be >= 1")
+    return parse_rewards(args.reward)
+
+
+def _rl_config(args: argparse.Namespace) -> Any:
+    """The flags as the trainer's RLConfig; without --steps, one epoch as the recipe (every task once,
+    each rollout used num_iterations times)."""
+    from model_runtime.train.rl.config import RLConfig
+    from model_runtime.train.rl.tasks import read_tasks
+
+    steps = args.steps
+    if steps is None:
+        n_tasks = len(read_tasks(args.tasks))
+        steps = max(1, n_tasks // max(args.prompts_per_step, 1)) * max(args.num_iterations, 1)
+    return RLConfig(
+        steps=steps,
+        prompts_per_step=args.prompts_per_step,
+        num_generations=args.num_generations,
+        chunk=args.chunk,
+        accumulation=args.accumulation,
+        num_iterations=args.num_iterations,
+        mask_seed_pick=args.mask_seed_pick,
+        beta=args.beta,
+        epsilon=args.epsilon,
+        ref_sync_steps=args.ref_sync_steps,
+        ref_mixup_alpha=args.ref_mixup_alpha,
+        learning_rate=args.lr if args.lr is not None else DEFAULT_LR,
+        warmup_steps=args.warmup or 0,
+        min_lr_ratio=args.min_lr_ratio,
+        weight_decay=args.weight_decay,
+        max_prompt_length=args.max_prompt_length,
+        max_completion_length=args.max_completion_length,
+        diffusion_steps=args.diffusion_steps or args.max_completion_length,
+        temperature=args.rollout_temperature,
+        top_p=args.rollout_top_p,
+        generation_batch_size=args.generation_batch_size,
+        rollout_decoder=args.rollout_decoder,
+        block_length=args.rollout_block_length,
+        threshold=args.rollout_threshold,
+        seed=args.seed,
+    )

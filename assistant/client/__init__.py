@@ -5,8 +5,9 @@ discovery file a running daemon publishes, otherwise (``autostart``) a backgroun
 configured model and its load and warm-up progress is reported through ``progress(stage, fraction,
 detail)``. If the daemon goes away between calls, the next call finds or starts a new one.
 
-The sync client lives in ``sync``, the async one in ``aio``; requests, parsing and errors live in ``core``
-and finding or starting the daemon in ``locate`` (the discovery file and background start in
+The sync client lives in ``sync``, the async one in ``aio``, both made from one call table (``calls``:
+every call's signature, request body and how its answer is read); events, parsing and errors live in
+``core`` and finding or starting the daemon in ``locate`` (the discovery file and background start in
 ``discovery``), shared by both clients. Importing this package must stay cheap (editors start
 ``diffu lsp`` on every file open): no JAX, no model_runtime beyond its plain-Python parts, no server code.
 

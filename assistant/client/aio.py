@@ -1,46 +1,62 @@
 """The asynchronous client of the diffu daemon (for the TUI and the language server).
 
-The twin of :class:`assistant.client.Client`, method for method; requests, parsing and errors live in
-``assistant.client.core`` and finding or starting the daemon in ``locate``, shared by both. Import it from
-``assistant.client``. Importing it must stay cheap: no JAX, no server code.
+The twin of :class:`assistant.client.Client`: the same methods, made from the same call table
+(``assistant.client.calls``); requests, parsing and errors live in ``assistant.client.core`` and finding
+or starting the daemon in ``locate``, shared by both. Import it from ``assistant.client``. Importing it
+must stay cheap: no JAX, no server code.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 
 from assistant import sse
+from assistant.client import calls
+from assistant.client.calls import Call, Event, Stream
 from assistant.client.core import (
     LOST_CONNECTION,
     RETRIES,
     APIError,
     DaemonUnavailable,
-    Done,
     Endpoint,
     Progress,
-    SamplingOptions,
-    Step,
-    Waiting,
-    WarmShape,
     client_settings,
-    generate_body,
     give_up,
     health_update,
-    infill_body,
     lost_daemon,
     no_daemon,
-    openai_body,
-    parse_done,
     parse_event,
     raise_for_status,
-    warm_body,
 )
 from assistant.client.locate import resolve_endpoint, start_daemon
 from assistant.config import Config
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _call(entry: Callable[P, Call[T]]) -> Callable[Concatenate[AsyncClient, P], Awaitable[T]]:
+    """A method of :class:`AsyncClient` from an entry of the call table: build the call, await its answer."""
+
+    async def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.call(entry(*args, **kwargs))
+
+    calls.named_like(entry, run, "AsyncClient")
+    return run
+
+
+def _stream(entry: Callable[P, Stream]) -> Callable[Concatenate[AsyncClient, P], AsyncIterator[Event]]:
+    """A streaming method of :class:`AsyncClient` from an entry of the call table: its events."""
+
+    def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Event]:
+        return self.events(entry(*args, **kwargs))
+
+    calls.named_like(entry, run, "AsyncClient", returns=AsyncIterator[Event])
+    return run
 
 
 class AsyncClient:
@@ -55,11 +71,17 @@ class AsyncClient:
         autostart: bool | None = None,
         progress: Progress | None = None,
         timeout: float | None = None,
+        wait_compiled: bool = True,
     ) -> None:
         self.config, self.autostart, limits = client_settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.AsyncClient(timeout=limits)
         self._endpoint: Endpoint | None = None
+        self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
+        # Connecting waits until a chat's first prompt is answered without a compile (/health ok); off,
+        # only until the daemon takes requests: a request of another shape compiles its own program at
+        # once instead of waiting for the chat's.
+        self.wait_compiled = wait_compiled
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -81,7 +103,7 @@ class AsyncClient:
         if endpoint is None:
             if not self.autostart:
                 raise no_daemon()
-            endpoint = await asyncio.to_thread(start_daemon, self.config)
+            endpoint = self.started_daemon = await asyncio.to_thread(start_daemon, self.config)
         await self.wait_ready(endpoint)
         self._endpoint = endpoint
         return endpoint
@@ -94,7 +116,9 @@ class AsyncClient:
                 if response.status_code >= 400:
                     raise_for_status(response, await response.aread())
                 async for event in sse.aiter_events(response.aiter_lines()):
-                    if event.event == "status" and health_update(event, self.progress):
+                    if event.event == "status" and health_update(
+                        event, self.progress, wait_compiled=self.wait_compiled
+                    ):
                         return
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the diffu daemon at {endpoint.url}: {exc}") from None
@@ -137,117 +161,28 @@ class AsyncClient:
                 if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Step | Waiting | Done]:
-        async for event in self.stream(path, body):
+    async def call(self, call: Call[T]) -> T:
+        """Make one call of the table (``assistant.client.calls``) and read its answer."""
+        try:
+            return call.read(await self.request(call.method, call.path, call.body))
+        except APIError as exc:
+            return calls.answer(call, exc)
+
+    async def events(self, stream: Stream) -> AsyncIterator[Event]:
+        """The parsed events of one streaming call of the table."""
+        async for event in self.stream(stream.path, stream.body):
             parsed = parse_event(event)
             if parsed is not None:
                 yield parsed
 
-    # -- API -------------------------------------------------------------------------------------------
-    async def status(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/diffu/status")
-
-    async def models(self) -> dict[str, Any]:
-        return await self.request("GET", "/v1/models")
-
-    async def warm(self, shapes: list[WarmShape]) -> dict[str, Any]:
-        """See :meth:`Client.warm`."""
-        return await self.request("POST", "/v1/diffu/warm", warm_body(shapes))
-
-    async def cancel(self, request_id: str) -> bool:
-        try:
-            return bool((await self.request("POST", "/v1/diffu/cancel", {"id": request_id})).get("cancelled"))
-        except APIError as exc:
-            if exc.status == 404:
-                return False
-            raise
-
-    def stream_generate(
-        self,
-        *,
-        messages: list[dict[str, str]] | None = None,
-        prompt: str | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-        return_ids: bool = False,
-    ) -> AsyncIterator[Step | Waiting | Done]:
-        """Step events (a Waiting first while its programs compile) then one Done (with ``return_ids``,
-        carrying the token ids). Leaving the loop early closes the stream, which cancels the job."""
-        body = generate_body(
-            messages,
-            prompt,
-            max_new_tokens,
-            sampling,
-            session,
-            max_seconds,
-            stream=True,
-            return_ids=return_ids,
-        )
-        return self._events("/v1/diffu/generate", body)
-
-    async def generate(
-        self,
-        *,
-        messages: list[dict[str, str]] | None = None,
-        prompt: str | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-    ) -> Done:
-        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=False)
-        return parse_done(await self.request("POST", "/v1/diffu/generate", body))
-
-    def stream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        canvas_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-        return_ids: bool = False,
-    ) -> AsyncIterator[Step | Waiting | Done]:
-        body = infill_body(
-            prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True, return_ids=return_ids
-        )
-        return self._events("/v1/diffu/infill", body)
-
-    async def infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        canvas_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-    ) -> Done:
-        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=False)
-        return parse_done(await self.request("POST", "/v1/diffu/infill", body))
-
-    async def chat_completions(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        max_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        stop: list[str] | None = None,
-    ) -> dict[str, Any]:
-        body = openai_body(("messages", messages), max_tokens, sampling, stop)
-        return await self.request("POST", "/v1/chat/completions", body)
-
-    async def completions(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int | None = None,
-        suffix: str | None = None,
-        sampling: SamplingOptions | None = None,
-        stop: list[str] | None = None,
-    ) -> dict[str, Any]:
-        body = openai_body(("prompt", prompt), max_tokens, sampling, stop, suffix=suffix)
-        return await self.request("POST", "/v1/completions", body)
+    # -- API: the call table's entries -----------------------------------------------------------------
+    status = _call(calls.status)
+    models = _call(calls.models)
+    warm = _call(calls.warm)
+    cancel = _call(calls.cancel)
+    generate = _call(calls.generate)
+    stream_generate = _stream(calls.stream_generate)
+    infill = _call(calls.infill)
+    stream_infill = _stream(calls.stream_infill)
+    chat_completions = _call(calls.chat_completions)
+    completions = _call(calls.completions)

@@ -1,6 +1,7 @@
-"""What the sync and async clients share: the events and errors they return, request bodies (with the
-typed sampling options of ``assistant.wire``), response and event parsing, and the retry decisions. No
-I/O here; the two clients in ``assistant.client`` only differ in how they wait.
+"""What the sync and async clients share: the events and errors they return, response and event
+parsing, and the retry decisions. No I/O here; the two clients in ``assistant.client`` only differ in how
+they wait, and their methods come from one call table (``calls``: each call's signature, request body and
+how its answer is read).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import httpx
 from assistant import sse
 from assistant.client import discovery
 from assistant.config import Config, load_config
-from assistant.wire import SamplingOptions
+from assistant.wire import ENDED, HEALTH_OK, DoneStats, SamplingOptions
 
 Progress = Callable[[str, float, str], None]
 RETRIES = 2  # fresh attempts after a connection failure (the daemon may have died and been restarted)
@@ -105,13 +106,14 @@ class WarmShape:
 class Done:
     """The final answer. ``finish_reason``: stop, length, time (budget spent) or cancelled.
 
+    ``stats``: what it cost (tokens, steps, seconds queued, compiling and generating).
     ``holes``: for a prompt whose ``<|mask|>`` holes were filled (``max_new_tokens=0``), each hole's text.
     """
 
     id: str
     text: str
     finish_reason: str
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: DoneStats = field(default_factory=DoneStats)
     usage: dict[str, int] = field(default_factory=dict)
     holes: list[str] | None = None
     ids: dict[str, Any] | None = None
@@ -139,7 +141,7 @@ def parse_done(data: dict[str, Any]) -> Done:
         id=data.get("id", ""),
         text=data["text"],
         finish_reason=data["finish_reason"],
-        stats=data.get("stats", {}),
+        stats=DoneStats.from_dict(data.get("stats") or {}),
         usage=data.get("usage", {}),
         holes=data.get("holes"),
         ids=data.get("ids"),
@@ -191,87 +193,6 @@ def raise_for_status(response: httpx.Response, body: bytes | None = None) -> Non
     )
 
 
-# -- requests, built once for both clients ------------------------------------------------------------
-def generate_body(
-    messages: list[dict[str, str]] | None,
-    prompt: str | None,
-    max_new_tokens: int | None,
-    sampling: SamplingOptions | None,
-    session: str | None,
-    max_seconds: float | None,
-    *,
-    stream: bool,
-    return_ids: bool = False,
-) -> dict[str, Any]:
-    body = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
-    if max_new_tokens is not None:
-        body["max_new_tokens"] = max_new_tokens
-    if messages is not None:
-        body["messages"] = messages
-    if prompt is not None:
-        body["prompt"] = prompt
-    return body
-
-
-def infill_body(
-    prefix: str,
-    suffix: str,
-    canvas_tokens: int | None,
-    sampling: SamplingOptions | None,
-    session: str | None,
-    max_seconds: float | None,
-    *,
-    stream: bool,
-    return_ids: bool = False,
-) -> dict[str, Any]:
-    common = _common_body(sampling, session, max_seconds, stream=stream, return_ids=return_ids)
-    body = {"prefix": prefix, "suffix": suffix, **common}
-    if canvas_tokens is not None:
-        body["canvas_tokens"] = canvas_tokens
-    return body
-
-
-def _common_body(
-    sampling: SamplingOptions | None,
-    session: str | None,
-    max_seconds: float | None,
-    *,
-    stream: bool,
-    return_ids: bool = False,
-) -> dict[str, Any]:
-    body: dict[str, Any] = sampling.body() if sampling is not None else {}
-    if return_ids:
-        body["return_ids"] = True
-    if session is not None:
-        body["session"] = session  # a newer request of the same session supersedes this one
-    if max_seconds is not None:
-        body["max_seconds"] = max_seconds
-    body["stream"] = stream
-    return body
-
-
-def warm_body(shapes: list[WarmShape]) -> dict[str, Any]:
-    return {"shapes": [shape.body() for shape in shapes]}
-
-
-def openai_body(
-    first: tuple[str, Any],
-    max_tokens: int | None,
-    sampling: SamplingOptions | None,
-    stop: list[str] | None,
-    **extra: str | None,
-) -> dict[str, Any]:
-    """A non-streamed OpenAI request: ``first`` is (``messages``, ...) or (``prompt``, ...)."""
-    body: dict[str, Any] = {first[0]: first[1], **(sampling.body() if sampling is not None else {})}
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    if stop is not None:
-        body["stop"] = stop
-    body.update({k: v for k, v in extra.items() if v is not None})
-    body["stream"] = False
-    return body
-
-
 LOST_CONNECTION = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)  # the daemon went away
 
 
@@ -308,15 +229,18 @@ class Endpoint:
         return {"authorization": f"Bearer {self.api_key or 'none'}"}
 
 
-def health_update(event: sse.ServerSentEvent, progress: Progress | None) -> bool:
-    """Handle one /health?stream=1 event; True once ready. Raises if the daemon failed to load."""
+def health_update(
+    event: sse.ServerSentEvent, progress: Progress | None, *, wait_compiled: bool = True
+) -> bool:
+    """Handle one /health?stream=1 event; True once ready (``wait_compiled`` off: once it takes requests,
+    which it does while the chat's first programs still compile). Raises if the daemon failed to load."""
     data = event.json()
     status = data.get("status")
     if progress:
         progress(status, float(data.get("progress", 0.0)), data.get("detail", ""))
-    if status == "ok":
+    if status == HEALTH_OK or (not wait_compiled and data.get("serving")):
         return True
-    if status in ("failed", "stopping"):
+    if status in ENDED:
         message = (data.get("error") or {}).get("message") or status
         raise DaemonUnavailable(f"the diffu daemon could not load its model: {message}")
     return False

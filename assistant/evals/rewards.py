@@ -9,8 +9,10 @@ instead of E2B:
   other shape 0.0.
 - ``code``: only for answers whose format scores 1.0 (others get 0.0). Each test case runs as its own
   program, the block's code followed by the assert, with a 5 s timeout; the reward is the fraction that
-  exit cleanly. A test that times out makes the whole reward 0.0, as in the published evaluation script,
-  whose uncaught ``TimeoutExpired`` ends it before it prints a pass rate.
+  run to their end. The published script counts a clean exit; here a pass is the sandbox's (its harness
+  marks the end of the code), so ``sys.exit(0)`` or ``os._exit(0)`` before the assert, a reward a policy
+  could learn to take, earns nothing. A test that times out makes the whole reward 0.0, as in the
+  published evaluation script, whose uncaught ``TimeoutExpired`` ends it before it prints a pass rate.
 
 The recipe weights them 2.0 (code) and 0.5 (format). A reward function has TRL's signature,
 ``f(prompts=..., completions=..., **columns) -> list[float | None]`` with completions as chat messages
@@ -25,7 +27,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from assistant.evals.instructions import parsed
+from assistant.code_blocks import parsed
 from assistant.evals.sandbox import Limits, Sandbox
 
 RewardFn = Callable[..., list]

@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
-from assistant.evals.sandbox import Limits, Sandbox
+from assistant.evals.sandbox import Limits, Outcome, Sandbox
 
 Advance = Callable[[int], None]
 
@@ -55,24 +56,29 @@ class LocalGenerator:
     number of tokens after the region (infill jobs with different suffix lengths run apart).
     """
 
-    def __init__(self, rt: Any, params: Any, batch: int) -> None:
+    def __init__(self, rt: Any, params: Any, batch: int, note: Callable[[str], None] | None = None) -> None:
         self.rt = rt
         self.params = params
         self.batch = max(1, batch)
+        # Told what takes long besides generating (compiling a batch's program), for the progress shown.
+        self.note = note or (lambda text: None)
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model": self.rt.model_name,
-            "device": self.rt.device,
-            "dtype": self.rt.dtype,
+            "model": self.rt.info.model_name,
+            "device": self.rt.info.device,
+            "dtype": self.rt.info.dtype,
             "through": "in-process",
             "sampling": self.params.to_dict(),
         }
 
     def _row(self, job: Job) -> Any:
         if job.suffix is not None:
-            return self.rt.make_infill_row(job.prompt, job.suffix, job.tokens)
-        return self.rt.make_row(self.rt.tokenizer.encode(job.prompt), job.tokens, chat=job.chat)
+            return self.rt.rows.make_infill_row(job.prompt, job.suffix, job.tokens)
+        # A chat job's prompt is the template already (its markup is control tokens); a raw one is text,
+        # encoded as the daemon's raw route encodes it.
+        ids = self.rt.tokenizer.encode(job.prompt) if job.chat else self.rt.rows.encode_prompt(job.prompt)
+        return self.rt.rows.make_row(ids, job.tokens, chat=job.chat)
 
     def generate(self, jobs: Sequence[Job], advance: Advance) -> list[Generated]:
         import dataclasses
@@ -81,13 +87,13 @@ class LocalGenerator:
         groups: dict[tuple, list[tuple[int, Any]]] = {}
         for i, job in enumerate(jobs):
             row = self._row(job)
-            if len(row.ids) > self.rt.max_context:
+            if len(row.ids) > self.rt.info.max_context:
                 out[i] = Generated(
                     "",
                     0.0,
                     0,
                     f"prompt too long: {len(row.ids)} tokens with the canvas, "
-                    f"the model's context is {self.rt.max_context}",
+                    f"the model's context is {self.rt.info.max_context}",
                 )
                 advance(1)
                 continue
@@ -101,9 +107,18 @@ class LocalGenerator:
             )
             for lo in range(0, len(members), self.batch):
                 chunk = members[lo : lo + self.batch]
+                rows = [row for _, row in chunk]
+                if not self.rt.compiled(rows, params, stream=False):
+                    longest = max(len(r.ids) for r in rows)
+                    self.note(
+                        f"compiling the program for {len(rows)} x {longest} tokens, {params.decoder} decoder"
+                    )
+                    self.rt.compile(rows, params, stream=False)
+                    self.note("")
                 done = None
-                for event in self.rt.run([row for _, row in chunk], params, stream=False):
+                for event in self.rt.run(rows, params, stream=False):
                     done = event
+                assert done is not None, "a run ends with its BatchDone"
                 share = done.stats.generate_seconds / len(chunk)
                 for k, ((i, row), text) in enumerate(zip(chunk, done.texts, strict=True)):
                     tokens = done.answer_tokens[k] if done.answer_tokens else row.canvas_tokens
@@ -140,7 +155,7 @@ class DaemonGenerator:
 
         def client() -> Client:
             if not hasattr(local, "client"):
-                local.client = Client(config=self.config)
+                local.client = Client(config=self.config, wait_compiled=False)
                 with lock:
                     clients.append(local.client)
             return local.client
@@ -165,13 +180,11 @@ class DaemonGenerator:
                 advance(1)
                 return Generated("", 0.0, 0, exc.message)  # this task's input (too long a prompt)
             advance(1)
+            # The daemon reports the time of the batch the request ran in: its share is what the
+            # in-process generator counts too, so generate s sums to the device's time, not a multiple.
             stats = done.stats
-            return Generated(
-                done.text,
-                float(stats.get("generate_seconds", 0.0)),
-                int(stats.get("new_tokens", job.tokens)),
-                forwards=int(stats.get("steps", 0)),
-            )
+            share = stats.generate_seconds / max(1, stats.batch_size)
+            return Generated(done.text, share, stats.new_tokens or job.tokens, forwards=stats.steps)
 
         try:
             self._status = client().status()
@@ -231,7 +244,7 @@ def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> 
                 Task(
                     p.task_id,
                     Job(prompt, tokens, chat=True),
-                    lambda code, p=p: he.instruct_program(p, code),
+                    partial(he.instruct_program, p),
                     he.cut_instruct,
                 )
             )
@@ -326,19 +339,19 @@ def score(
     """Run every completion's program; per-sample results and pass@k (k at most the samples per task)."""
     flat = [(ti, j, c) for ti, cs in enumerate(completions) for j, c in enumerate(cs)]
     programs = [(k, prog(c)) for k, (ti, _, c) in enumerate(flat) if (prog := tasks[ti].program) is not None]
-    outcomes: dict[int, Any] = {}
+    outcomes: dict[int, Outcome] = {}
     isolation: dict[str, Any] = {}
     if programs:
         with Sandbox(sandbox_limits, workers=workers) as sandbox:
-            for (k, _), outcome in zip(programs, sandbox.map([p for _, p in programs], advance), strict=True):
-                outcomes[k] = outcome
-                isolation = outcome.isolation or isolation
-    results = []
+            for (k, _), done in zip(programs, sandbox.map([p for _, p in programs], advance), strict=True):
+                outcomes[k] = done
+                isolation = done.isolation or isolation
+    results: list[dict[str, Any]] = []
     for k, (ti, j, c) in enumerate(flat):
         gen_error = errors[ti][j] if errors is not None else None
-        outcome = outcomes.get(k)
-        if outcome is not None:
-            passed, status, error, seconds = outcome.passed, outcome.status, outcome.error, outcome.seconds
+        error: str | None
+        if (ran := outcomes.get(k)) is not None:
+            passed, status, error, seconds = ran.passed, ran.status, ran.error, ran.seconds
         else:  # judged by the task itself (no tests to run)
             check = tasks[ti].check
             passed = check is not None and check(c)
@@ -401,6 +414,7 @@ def run_benchmark(
     wall = time.perf_counter() - start
     per_task = [[generated[j * len(tasks) + i] for j in range(samples)] for i in range(len(tasks))]
     completions = [[t.completion(g.text) for g in gs] for t, gs in zip(tasks, per_task, strict=True)]
+    start = time.perf_counter()
     report = score(
         tasks,
         completions,
@@ -411,6 +425,7 @@ def run_benchmark(
         gen_seconds=[[g.seconds for g in gs] for gs in per_task],
         errors=[[g.error for g in gs] for gs in per_task],
     )
+    tested = time.perf_counter() - start
     gen_s = sum(g.seconds for g in generated)
     ok = [g for g in generated if g.error is None]
     tokens = sum(g.tokens for g in ok)
@@ -418,7 +433,8 @@ def run_benchmark(
     report.summary.update(
         {
             "generate_seconds": round(gen_s, 3),
-            "wall_seconds": round(wall, 3),
+            "wall_seconds": round(wall, 3),  # generating, compiles and queueing included
+            "test_seconds": round(tested, 3),
             "new_tokens": tokens,
             "tokens_per_second": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
             # Per answer: the forwards its batch ran (a batch's rows share them), and the answer's tokens

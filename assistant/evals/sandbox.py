@@ -1,14 +1,24 @@
-"""Run untrusted Python programs (model-written code and its tests), each in a confined process.
+"""Run untrusted Python programs (model-written code and its tests), each in a confined process tree.
 
-Every program gets its own process started from ``assistant/evals/sandbox_child.py`` (see there for how it
-confines itself): a new session and process group, a fresh empty temporary directory as working
-directory, HOME and TMPDIR (removed afterwards), an environment holding nothing of the user's, limits on
-wall-clock and CPU time, address space, file size, processes and open files, no network where the kernel
-allows a new network namespace, and a Landlock filesystem ruleset where the kernel has one. Output is
-written to files the file-size limit bounds and read back capped. On a timeout, or when the evaluator
-closes the sandbox, the program's whole process group is killed.
+Every program runs under ``assistant/evals/sandbox_child.py`` (see there for each step): in its own
+network, PID and mount namespaces, as an unprivileged uid when the evaluator is root (``nobody``), with
+no capability, a Landlock filesystem ruleset, an environment holding nothing of the user's, and a
+size-capped tmpfs of its own (nosuid, noexec) as working directory, HOME and TMPDIR. Memory and processes
+are counted for the whole run in cgroups of its own where the kernel lets the evaluator make them
+(``assistant/evals/cgroups.py``), with per-process limits (address space, file size, processes, open
+files, CPU seconds) in any case. Output goes to files the file-size limit bounds and is read back capped.
 
-A hostile program (an infinite loop, a fork bomb, a 20 GB allocation or file, killing its parent, reading
+The run ends everything it started (``assistant/evals/sandbox_cleanup.py``): at the program's end, its
+timeout or when the evaluator closes the sandbox, the PID namespace's init is killed (so the kernel kills
+the whole namespace) and the evaluator waits until it is gone; the run's cgroup is killed too where the
+kernel has ``cgroup.kill``, and the process group in any case. Whatever the program leaves on disk is in
+its tmpfs, which vanishes with its mount namespace; where the kernel gives no mount namespace, its
+temporary directory is removed by a bounded walk that never leaves it and never raises (a failure is a
+logged warning; the run's outcome stands).
+
+A pass means the program's code returned: the harness writes a marker only then (see
+``sandbox_child.harness``), so ``sys.exit(0)``, ``os._exit(0)`` or a sabotaged error report fail. A
+hostile program (an infinite loop, a fork bomb, a 20 GB allocation or file, killing its parent, reading
 the user's files, connecting to the daemon) ends as one failed run; the caller carries on. Each result
 says which isolation the kernel granted (``isolation``), so a report can state it.
 
@@ -18,8 +28,11 @@ The evaluation command (``diffu eval``) and the reinforcement-learning rewards u
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
+import pwd
+import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -31,18 +44,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from assistant.evals import cgroups
+from assistant.evals.sandbox_cleanup import Run, remove_tree
+
 CHILD = Path(__file__).with_name("sandbox_child.py")
-ERROR_MARK = "diffu-sandbox-error: "
+log = logging.getLogger("diffu.sandbox")
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-program limits. ``timeout`` is HumanEval's 3 s by default."""
+    """A run's limits. ``timeout`` is HumanEval's 3 s by default.
+
+    ``memory_bytes`` bounds the run's processes together where a memory cgroup is granted, and each
+    process's address space in any case; ``processes`` likewise (a pids cgroup, and ``RLIMIT_NPROC``).
+    ``disk_bytes`` and ``disk_files`` size the run's tmpfs (all its files together); ``file_bytes``
+    bounds each file wherever it is.
+    """
 
     timeout: float = 3.0
     cpu_seconds: int | None = None  # default: the timeout rounded up, plus one
     memory_bytes: int = 2 << 30
     file_bytes: int = 64 << 20
+    disk_bytes: int = 64 << 20
+    disk_files: int = 16384
     processes: int = 64
     open_files: int = 256
     output_bytes: int = 16 << 10  # captured stdout/stderr kept per stream
@@ -53,6 +77,8 @@ class Limits:
             "cpu_seconds": cpu,
             "memory_bytes": self.memory_bytes,
             "file_bytes": self.file_bytes,
+            "disk_bytes": self.disk_bytes,
+            "disk_files": self.disk_files,
             "processes": self.processes,
             "open_files": self.open_files,
         }
@@ -62,9 +88,10 @@ class Limits:
 class Outcome:
     """How one program ended.
 
-    ``status``: ``passed`` (exit code 0), ``failed`` (an AssertionError), ``error`` (another exception,
-    named in ``error``), ``timeout``, ``killed`` (a signal: a CPU or file-size limit, or the program
-    killing its own group) or ``exit`` (a non-zero exit without an exception).
+    ``status``: ``passed`` (its code ran to its end), ``failed`` (an AssertionError), ``error`` (another
+    exception, ``SystemExit`` included, named in ``error``), ``timeout``, ``killed`` (a signal: a CPU or
+    file-size limit, the memory cgroup, or the program killing its own group) or ``exit`` (the process
+    ended before its code did, without an exception: ``os._exit``, even with code 0).
     """
 
     status: str
@@ -90,7 +117,8 @@ def _read_dirs() -> list[str]:
 
 
 def _environment(workdir: str) -> dict[str, str]:
-    # Nothing of the user's: no DIFFU_* settings, tokens, proxies or PYTHON* variables.
+    # Nothing of the user's: no DIFFU_* settings, tokens, proxies or PYTHON* variables. HOME and TMPDIR
+    # become the program's own directory (the child sets them once it knows where that is).
     return {
         "PATH": "/usr/bin:/bin",
         "HOME": workdir,
@@ -99,6 +127,17 @@ def _environment(workdir: str) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
     }
+
+
+def _unprivileged_identity() -> list[int] | None:
+    """The uid and gid a root evaluator's programs run as (``nobody``); None when not root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam("nobody")
+        return [entry.pw_uid, entry.pw_gid]
+    except KeyError:
+        return [65534, 65534]
 
 
 def _signal_name(number: int) -> str:
@@ -115,18 +154,20 @@ def _read_capped(path: Path, cap: int) -> str:
     return text + ("\n[output cut]" if len(data) > cap else "")
 
 
-def _classify(returncode: int, stderr: str, timed_out: bool) -> tuple[str, str | None]:
+def _classify(returncode: int, verdict: list[str], nonce: str, timed_out: bool) -> tuple[str, str | None]:
+    """The outcome from the exit status and the harness's lines (the first is its confinement report)."""
     if timed_out:
         return "timeout", None
-    if returncode == 0:
+    if returncode == 0 and f"passed {nonce}" in verdict:
         return "passed", None
-    # The PID-namespace relay reports a signal as 128 + its number, like a shell.
+    # The relays report a signal as 128 + its number, like a shell.
     if returncode < 0 or returncode > 128:
         return "killed", _signal_name(-returncode if returncode < 0 else returncode - 128)
-    tail = stderr.rstrip().rsplit("\n", 1)[-1]
-    if tail.startswith(ERROR_MARK):
-        error = tail[len(ERROR_MARK) :].strip()
-        return ("failed" if error == "AssertionError" else "error"), error
+    raised = [line[len("raised ") :] for line in verdict if line.startswith("raised ")]
+    if raised:
+        return ("failed" if raised[-1] == "AssertionError" else "error"), raised[-1]
+    if returncode == 0:
+        return "exit", "exited with code 0 before its code ran to its end"
     return "exit", f"exit code {returncode}"
 
 
@@ -136,7 +177,9 @@ class Sandbox:
     def __init__(self, limits: Limits | None = None, *, workers: int | None = None) -> None:
         self.limits = limits or Limits()
         self.workers = max(1, workers or os.cpu_count() or 1)
-        self._live: set[subprocess.Popen] = set()
+        self._identity = _unprivileged_identity()
+        self._hierarchies = cgroups.find()
+        self._live: set[Run] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -147,7 +190,7 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Kill the process group of every program still running; no new program starts."""
+        """Kill every program still running, with all it started; no new program starts."""
         with self._lock:
             self._closed = True
         self._kill_live()
@@ -155,8 +198,8 @@ class Sandbox:
     def _kill_live(self) -> None:
         with self._lock:
             live = list(self._live)
-        for proc in live:
-            _kill_group(proc)
+        for run in live:
+            run.kill()
 
     def run(self, program: str) -> Outcome:
         """Run one program (Python source) to completion or its timeout."""
@@ -164,25 +207,44 @@ class Sandbox:
             raise RuntimeError("the sandbox is closed")
         workdir = tempfile.mkdtemp(prefix="diffu-sandbox-")
         outdir = tempfile.mkdtemp(prefix="diffu-sandbox-out-")  # outside the program's reach
+        budget = None
+        if self._hierarchies:
+            # Two more processes than the program's own: the outer process and the init.
+            budget = cgroups.Budget(self._hierarchies, self.limits.memory_bytes, self.limits.processes + 2)
         try:
-            return self._run_in(program, workdir, Path(outdir))
+            return self._run_in(program, workdir, Path(outdir), budget)
         finally:
-            shutil.rmtree(workdir, onerror=_force_remove)
-            shutil.rmtree(outdir, ignore_errors=True)
+            for problem in (
+                remove_tree(workdir),
+                remove_tree(outdir),
+                budget.remove() if budget is not None else None,
+            ):
+                if problem:
+                    log.warning("sandbox cleanup: %s", problem)
 
-    def _run_in(self, program: str, workdir: str, outdir: Path) -> Outcome:
-        source = Path(workdir) / "program.py"
+    def _run_in(self, program: str, workdir: str, outdir: Path, budget: cgroups.Budget | None) -> Outcome:
+        source = outdir / "program.py"
         source.write_text(program, encoding="utf-8")
         status_r, status_w = os.pipe()
+        result_r, result_w = os.pipe()
+        nonce_r, nonce_w = os.pipe()
+        nonce = secrets.token_hex(16)
+        os.write(nonce_w, nonce.encode())
+        os.close(nonce_w)
         config = {
             "workdir": workdir,
-            "program": str(source),
+            "source": str(source),
             "limits": self.limits.for_child(),
             "read_dirs": _read_dirs(),
+            "identity": self._identity,
+            "cgroups": budget.procs if budget is not None else [],
             "status_fd": status_w,
+            "result_fd": result_w,
+            "nonce_fd": nonce_r,
         }
         out_path, err_path = outdir / "stdout", outdir / "stderr"
         start = time.perf_counter()
+        deadline = time.monotonic() + self.limits.timeout
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
@@ -192,32 +254,33 @@ class Sandbox:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
-                    pass_fds=(status_w,),
+                    pass_fds=(status_w, result_w, nonce_r),
                     start_new_session=True,
                 )
             finally:
-                os.close(status_w)
+                for fd in (status_w, result_w, nonce_r):
+                    os.close(fd)
+            run = Run(proc, budget)
             with self._lock:
-                self._live.add(proc)
+                self._live.add(run)
             timed_out = False
             try:
-                proc.wait(timeout=self.limits.timeout)
+                report = _read_report(status_r, deadline)
+                run.watch_init(report)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                # Whatever it left behind in its group goes too (a program's children, a fork bomb).
-                _kill_group(proc)
-                proc.wait()
-                _wait_group_gone(proc.pid)
+                # Whatever it left behind goes too (a program's children, a fork bomb, a daemon).
+                run.end()
                 with self._lock:
-                    self._live.discard(proc)
+                    self._live.discard(run)
         seconds = time.perf_counter() - start
-        with os.fdopen(status_r, "r") as status:
-            line = status.readline()
-        isolation = json.loads(line) if line.strip() else {}
+        verdict = _read_verdict(result_r)
+        isolation = _isolation(report, verdict, budget)
         stdout = _read_capped(out_path, self.limits.output_bytes)
         stderr = _read_capped(err_path, self.limits.output_bytes)
-        state, error = _classify(proc.returncode, stderr, timed_out)
+        state, error = _classify(proc.returncode, verdict[1:], nonce, timed_out)
         return Outcome(state, proc.returncode, error, seconds, stdout, stderr, isolation)
 
     def map(
@@ -238,30 +301,58 @@ class Sandbox:
                 self._kill_live()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _read_report(fd: int, deadline: float) -> dict[str, object]:
+    """The outer process's one-line report (namespaces, work dir, init pid); {} if none came in time."""
+    data = b""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
-    """Killed processes die asynchronously (a fork bomb's many children): wait until none is left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.02)
-
-
-def _force_remove(func: Callable, path: str, exc: object) -> None:
-    """A program may leave directories without write permission; make them removable and retry."""
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
     try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path):
-            os.chmod(path, 0o700)
-        func(path)
-    except OSError:
+        report = json.loads(data)
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _read_verdict(fd: int, cap: int = 64 << 10) -> list[str]:
+    """The harness's lines: its confinement report, then ``raised X`` or ``passed NONCE``. Read without
+    blocking (every writer is gone by now, unless a program outlived its run without a PID namespace)."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while len(data) < cap:
+            chunk = os.read(fd, cap - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
         pass
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").splitlines()
+
+
+def _isolation(report: dict, verdict: list[str], budget: cgroups.Budget | None) -> dict[str, object]:
+    """What the kernel granted this run: the outer process's report, the program's (the first line of
+    its verdict, written before the program's code ran) and the cgroups it joined."""
+    isolation: dict[str, object] = {k: v for k, v in report.items() if k not in ("init_pid", "cgroups")}
+    try:
+        confined = json.loads(verdict[0]) if verdict else {}
+    except ValueError:
+        confined = {}
+    if isinstance(confined, dict):
+        isolation.update(confined)
+    joined = report.get("cgroups") or []
+    if budget is not None:
+        isolation.update(budget.isolation(list(joined)))
+    else:
+        isolation.update(cgroup_memory=False, cgroup_pids=False, cgroup_kill=False)
+    return isolation

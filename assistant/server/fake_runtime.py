@@ -20,10 +20,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from model_runtime.errors import InputError, ModelError
+from model_runtime.inflight import InFlight
 from model_runtime.interface import (
     BatchDone,
     BatchEvents,
@@ -31,8 +32,10 @@ from model_runtime.interface import (
     CanvasRow,
     CompileReport,
     GenerationStats,
+    RuntimeInfo,
     RuntimeProtocol,
 )
+from model_runtime.model_ref import is_fake_spec
 from model_runtime.params import SamplingParams
 from model_runtime.rows import CanvasBuilder
 
@@ -81,6 +84,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) + FIRST_CHAR_ID for c in text]
 
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text)  # characters only: no string becomes a control token here
+
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i - FIRST_CHAR_ID) if i >= FIRST_CHAR_ID else _SPECIAL.get(i, "") for i in ids)
 
@@ -90,20 +96,17 @@ class FakeTokenizer:
     def stop_ids(self, *, chat: bool) -> tuple[int, ...]:
         return (EOS_ID, PAD_ID, IM_END_ID) if chat else (EOS_ID, PAD_ID)
 
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """A ChatML-like template: each message between turn markers, then the assistant's turn."""
+        ids = []
+        for msg in messages:
+            ids += [IM_START_ID, *self.encode(f"{msg['role']}\n{msg['content']}"), IM_END_ID]
+        return ids + [IM_START_ID, *self.encode("assistant\n")]
+
 
 @dataclass
-class FakeRuntime(CanvasBuilder):
+class FakeRuntime:
     """The fake runtime. Options come from ``fake:key=value,...`` model specs (see :func:`load_fake`)."""
-
-    # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
-    supports_holes = False
-    default_decoder = "reference"
-    chat_defaults: ClassVar[dict[str, Any]] = {}  # a real model's come from its generation_config.json
-    one_line_defaults: ClassVar[dict[str, Any]] = {}
-    quantize_mode = None
-    mesh_info = None
-    program_cache = None  # it compiles nothing
-    vocab_size = 0x110000 + FIRST_CHAR_ID  # every code point
 
     step_delay: float = 0.0
     load_delay: float = 0.0
@@ -112,8 +115,8 @@ class FakeRuntime(CanvasBuilder):
     model_name: str = "fake"
     length_buckets: tuple[int, ...] = (128, 512)
     batch_buckets: tuple[int, ...] = (1, 4, 16)
-    dtype: str = "float32"
-    device: str = "cpu (fake runtime, no JAX)"
+    default_decoder: str = "reference"
+    chat_defaults: dict[str, Any] = field(default_factory=dict)  # a real model's: generation_config.json
 
     def __post_init__(self) -> None:
         if self.max_context < 2:
@@ -122,21 +125,33 @@ class FakeRuntime(CanvasBuilder):
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
         self.forwards = 0  # fake steps run (each stands for one forward)
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
+        self._inflight: InFlight[CompileReport] = InFlight()
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
-        self.buckets = [(b, n) for b in sorted(set(self.batch_buckets)) for n in lengths]
+        self.info = RuntimeInfo(
+            model_name=self.model_name,
+            device="cpu (fake runtime, no JAX)",
+            dtype="float32",
+            max_context=self.max_context,
+            vocab_size=0x110000 + FIRST_CHAR_ID,  # every code point
+            buckets=tuple((b, n) for b in sorted(set(self.batch_buckets)) for n in lengths),
+            default_decoder=self.default_decoder,
+            chat_defaults=self.chat_defaults,
+            # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
+            supports_holes=False,
+            concurrent_compile=True,  # its "compiles" (sleeps) build each program once, as the real ones do
+        )
+        self.rows = CanvasBuilder(self.tokenizer, self.max_context)
 
-    # -- rows ------------------------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        ids = []
-        for msg in messages:
-            ids += [IM_START_ID, *self.tokenizer.encode(f"{msg['role']}\n{msg['content']}"), IM_END_ID]
-        return ids + [IM_START_ID, *self.tokenizer.encode("assistant\n")]
+    def program_cache(self) -> None:
+        """None: it compiles nothing a status report would count."""
+        return None
 
     # -- programs --------------------------------------------------------------------------------------
     def _bucket(self, rows: Sequence[CanvasRow]) -> tuple[int, int]:
         longest = max(len(r.ids) for r in rows)
         return min(
-            ((b, n) for b, n in self.buckets if b >= len(rows) and n >= longest), default=(len(rows), longest)
+            ((b, n) for b, n in self.info.buckets if b >= len(rows) and n >= longest),
+            default=(len(rows), longest),
         )
 
     def _program(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[Any, ...]:
@@ -152,12 +167,19 @@ class FakeRuntime(CanvasBuilder):
 
     def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
         key = self._program(rows, params)
-        if key in self.programs:
-            return CompileReport()
-        t0 = time.perf_counter()
-        time.sleep(self.warmup_delay)  # stands for compiling one program
-        self.programs.add(key)
-        return CompileReport(time.perf_counter() - t0, compiled=1)
+
+        def build() -> CompileReport:
+            t0 = time.perf_counter()
+            time.sleep(self.warmup_delay)  # stands for compiling one program
+            self.programs.add(key)
+            return CompileReport(time.perf_counter() - t0, compiled=1)
+
+        def held() -> CompileReport | None:
+            return CompileReport() if key in self.programs else None
+
+        report, waited = self._inflight.get(key, held, build)
+        # Waiting for another thread's compile of it costs time but compiles nothing here, as in programs.py.
+        return report if waited is None else CompileReport(waited + report.seconds, report.compiled)
 
     # -- generation ------------------------------------------------------------------------------------
     def answer(self, row: CanvasRow, params: SamplingParams) -> list[int]:
@@ -189,7 +211,7 @@ class FakeRuntime(CanvasBuilder):
     def _check(self, rows: Sequence[CanvasRow]) -> None:
         if not rows:
             raise InputError("rows: at least one row is needed")
-        if len(rows) > max(b for b, _ in self.buckets):
+        if len(rows) > self.info.largest_batch:
             raise InputError(f"a batch of {len(rows)} rows is larger than the largest batch bucket")
         for i, row in enumerate(rows):
             if len(row.ids) > self.max_context:
@@ -258,10 +280,10 @@ class FakeRuntime(CanvasBuilder):
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *, chat: bool) -> BatchEvents:
-        return self.run([self.make_row(p, params.max_new_tokens, chat=chat) for p in prompts], params)
+        return self.run([self.rows.make_row(p, params.max_new_tokens, chat=chat) for p in prompts], params)
 
     def infill(self, prefix: str, suffix: str, canvas_tokens: int, params: SamplingParams) -> BatchEvents:
-        return self.run([self.make_infill_row(prefix, suffix, canvas_tokens)], params)
+        return self.run([self.rows.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
 
 _FAKE_FIELDS = {"step_delay": float, "load_delay": float, "warmup_delay": float, "max_context": int}
@@ -311,10 +333,6 @@ def load_fake(
     if progress:
         progress("loading fake weights", 1.0)
     return runtime
-
-
-def is_fake_spec(model: str | None) -> bool:
-    return model is not None and (model == "fake" or model.startswith("fake:"))
 
 
 __all__ = ["CanvasRow", "FakeRuntime", "FakeTokenizer", "is_fake_spec", "load_fake"]

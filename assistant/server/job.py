@@ -14,8 +14,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
+from assistant.wire import DoneStats
 from model_runtime.interface import CanvasRow, CompileReport, GenerationStats
 from model_runtime.params import SamplingParams
 
@@ -54,7 +54,7 @@ class JobDone:
     finish_reason: str
     new_tokens: int
     steps_run: int
-    stats: dict[str, Any]
+    stats: DoneStats
 
 
 @dataclass(frozen=True)
@@ -127,25 +127,25 @@ class Job:
 
     def stats(
         self, *, steps: int, new_tokens: int, batch_size: int, done: GenerationStats | None = None
-    ) -> dict[str, Any]:
+    ) -> DoneStats:
         """The job's stats at its end (``done``: its batch's, when it ran to the end). Generation time
         runs from its batch's start after any compile, so tokens per second never include waiting for
         one (``compile_seconds`` says how long that was; ``queue_seconds``, the wait before it)."""
         end = time.monotonic()
         gen_s = end - (self.started or end)
         built = self.compiled or CompileReport()
-        return {
-            "steps": steps,
-            "new_tokens": new_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "canvas_tokens": self.canvas_tokens,
-            "batch_size": batch_size,
-            "decoder": self.params.decoder,
-            "bucket": list(done.bucket) if done else None,
-            "queue_seconds": round((self.started or end) - self.created - built.seconds, 4),
-            "generate_seconds": round(gen_s, 4),
-            "compile_seconds": round(built.seconds + (done.compile_seconds if done else 0.0), 4),
-            "compiled_programs": built.compiled + (done.compiled_programs if done else 0),
-            "cache_hits": built.cache_hits + (done.cache_hits if done else 0),
-            "tokens_per_second": round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
-        }
+        return DoneStats(
+            steps=steps,
+            new_tokens=new_tokens,
+            prompt_tokens=self.prompt_tokens,
+            canvas_tokens=self.canvas_tokens,
+            batch_size=batch_size,
+            decoder=self.params.decoder,
+            bucket=done.bucket if done else None,
+            queue_seconds=round((self.started or end) - self.created - built.seconds, 4),
+            generate_seconds=round(gen_s, 4),
+            compile_seconds=round(built.seconds + (done.compile_seconds if done else 0.0), 4),
+            compiled_programs=built.compiled + (done.compiled_programs if done else 0),
+            cache_hits=built.cache_hits + (done.cache_hits if done else 0),
+            tokens_per_second=round(new_tokens / gen_s, 2) if gen_s > 0 else 0.0,
+        )

@@ -18,11 +18,10 @@ from assistant.server.job import Job
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
 from assistant.server.warmup import Shape, WarmTask, shape_rows
+from assistant.wire import ErrorCode
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import MAX_TOP_K, ParamError, SamplingParams
-
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the OpenAI code for a prompt beyond the context
 
 
 def build_job(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, bool]:
@@ -38,36 +37,38 @@ def build_job(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, 
 
 def _build(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> tuple[Job, bool]:
     # Sizes first: a row is built as a list of ids, so an absurd length must never get that far.
-    if spec.canvas_tokens >= rt.max_context:
+    if spec.canvas_tokens >= rt.info.max_context:
         raise RequestError(
             f"{spec.canvas_tokens} tokens to generate do not fit the model's context of "
-            f"{rt.max_context} tokens",
+            f"{rt.info.max_context} tokens",
             param="max_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
-            details={"max_new_tokens": spec.canvas_tokens, "context_length": rt.max_context},
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            details={"max_new_tokens": spec.canvas_tokens, "context_length": rt.info.max_context},
         )
     params = _params(rt, spec, config)
     truncated = False
     if spec.mode == "chat":
-        row = rt.make_row(rt.encode_chat(spec.messages or []), spec.canvas_tokens, chat=True)
+        row = rt.rows.make_row(rt.rows.encode_chat(spec.messages or []), spec.canvas_tokens, chat=True)
     elif spec.mode == "prompt":
         row, params = _prompt_row(rt, spec, params, config)
     else:
-        row, truncated = rt.make_repo_infill_row(spec.prefix, spec.suffix, spec.canvas_tokens, spec.extra)
+        row, truncated = rt.rows.make_repo_infill_row(
+            spec.prefix, spec.suffix, spec.canvas_tokens, spec.extra
+        )
     row = dataclasses.replace(row, seed=params.seed)  # it samples with its own seed in any batch
     length = len(row.ids)
     prompt_tokens = length - spec.canvas_tokens
-    if length > rt.max_context:
+    if length > rt.info.max_context:
         raise RequestError(
             f"the prompt ({prompt_tokens} tokens) plus the {spec.canvas_tokens} tokens to generate make "
-            f"{length}, beyond the model's context of {rt.max_context} tokens; shorten the prompt or ask "
-            "for fewer tokens",
+            f"{length}, beyond the model's context of {rt.info.max_context} tokens; shorten the prompt or "
+            "ask for fewer tokens",
             param="messages" if spec.mode == "chat" else "prompt",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             details={
                 "prompt_tokens": prompt_tokens,
                 "max_new_tokens": spec.canvas_tokens,
-                "context_length": rt.max_context,
+                "context_length": rt.info.max_context,
             },
         )
     job = Job(
@@ -90,16 +91,16 @@ def warm_task(rt: RuntimeProtocol, shape: Shape, config: Config) -> WarmTask:
     """The programs a request of ``shape`` would run, with the defaults and limits a request gets, as a
     task for the warm-up. A shape no request could have is a RequestError naming the field."""
     length = shape.prompt_tokens + shape.max_new_tokens
-    if length > rt.max_context:
+    if length > rt.info.max_context:
         raise RequestError(
             f"prompt_tokens + max_new_tokens: {shape.prompt_tokens} + {shape.max_new_tokens} = {length} "
-            f"tokens do not fit the model's context of {rt.max_context} tokens",
+            f"tokens do not fit the model's context of {rt.info.max_context} tokens",
             param="prompt_tokens",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
             details={
                 "prompt_tokens": shape.prompt_tokens,
                 "max_new_tokens": shape.max_new_tokens,
-                "context_length": rt.max_context,
+                "context_length": rt.info.max_context,
             },
         )
     mode = "infill" if shape.infill else "chat"
@@ -116,21 +117,21 @@ def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParam
         # model's one-line knobs under the request's own (holes inside a prompt, canvas_tokens 0, always
         # take the reference decoder: the fast ones cannot fill them).
         if sampling.get("max_lines") == 1:
-            sampling = {**rt.one_line_defaults, **sampling}
-        sampling.setdefault("decoder", rt.default_decoder)
+            sampling = {**rt.info.one_line_defaults, **sampling}
+        sampling.setdefault("decoder", rt.info.default_decoder)
     steps = sampling.setdefault("steps", max(spec.canvas_tokens, 1))
     if steps > config.max_steps:
         raise RequestError(
             f"steps: must be <= {config.max_steps} (the daemon's max_steps), got {steps}", param="steps"
         )
     top_k = sampling.get("top_k")
-    if isinstance(top_k, int) and top_k >= rt.vocab_size:
+    if isinstance(top_k, int) and top_k >= rt.info.vocab_size:
         sampling["top_k"] = top_k = 0  # keeping every token is no filtering, and lax.top_k needs k <= vocab
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > MAX_TOP_K:
         # One program serves every k up to the bound (a traced value); anything between is refused.
         raise RequestError(
             f"top_k: must be 0 (off), 1..{MAX_TOP_K}, or at least the vocabulary size "
-            f"({rt.vocab_size}, also off); got {top_k}",
+            f"({rt.info.vocab_size}, also off); got {top_k}",
             param="top_k",
         )
     try:
@@ -143,7 +144,7 @@ def _prompt_row(
     rt: RuntimeProtocol, spec: GenSpec, params: SamplingParams, config: Config
 ) -> tuple[CanvasRow, SamplingParams]:
     """A raw prompt (text or token ids): a canvas after it, or with ``canvas_tokens`` 0 its holes."""
-    vocab = rt.vocab_size
+    vocab = rt.info.vocab_size
     if spec.prompt_ids is not None:
         bad = next((t for t in spec.prompt_ids if t < 0 or t >= vocab), None)
         if bad is not None:
@@ -152,12 +153,14 @@ def _prompt_row(
             )
         prompt_ids = list(spec.prompt_ids)
     else:
-        prompt_ids = rt.tokenizer.encode(spec.prompt or "")
+        prompt_ids = rt.rows.encode_prompt(
+            spec.prompt or "", holes=not spec.canvas_tokens and rt.info.supports_holes
+        )
     if not prompt_ids:
         raise RequestError("prompt: must not be empty", param="prompt")
     if spec.canvas_tokens:
-        return rt.make_row(prompt_ids, spec.canvas_tokens, chat=False), params
-    row, masks = rt.make_holes_row(prompt_ids)
+        return rt.rows.make_row(prompt_ids, spec.canvas_tokens, chat=False), params
+    row, masks = rt.rows.make_holes_row(prompt_ids)
     if params.decoder != "reference":
         raise RequestError(
             "decoder: holes inside the prompt need the reference decoder (the fast decoder "

@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from assistant.wire import ErrorType, error_body
+
 
 class RequestError(Exception):
     """A request that cannot be served as sent; rendered as an OpenAI-style error object.
@@ -26,7 +28,7 @@ class RequestError(Exception):
         *,
         status: int = 400,
         param: str | None = None,
-        kind: str = "invalid_request_error",
+        kind: str = ErrorType.INVALID_REQUEST,
         code: str | None = None,
         details: dict[str, object] | None = None,
     ) -> None:
@@ -39,23 +41,6 @@ class RequestError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         return error_body(str(self), self.kind, param=self.param, code=self.code, details=self.details)
-
-
-def error_body(
-    message: str,
-    kind: str,
-    *,
-    param: str | None = None,
-    code: str | int | None = None,
-    details: dict[str, object] | None = None,
-) -> dict[str, Any]:
-    """The daemon's one error shape: OpenAI's ``{"error": {message, type, param, code}}``, plus
-    ``details`` (the facts as fields) when there are any. In SSE ``error`` events ``code`` is the
-    HTTP status the request would have had."""
-    error: dict[str, Any] = {"message": message, "type": kind, "param": param, "code": code}
-    if details:
-        error["details"] = details
-    return {"error": error}
 
 
 def parse_json(body: bytes) -> dict[str, Any]:

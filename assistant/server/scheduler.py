@@ -4,21 +4,24 @@ The scheduler thread (logged and reported as "the engine") loads the model and f
 waits on a condition for queued jobs or programs to warm up. Jobs come first: it takes the oldest job
 and every other queued job with the same sampling parameters whose rows fit one bucket together,
 compiles their programs if they are not compiled yet (that one compile only, telling the jobs so) and
-runs them as one canvas batch (``assistant.server.batch_run``), which hands each job its own events. When no
-job waits it compiles the next program of the warm-up (``assistant.server.warmup``): /health says "warming (k
-of n)" until the last one, then "ready". Between denoising steps the batch drops jobs that were
-cancelled (client gone, explicit cancel, superseded by a newer request of the same session) or ran out
-of their time budget.
+runs them as one canvas batch (``assistant.server.batch_run``), which hands each job its own events.
+Between denoising steps the batch drops jobs that were cancelled (client gone, explicit cancel,
+superseded by a newer request of the same session) or ran out of their time budget.
+
+The warm-up (planned in ``assistant.server.warmup``, carried out by ``assistant.server.warming``) compiles
+whenever no job waits or runs, on a thread of its own where the runtime allows it, so a job that arrives
+during a warm-up compile starts at once; /health says "compiling" until the chat's first programs are in
+and have run once, then "warming (k of n)" until the last one, then "ready".
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
-the thread sleeps on a ``threading.Condition`` and shutdown is a flag plus ``notify``. Loading and XLA
-compiles cannot be interrupted; ``stop`` does not wait for them (see ``abandoned``).
+the threads sleep on one ``threading.Condition`` (every change wakes all of them) and shutdown is a flag
+plus ``notify_all``. Loading and XLA compiles cannot be interrupted; ``stop`` does not wait for them (see
+``abandoned``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import math
@@ -31,20 +34,11 @@ from typing import Any
 from assistant.server.batch_run import finish_cancelled, run_batch
 from assistant.server.batching import take_batch
 from assistant.server.job import Job, JobError, JobWaiting
-from assistant.server.status import (
-    FAILED,
-    LOADING,
-    READY,
-    SERVING,
-    STOPPING,
-    WARMING,
-    NotReady,
-    QueueFull,
-    SchedulerStatus,
-    ShuttingDown,
-)
+from assistant.server.status import NotReady, QueueFull, SchedulerStatus, ShuttingDown
+from assistant.server.warming import WarmUp
 from assistant.server.warmup import WarmQueue, WarmTask
-from model_runtime.errors import DiffuError, InputError
+from assistant.wire import SERVING, DaemonCounters, ErrorType, Stage
+from model_runtime.errors import DiffuError
 from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
 from model_runtime.params import SamplingParams
 
@@ -61,7 +55,7 @@ Planner = Callable[[RuntimeProtocol], list[WarmTask]]
 COALESCE_SECONDS = 0.02
 
 
-class Scheduler:
+class Scheduler(WarmUp):
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
     ``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``
@@ -77,7 +71,11 @@ class Scheduler:
         self._planner = planner
         self._warm = WarmQueue()
         self._busy: WarmTask | None = None  # the warm-up task being compiled
-        self._uninterruptible = False  # the thread is loading or compiling (native work, cannot stop)
+        # Warm-up tasks compiled on the warm-up thread, waiting for their first run on the device thread
+        # (with what compiling them cost): see ``_prime``.
+        self._priming: deque[tuple[WarmTask, CompileReport]] = deque()
+        self._native: set[int] = set()  # threads inside a load or compile (native work, cannot stop)
+        self._compiling: dict[int, str] = {}  # what each thread compiles now, for the status
         self._exited = False
         self._runtime: RuntimeProtocol | None = None
         self.status = SchedulerStatus()
@@ -89,23 +87,11 @@ class Scheduler:
         self._preparing = 0
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="diffu-engine", daemon=True)
+        self._warmer: threading.Thread | None = None  # the warm-up thread, where the runtime allows one
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
-        self.counters = {
-            "requests": 0,
-            "completed": 0,
-            "cancelled": 0,
-            "timed_out": 0,
-            "failed": 0,
-            "rejected": 0,
-            "batches": 0,
-            "rows": 0,
-            "batched_rows": 0,
-            "largest_batch": 0,
-            "generated_tokens": 0,
-            "forwards": 0,  # forwards of the model run for batches (a cancelled job's included)
-        }
+        self.counters = DaemonCounters()
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[SchedulerStatus], None]) -> None:
@@ -123,7 +109,8 @@ class Scheduler:
             self._stopping = True
             dropped = list(self._pending)
             self._pending.clear()
-            self._warm.tasks.clear()
+            self._warm.drop()
+            self._priming.clear()
             for job in self._running:
                 job.cancel_reason = job.cancel_reason or "shutdown"
             self._cond.notify_all()
@@ -131,21 +118,24 @@ class Scheduler:
             job.emit(JobError(503, "the daemon is shutting down", ShuttingDown.kind))
         if self._thread.is_alive():
             with self._cond:
-                self._cond.wait_for(lambda: self._exited or self._uninterruptible, timeout)
+                self._cond.wait_for(lambda: self._exited or self._in_native(self._thread), timeout)
         if self.abandoned:
             log.info("the engine is inside a load or compile that cannot be interrupted; not waiting for it")
-        if self.status.stage != FAILED:
-            self._set_status(STOPPING, 1.0, "stopped")
+        if self.status.stage != Stage.FAILED:
+            self._set_status(Stage.STOPPING, 1.0, "stopped")
 
     @property
     def abandoned(self) -> bool:
-        """Whether the device thread is still inside native work after ``stop``: then the process must
-        exit without finalizing the interpreter, which would kill that thread inside XLA and abort."""
-        return self._stopping and self._thread.is_alive() and self._uninterruptible
+        """Whether the device thread or the warm-up thread is still inside native work after ``stop``: then
+        the process must exit without finalizing the interpreter, which would kill that thread inside XLA
+        and abort."""
+        threads = [t for t in (self._thread, self._warmer) if t is not None]
+        with self._cond:
+            return self._stopping and any(t.is_alive() and self._in_native(t) for t in threads)
 
     @property
     def ready(self) -> bool:
-        """Whether requests are served (the warm-up may still be compiling in between)."""
+        """Whether requests are served (the warm-up may still be compiling beside them)."""
         return self.status.stage in SERVING
 
     @property
@@ -163,7 +153,7 @@ class Scheduler:
         return self._runtime
 
     def _set_status(
-        self, stage: str, progress: float, detail: str = "", error: str | None = None, **warm: Any
+        self, stage: Stage, progress: float, detail: str = "", error: str | None = None, **warm: Any
     ) -> None:
         self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
         self._listen()
@@ -192,22 +182,22 @@ class Scheduler:
                 )
             busy = self._busy
             if len(self._pending) >= self.queue_size:
-                self.counters["rejected"] += 1
+                self.counters.rejected += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
                 raise QueueFull(
                     f"the queue is full ({self.queue_size} requests waiting); retry later",
                     retry_after=max(1, math.ceil(waits * self._batch_seconds)),
                 )
             job.id = job.id or f"gen-{next(self._ids)}"
-            self.counters["requests"] += 1
+            self.counters.requests += 1
             if job.session:
                 older = self._sessions.get(job.session)
                 if older is not None and not older.finished:
                     self._cancel_locked(older, "superseded")
                 self._sessions[job.session] = job
             self._pending.append(job)
-            self._cond.notify()
-        if busy is not None:
+            self._cond.notify_all()
+        if busy is not None and self._warmer is None:
             # The device thread is compiling a warm-up program; the job runs right after it.
             job.emit(
                 JobWaiting("warm-up", f"the warm-up is compiling a program ({busy.label})", self._warm.one())
@@ -230,7 +220,7 @@ class Scheduler:
             queued = self._warm.add(tasks, first=True)
             if queued:
                 self._publish_warming()
-            self._cond.notify()
+            self._cond.notify_all()
         return queued
 
     def cancel(self, job_or_id: Job | str, reason: str = "cancelled") -> bool:
@@ -281,42 +271,45 @@ class Scheduler:
 
     def _serve(self) -> None:
         try:
-            self._set_status(LOADING, 0.0, "loading the model")
-            with self._native():
-                runtime = self._loader(lambda detail, frac: self._set_status(LOADING, frac, detail))
+            self._set_status(Stage.LOADING, 0.0, "loading the model")
+            with self._native_work():
+                runtime = self._loader(lambda detail, frac: self._set_status(Stage.LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
-            largest = max((b for b, _ in runtime.buckets), default=1)
-            self.max_batch = max(1, min(self.max_batch, largest))
+            self.max_batch = max(1, min(self.max_batch, runtime.info.largest_batch))
             plan = self._planner(runtime) if self._planner is not None else []
         except Exception as exc:
             if isinstance(exc, DiffuError):  # a bad checkpoint: the message says it all
                 log.error("model load failed: %s", exc)
             else:
                 log.exception("model load failed")
-            self._set_status(FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
+            self._set_status(Stage.FAILED, 0.0, "model load failed", error=str(exc) or type(exc).__name__)
             return
         with self._cond:
             if self._stopping:
                 return
-            self._warm.add(plan)
-            self._publish_warming()
+            self._start_warm_up(runtime, plan)
         log.info(
-            "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up",
-            runtime.model_name,
-            runtime.device,
-            runtime.dtype,
-            runtime.buckets,
+            "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up (%d before ready)%s",
+            runtime.info.model_name,
+            runtime.info.device,
+            runtime.info.dtype,
+            list(runtime.info.buckets),
             len(plan),
+            sum(t.ready for t in plan),
+            ", on a thread of their own" if self._warmer is not None else "",
         )
         while True:
             task = None
+            primed: tuple[WarmTask, CompileReport] | None = None
             with self._cond:
-                while not self._pending and not self._warm.tasks and not self._stopping:
+                while not (self._pending or self._priming or self._warm_here() or self._stopping):
                     self._cond.wait()
                 if self._stopping:
                     return
-                if not self._pending:
+                if not self._pending and self._priming:
+                    primed = self._priming.popleft()
+                elif not self._pending:
                     task = self._busy = self._warm.pop()
                 else:
                     deadline = time.monotonic() + COALESCE_SECONDS
@@ -327,8 +320,11 @@ class Scheduler:
                         self._cond.wait(left)  # woken by each submit and each finished preparation
                     if not self._pending:  # everything queued was cancelled meanwhile
                         continue
-                    batch = take_batch(self._pending, self.max_batch, self.runtime.buckets)
+                    batch = take_batch(self._pending, self.max_batch, self.runtime.info.buckets)
                     self._running = batch
+            if primed is not None:
+                self._prime(*primed)
+                continue
             if task is not None:
                 self._warm_up(task)
                 continue
@@ -338,82 +334,18 @@ class Scheduler:
                 log.exception("engine batch failed")
                 for job in batch:
                     if not job.finished:
-                        self.counters["failed"] += 1
+                        self.counters.failed += 1
                         job.emit(
-                            JobError(500, "internal error in the engine (see the daemon log)", "server_error")
+                            JobError(
+                                500, "internal error in the engine (see the daemon log)", ErrorType.SERVER
+                            )
                         )
             finally:
                 with self._cond:
                     self._running = []
                     for job in batch:
                         self._forget(job)
-
-    @contextlib.contextmanager
-    def _native(self) -> Iterator[None]:
-        """Mark native work that cannot be interrupted (loading, compiling), for ``stop``."""
-        with self._cond:
-            self._uninterruptible = True
-            self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._uninterruptible = False
-
-    def _compile(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
-        """Compile what ``runtime.run(rows, params)`` needs, showing ``what`` in the status."""
-        self._show_compiling(what)
-        try:
-            with self._native():
-                return self.runtime.compile(rows, params)
-        finally:
-            self._show_compiling(None)
-
-    def _show_compiling(self, what: str | None) -> None:
-        with self._cond:
-            self.status = dataclasses.replace(self.status, compiling=what)
-            self._listen()
-
-    def _warm_up(self, task: WarmTask) -> None:
-        """Compile one warm-up task (nothing when its programs are compiled already)."""
-        seconds = None
-        try:
-            if not self.runtime.compiled(task.rows, task.params):
-                report = self._compile(task.rows, task.params, f"warm-up: {task.label}")
-                seconds = report.seconds
-                log.info(
-                    "warmed up %s in %.1fs (%d compiled, %d from the cache)",
-                    task.label,
-                    report.seconds,
-                    report.compiled,
-                    report.cache_hits,
-                )
-        except InputError as exc:  # a shape this runtime cannot run: nothing to warm
-            log.warning("warm-up skipped %s: %s", task.label, exc)
-        except Exception:
-            log.exception("warm-up of %s failed", task.label)
-        with self._cond:
-            self._busy = None
-            self._warm.finished(seconds)
-            self._publish_warming()
-
-    def _publish_warming(self) -> None:
-        """The stage after loading: "warming (k of n)" while programs wait, else "ready" (lock held)."""
-        if self._stopping:
-            return  # a compile that outlived stop() must not turn "stopping" back into "ready"
-        warm = self._warm
-        if warm.tasks or self._busy is not None:
-            detail = f"warming ({warm.done} of {warm.total})"
-            self._set_status(
-                WARMING,
-                warm.done / max(warm.total, 1),
-                detail,
-                compiling=self.status.compiling,
-                **warm.counts(busy=self._busy is not None),
-            )
-        elif self.status.stage != READY:
-            self._set_status(READY, 1.0, "ready", warmed=warm.done, shapes=warm.total)
-            log.info("engine ready: %d shapes warmed up", warm.total)
+                    self._cond.notify_all()  # the warm-up thread waits for an idle device
 
     def _listen(self) -> None:
         for listener in self._listeners:

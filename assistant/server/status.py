@@ -1,8 +1,10 @@
 """What the scheduler reports (its stage, for /health and status) and the errors it refuses a request with.
 
-Stages, in order: ``starting``, ``loading`` (the weights), then serving: ``warming`` while programs of the
-warm-up wait to be compiled, ``ready`` when none does; ``failed`` if the model could not be loaded,
-``stopping`` at the end.
+The stages are the wire's (``assistant.wire.Stage``), since the clients read them back: ``starting``,
+``loading`` (the weights), then serving: ``compiling`` while the chat's first programs compile (requests
+are taken, but /health still answers 503: a chat's prompt sent now would wait for a compile), ``warming``
+once they are in while the rest of the warm-up compiles in the background, ``ready`` when nothing is left
+to compile; ``failed`` if the model could not be loaded, ``stopping`` at the end.
 """
 
 from __future__ import annotations
@@ -10,23 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Scheduler stages as /health reports them. From WARMING on, requests are served.
-STARTING, LOADING, WARMING, READY, FAILED, STOPPING = (
-    "starting",
-    "loading",
-    "warming",
-    "ready",
-    "failed",
-    "stopping",
-)
-SERVING = (WARMING, READY)
+from assistant.wire import ErrorType, Stage
 
 
 class SchedulerError(Exception):
     """A request the scheduler cannot take now; ``status`` is the HTTP status to answer with."""
 
     status = 503
-    kind = "server_error"
+    kind: str = ErrorType.SERVER
 
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -34,24 +27,24 @@ class SchedulerError(Exception):
 
 
 class QueueFull(SchedulerError):
-    kind = "server_overloaded"
+    kind = ErrorType.OVERLOADED
 
 
 class NotReady(SchedulerError):
-    kind = "model_loading"
+    kind = ErrorType.MODEL_LOADING
 
 
 class ShuttingDown(SchedulerError):
-    kind = "shutting_down"
+    kind = ErrorType.SHUTTING_DOWN
 
 
 @dataclass
 class SchedulerStatus:
-    """Where the scheduler is. While warming: ``warmed`` of ``shapes`` done (each the programs of one
-    request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what the device thread
-    compiles right now (None: nothing)."""
+    """Where the scheduler is. While compiling or warming: ``warmed`` of ``shapes`` done (each the
+    programs of one request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what is
+    being compiled right now, the warm-up's and a request's joined by "; " (None: nothing)."""
 
-    stage: str = STARTING
+    stage: Stage = Stage.STARTING
     progress: float = 0.0
     detail: str = ""
     error: str | None = None

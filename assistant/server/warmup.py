@@ -1,21 +1,27 @@
 """What the daemon compiles while it already serves: the warm-up plan, and the queue of programs to warm.
 
-A new daemon answers as soon as its weights are loaded. Its device thread then compiles, whenever no
-request is waiting, the programs that requests are most likely to need, in this order:
+A new daemon takes requests as soon as its weights are loaded, and compiles, in this order, the programs
+that requests are most likely to need:
 
-1. the chat's: ``diffu chat`` with its built-in settings (:data:`CHAT_REQUEST`, the same fields the chat
-   sends; ``tests/tui/test_parts.py`` holds the two together) under the model's chat defaults, on the
-   model's default decoder, one row, the smallest length bucket that holds a short question and its
-   answer; then, where the model sets ``retry_block``, the chat's second decode of an answer whose
-   code does not parse (the same question on the rounded-up canvas, fast decoder, those blocks);
-2. the editor's: an infill of the daemon's ``infill_tokens`` with the request defaults, the smallest
-   bucket first;
-3. the same two on the longer buckets, then (off CPU) on the batch buckets above one row.
+1. the chat's first prompts (the daemon says "ready" on ``/health`` only once these are compiled, so the
+   first prompt a chat sends the moment it shows ready waits for no compile): ``diffu chat`` with its
+   built-in settings (:data:`CHAT_REQUEST`, the same fields the chat sends; ``tests/tui/test_parts.py``
+   holds the two together) under the model's chat defaults, on the model's default decoder, one row,
+   for a question of up to :data:`FIRST_PROMPT_TOKENS` with its template (the one or two smallest length
+   buckets that hold it and the answer); and, where the model sets ``retry_block``, the chat's second
+   decode of an answer whose code does not parse (the same question on the rounded-up canvas, fast
+   decoder, those blocks) on the smallest of them;
+2. the chat's next turns: the length buckets of prompts up to :data:`TALK_PROMPT_TOKENS` (a first
+   question, its answer and a second question), each with its second decode;
+3. the editor's: an infill of the daemon's ``infill_tokens`` with the request defaults, the smallest bucket
+   first, between the chat's longer buckets; then (off CPU) the chat's on the batch buckets above one row.
 
 Clients that know their shapes (``diffu lsp`` on connecting) ask ``POST /v1/diffu/warm``; their programs
-go ahead of this plan. A request whose program is not compiled does not wait for the plan: it waits for
-its own program only (and for the one the device thread is compiling, which cannot be interrupted).
-Plain Python: the runtime builds rows and compiles; this module decides what and in which order.
+go ahead of everything but the chat's first ones. Where the runtime allows it (``concurrent_compile``) the
+warm-up compiles on a thread of its own, at a lower CPU priority once the chat's first programs are in,
+so a request never waits for a warm-up compile it does not need: it waits only for its own program (and
+if the warm-up thread is compiling exactly that one, for that compile to end). Plain Python: the runtime
+builds rows and compiles; this module decides what and in which order.
 """
 
 from __future__ import annotations
@@ -42,9 +48,14 @@ CHAT_REQUEST: dict[str, Any] = {
     "block_length": 32,
     "threshold": 0.9,
 }
-# A first chat question with its template (DiffuCoder's system prompt and turn markers): what the
-# chat's first program must hold besides the answer.
-CHAT_PROMPT_TOKENS = 64
+# A first chat question with its template (DiffuCoder's system prompt and turn markers take 27 tokens of
+# the bundled model's vocabulary). "Write a function that returns the sum of a list." is 39 tokens, a
+# two-sentence request 55 to 60: the daemon's smallest bucket (256) holds a 192-token answer after up to
+# 64 of them, the next (384) after up to 192, a request of about 150 words.
+FIRST_PROMPT_TOKENS = 192
+# A second turn: the first question, the chat's answer (192 tokens at most with the bundled model) and
+# the second question.
+TALK_PROMPT_TOKENS = 320
 MAX_WARM_TASKS = 64  # shapes queued at most; a warm request beyond it is refused (503)
 
 
@@ -74,12 +85,13 @@ class WarmTask:
     rows: tuple[CanvasRow, ...]
     params: SamplingParams
     label: str
+    ready: bool = False  # one of the chat's first programs: /health says ready once all of them are in
 
 
 def shape_rows(rt: RuntimeProtocol, shape: Shape) -> tuple[CanvasRow, ...]:
     """Made-up rows of ``shape``: the context (split around the hole for an infill) and the masks. Only
     the shape reaches a compiled program, never the tokens."""
-    filler, mask = rt.tokenizer.pad_id, rt.tokenizer.mask_id
+    filler, mask = rt.rows.tokenizer.pad_id, rt.rows.tokenizer.mask_id
     n = shape.prompt_tokens
     suffix = min(n, max(1, n // 4)) if shape.infill else 0
     prefix = n - suffix
@@ -88,75 +100,110 @@ def shape_rows(rt: RuntimeProtocol, shape: Shape) -> tuple[CanvasRow, ...]:
     return (row,) * shape.batch
 
 
-def default_plan(rt: RuntimeProtocol, config: Config, *, accelerator: bool) -> list[Shape]:
-    """The generic warm-up, most likely first (see the module's docstring)."""
+def default_plan(
+    rt: RuntimeProtocol, config: Config, *, accelerator: bool
+) -> tuple[list[Shape], list[Shape]]:
+    """The generic warm-up, most likely first (see the module's docstring): the shapes the daemon must
+    have compiled before it says ready, then the rest."""
     chat = {**CHAT_REQUEST, **chat_defaults(rt)}
     chat_new = int(chat.pop("max_new_tokens"))
-    lengths = sorted({n for _, n in rt.buckets})
-    batches = sorted({b for b, _ in rt.buckets})
-    # The chat's first bucket holds a first question and its answer; the longer ones, longer talks.
-    first = chat_new + CHAT_PROMPT_TOKENS
-    fits = [n for n in lengths if n >= first]
-    chat_rows = [first, *fits[1:]] if fits else []
-    editor_rows = [n for n in lengths if n > config.infill_tokens]
-    plan: list[Shape] = []
-    retry = rt.chat_defaults.get(RETRY_KEY) or 0
-    for i in range(max(len(chat_rows), len(editor_rows))):
-        if i < len(chat_rows):
-            plan.append(Shape(chat_rows[i] - chat_new, chat_new, sampling=chat))
-        if i == 0 and chat_rows and retry:
+    retry = rt.info.chat_defaults.get(RETRY_KEY) or 0
+    lengths = sorted({n for _, n in rt.info.buckets})
+    # Each length bucket above the answer holds the prompts up to its length less the answer.
+    chat_rows = [n for n in lengths if n > chat_new]
+
+    def turn(n: int) -> list[Shape]:
+        """The chat's shapes in bucket ``n``: the answer, then its second decode where the model has one."""
+        prompt = n - chat_new
+        shapes = [Shape(prompt, chat_new, sampling=chat)]
+        if retry:
             again = chat | retry_request(chat_new, chat.get("steps"), retry)
             canvas = again.pop("max_new_tokens")
             if again["steps"] is None:
                 del again["steps"]  # a request without steps takes one per token
-            plan.append(Shape(chat_rows[0] - chat_new, canvas, sampling=again))
-        if i < len(editor_rows):
-            plan.append(Shape(editor_rows[i] - config.infill_tokens, config.infill_tokens, infill=True))
+            shapes.append(Shape(prompt, canvas, sampling=again))
+        return shapes
+
+    first = [n for n in chat_rows if n - chat_new <= FIRST_PROMPT_TOKENS] or chat_rows[:1]
+    talk = [n for n in chat_rows if n not in first and n - chat_new <= TALK_PROMPT_TOKENS]
+    longer = [n for n in chat_rows if n not in first and n not in talk]
+    ready: list[Shape] = []
+    later: list[Shape] = []
+    for i, n in enumerate(first):
+        shapes = turn(n)
+        # The smallest bucket's second decode is needed as soon as its first answer's code fails to parse.
+        ready += shapes if i == 0 else shapes[:1]
+        later += [] if i == 0 else shapes[1:]
+    for n in talk:
+        later += turn(n)
+    editor = [
+        Shape(n - config.infill_tokens, config.infill_tokens, infill=True)
+        for n in lengths
+        if n > config.infill_tokens
+    ]
+    for i in range(max(len(editor), len(longer))):
+        later += editor[i : i + 1] + (turn(longer[i]) if i < len(longer) else [])
     if accelerator:  # batched buckets: a CPU serves few requests at once, and every bucket is a compile
-        for b in batches[1:]:
-            plan += [Shape(n - chat_new, chat_new, batch=b, sampling=chat) for n in chat_rows]
-    return plan
+        for b in sorted({b for b, _ in rt.info.buckets})[1:]:
+            later += [Shape(n - chat_new, chat_new, batch=b, sampling=chat) for n in first + talk]
+    return ready, later
 
 
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
     """The model's own chat defaults (its generation_config.json) as request fields: the decoder and the
     chat's retry aside."""
-    return {k: v for k, v in rt.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
+    return {k: v for k, v in rt.info.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
 
 
 @dataclass
 class WarmQueue:
     """Programs waiting to be compiled in order, and how the current warm-up goes (k of n, estimate).
 
-    Not thread-safe: the scheduler holds its lock around every call.
+    The chat's first programs (``WarmTask.ready``) stay at the front; ``ready_left`` counts those not
+    compiled yet (queued or being compiled). Not thread-safe: the scheduler holds its lock around every
+    call.
     """
 
     limit: int = MAX_WARM_TASKS
     tasks: deque[WarmTask] = field(default_factory=deque)
     done: int = 0
     total: int = 0
+    ready_left: int = 0
+    ready_total: int = 0
     seconds: list[float] = field(default_factory=list)  # what each real compile (or cache read) took
 
     def add(self, tasks: Iterable[WarmTask], *, first: bool = False) -> int:
-        """Queue ``tasks`` (``first``: ahead of those waiting, in their order); returns how many fit."""
+        """Queue ``tasks`` (``first``: ahead of those waiting but the chat's first programs, in their
+        order); returns how many fit."""
         new = list(tasks)[: max(0, self.limit - len(self.tasks))]
-        if not self.tasks:
+        if not self.tasks and not self.ready_left:
             self.done = self.total = 0  # a new warm-up: "k of n" counts from here
         if first:
-            self.tasks.extendleft(reversed(new))
+            at = next((i for i, t in enumerate(self.tasks) if not t.ready), len(self.tasks))
+            for i, task in enumerate(new):
+                self.tasks.insert(at + i, task)
         else:
             self.tasks.extend(new)
         self.total += len(new)
+        ready = sum(t.ready for t in new)
+        self.ready_left += ready
+        self.ready_total += ready
         return len(new)
 
     def pop(self) -> WarmTask | None:
         return self.tasks.popleft() if self.tasks else None
 
-    def finished(self, seconds: float | None) -> None:
-        """One task done; ``seconds`` when it compiled (None: it was compiled already, or failed)."""
+    def finished(self, task: WarmTask, seconds: float | None) -> None:
+        """``task`` done; ``seconds`` when it compiled (None: it was compiled already, or failed)."""
         self.done += 1
+        self.ready_left -= task.ready
         if seconds is not None:
             self.seconds.append(seconds)
+
+    def drop(self) -> None:
+        """Forget every queued task (the daemon stops)."""
+        self.ready_left -= sum(t.ready for t in self.tasks)
+        self.tasks.clear()
 
     def estimate(self, extra: int = 0) -> float | None:
         """Seconds until the queue (plus ``extra`` tasks) is compiled, once one compile has been timed."""

@@ -194,7 +194,7 @@ def build_corpus(
 class TokenShards:
     """The memory-mapped training shards of a corpus, sampled as fixed-length windows."""
 
-    arrays: list[np.ndarray]
+    arrays: Sequence[np.ndarray]  # memory-mapped shards
     seq_len: int
 
     def __post_init__(self) -> None:

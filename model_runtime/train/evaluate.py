@@ -274,7 +274,7 @@ def infill_metrics(
     # Similar hole sizes in one batch: the loop runs until the longest hole of the batch is full.
     order = sorted(range(len(cases)), key=lambda i: len(cases[i].middle))
     hits = 0
-    samples = []
+    samples: list[dict[str, Any]] = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         ids = np.full((batch_size, width), pad_id, np.int32)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -30,7 +29,9 @@ from model_runtime import compile_cache
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.model import DreamModel
+from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
 from model_runtime.train.objective import DEFAULT_EPS, Objective, masked_diffusion_objective
+from model_runtime.train.progress import ProgressBar
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Trainer:
         # The persistent compilation cache makes a resumed run (same shapes, same program) skip XLA.
         compile_cache.enable()
         self._train_step = jax.jit(self._step_fn, donate_argnums=(0,))
-        self._manager = None
+        self.checkpoints = RunCheckpoints(self.run_dir, self.options.keep_checkpoints)
 
     # -- the step ---------------------------------------------------------------------------------
     def _step_fn(self, state: dict, batch: Any, step: jax.Array) -> tuple[dict, dict]:
@@ -212,28 +213,10 @@ class Trainer:
         return {"params": params, "opt_state": opt_state, "ema": ema}, metrics
 
     # -- checkpoints ------------------------------------------------------------------------------
-    @property
-    def manager(self) -> Any:
-        if self._manager is None:
-            import orbax.checkpoint as ocp
-
-            self._manager = ocp.CheckpointManager(
-                (self.run_dir / "checkpoints").absolute(),
-                options=ocp.CheckpointManagerOptions(max_to_keep=self.options.keep_checkpoints, create=True),
-            )
-        return self._manager
-
     def save(self) -> None:
         """Checkpoint the full state at ``self.step`` (blocking: a kill right after must not lose it)."""
-        import orbax.checkpoint as ocp
-
-        # The state is saved as its flat list of leaves: the tree structure (optax namedtuples, NNX
-        # State with integer layer keys) is rebuilt from the live state on restore, never from disk.
-        leaves = jax.tree.leaves(self.state)
-        if self.step in self.manager.all_steps():
+        if not self.checkpoints.save(self.step, self.state):
             return
-        self.manager.save(self.step, args=ocp.args.StandardSave(leaves))
-        self.manager.wait_until_finished()
         timing = self._timing()
         timing[str(self.step)] = round(self.train_seconds, 3)
         (self.run_dir / "timing.json").write_text(json.dumps(timing) + "\n", encoding="utf-8")
@@ -244,93 +227,64 @@ class Trainer:
 
     def restore_latest(self) -> bool:
         """Load the newest checkpoint, if any; returns whether one was found."""
-        import orbax.checkpoint as ocp
-
-        step = self.manager.latest_step()
-        if step is None:
+        restored = self.checkpoints.restore_latest(self.state, sharding=self.replicated)
+        if restored is None:
             return False
-        leaves, treedef = jax.tree.flatten(self.state)
-        abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated) for x in leaves]
-        restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        self.state = jax.tree.unflatten(treedef, list(restored))
-        self.step = int(step)
+        self.state, self.step = restored.state, restored.step
         self.train_seconds = float(self._timing().get(str(self.step), 0.0))
         return True
 
     # -- the loop ---------------------------------------------------------------------------------
     def log_record(self, record: dict[str, Any]) -> None:
         """Append one JSON line to RUN/metrics.jsonl."""
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        self.checkpoints.log(record)
 
     def run(self) -> list[dict[str, float]]:
         """Train from ``self.step`` to ``cfg.steps`` (or ``stop_at``); returns this invocation's metrics.
 
         Ctrl-C or SIGTERM saves a checkpoint at the last completed step before stopping, so a resumed
-        run loses nothing; a hard kill loses at most ``checkpoint_every`` steps.
+        run loses nothing; a hard kill loses at most ``checkpoint_every`` steps (``checkpoints.py``).
         """
         opts, cfg = self.options, self.cfg
         history: list[dict[str, float]] = []
-        # SIGTERM and the first Ctrl-C only set a flag: raising inside the jitted step would leave the
-        # donated state deleted and nothing to save. The loop checkpoints and stops after the step.
-        self._stop_signal: int | None = None
-        previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                previous[sig] = signal.signal(sig, self._request_stop)
-            except ValueError:  # not the main thread: whoever owns the signals handles them
-                pass
-        last = min(cfg.steps, opts.stop_at) if opts.stop_at is not None else cfg.steps
-        progress = _Progress(last, self.step, enabled=opts.show_progress)
-        tokens_per_step = cfg.batch_size * cfg.seq_len
-        try:
-            with progress:
-                t_last, n_last = time.perf_counter(), self.step
+        last = last_step(cfg.steps, opts.stop_at)
+        meter = _Throughput(self.step, cfg.batch_size * cfg.seq_len)
+        with interruptible(lambda: self.state, self.save) as stop:
+            with ProgressBar("train", last, self.step, enabled=opts.show_progress) as progress:
                 while self.step < last:
-                    t0 = time.perf_counter()
-                    batch = self.shards.batch(cfg.seed, self.step, cfg.batch_size)
-                    batch = jax.device_put(batch, self.data_sharding)
-                    self.state, metrics = self._train_step(self.state, batch, jnp.int32(self.step))
-                    self.step += 1
-                    m = {k: float(v) for k, v in metrics.items()}  # waits for the step to finish
-                    self.train_seconds += time.perf_counter() - t0
-                    if not math.isfinite(m["loss"]):
-                        raise FloatingPointError(
-                            f"the loss became {m['loss']} at step {self.step}; "
-                            "lower the learning rate or raise warmup_steps"
-                        )
+                    m = self._one_step()
                     history.append(m)
                     if opts.on_step is not None:
                         opts.on_step(self.step, m)
                     if self.step % opts.log_every == 0 or self.step == last:
-                        now = time.perf_counter()
-                        tps = (self.step - n_last) * tokens_per_step / max(now - t_last, 1e-9)
-                        t_last, n_last = now, self.step
+                        tps = meter.tokens_per_s(self.step)
                         self.log_record({"step": self.step, "time": time.time(), "tokens_per_s": tps, **m})
-                        progress.update(self.step, m, tps)
-                    if self.step % opts.checkpoint_every == 0 or self.step == last:
+                        progress.show(_progress_info(m, tps), self.step)
+                    if checkpoint_due(self.step, opts.checkpoint_every, last):
                         self.save()
                     if opts.eval_every and opts.evaluate and self.step % opts.eval_every == 0:
                         result = opts.evaluate(self.step, self.ema_params())
                         self.log_record({"step": self.step, "eval": result})
                         progress.note(f"step {self.step} eval: {_short(result)}")
-                    if self._stop_signal is not None:
-                        raise KeyboardInterrupt(f"signal {self._stop_signal}")
-        except KeyboardInterrupt:
-            # The state is whole unless the interrupt hit inside the step (a second Ctrl-C): then the
-            # donated buffers are gone and the last periodic checkpoint is what a resume gets.
-            if not any(x.is_deleted() for x in jax.tree.leaves(self.state)):
-                self.save()
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                    stop.check()
         return history
 
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        if self._stop_signal is not None:
-            raise KeyboardInterrupt(f"signal {signum}")  # asked twice: stop now
-        self._stop_signal = signum
+    def _one_step(self) -> dict[str, float]:
+        """Train ``self.step``'s batch; its metrics as floats (waiting for the step to finish)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch = self.shards.batch(cfg.seed, self.step, cfg.batch_size)
+        batch = jax.device_put(batch, self.data_sharding)
+        self.state, metrics = self._train_step(self.state, batch, jnp.int32(self.step))
+        self.step += 1
+        m = {k: float(v) for k, v in metrics.items()}
+        self.train_seconds += time.perf_counter() - t0
+        if not math.isfinite(m["loss"]):
+            raise FloatingPointError(
+                f"the loss became {m['loss']} at step {self.step}; "
+                "lower the learning rate or raise warmup_steps"
+            )
+        return m
 
     def params(self) -> nnx.State:
         return self.state["params"]
@@ -339,9 +293,7 @@ class Trainer:
         return self.state["ema"]
 
     def close(self) -> None:
-        if self._manager is not None:
-            self._manager.close()
-            self._manager = None
+        self.checkpoints.close()
 
 
 def _short(result: dict[str, Any]) -> str:
@@ -352,44 +304,24 @@ def _short(result: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-class _Progress:
-    """A rich progress bar with the running loss, or nothing (tests, non-interactive logs)."""
+def _progress_info(m: dict[str, float], tokens_per_s: float) -> str:
+    return (
+        f"loss {m['loss']:.3f}  masked acc {m['masked_acc']:.3f}  lr {m['lr']:.2e}  {tokens_per_s:,.0f} tok/s"
+    )
 
-    def __init__(self, total: int, start: int, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self.total, self.start = total, start
-        self._p = None
 
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+class _Throughput:
+    """Tokens per second over the steps since the last reading."""
 
-            self._p = Progress(
-                TextColumn("[bold]train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(),
-            )
-            self._p.__enter__()
-            self._task = self._p.add_task("train", total=self.total, completed=self.start, info="")
-        return self
+    def __init__(self, step: int, tokens_per_step: int) -> None:
+        self.tokens_per_step = tokens_per_step
+        self._t, self._step = time.perf_counter(), step
 
-    def __exit__(self, *exc: object) -> None:
-        if self._p is not None:
-            self._p.__exit__(*exc)
-
-    def update(self, step: int, m: dict[str, float], tokens_per_s: float) -> None:
-        if self._p is not None:
-            info = (
-                f"loss {m['loss']:.3f}  masked acc {m['masked_acc']:.3f}  lr {m['lr']:.2e}  "
-                f"{tokens_per_s:,.0f} tok/s"
-            )
-            self._p.update(self._task, completed=step, info=info)
-
-    def note(self, text: str) -> None:
-        if self._p is not None:
-            self._p.console.print(text)
+    def tokens_per_s(self, step: int) -> float:
+        now = time.perf_counter()
+        tps = (step - self._step) * self.tokens_per_step / max(now - self._t, 1e-9)
+        self._t, self._step = now, step
+        return tps
 
 
 def run_config_dict(model_cfg: dict[str, Any], cfg: TrainConfig, **extra: Any) -> dict[str, Any]:

@@ -28,9 +28,11 @@ import numpy as np
 
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
+from model_runtime.runtime import Runtime
 from model_runtime.tiny import tiny_config
 from model_runtime.tokenizer import DreamTokenizer, load_tokenizer, save_published_layout, train_bpe
 from model_runtime.train import corpus as corpus_lib
+from model_runtime.train.checkpoints import devices_note, resume, stop_note
 from model_runtime.train.evaluate import build_eval_set, evaluate
 from model_runtime.train.export import export_model
 from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer, init_params, run_config_dict
@@ -110,7 +112,8 @@ def copy_tokenizer(model_dir: Path, run_dir: Path) -> Path:
     return tok_dir
 
 
-def _load_tok(tok_dir: Path, cfg: DreamConfig) -> DreamTokenizer:
+def load_run_tokenizer(tok_dir: Path, cfg: DreamConfig) -> DreamTokenizer:
+    """RUN/tokenizer with the special ids of the model it trains."""
     return load_tokenizer(
         tok_dir, mask_id=cfg.mask_token_id, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_id
     )
@@ -120,6 +123,9 @@ def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
     """config.json of a from-scratch model: DiffuCoder's keys, our sizes, the vocabulary padded to 64."""
     probe = load_tokenizer(tok_dir, mask_id=0, pad_id=0, eos_id=0)
     eos, mask = probe.token_to_id("<|endoftext|>"), probe.token_to_id("<|mask|>")
+    if eos is None or mask is None:
+        # The tokenizer trained here always has both; a RUN/tokenizer put there by hand may not.
+        raise InputError(f"{tok_dir}: a from-scratch model needs <|endoftext|> and <|mask|> tokens")
     vocab = int(math.ceil(probe.vocab_size / 64) * 64)  # padded like the real 152064-row embedding
     return tiny_config(
         vocab,
@@ -137,7 +143,7 @@ def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
     )
 
 
-def load_base(init_from: str | os.PathLike, log: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+def load_base(init_from: str | os.PathLike, log: Callable[[str], None]) -> tuple[Runtime, dict[str, Any]]:
     """The checkpoint to fine-tune, loaded in float32, and its ``config.json`` as a dict."""
     from model_runtime.checkpoint import resolve_model_dir
     from model_runtime.loader import load
@@ -165,7 +171,7 @@ def check_run_record(run_dir: Path, record: dict[str, Any]) -> None:
         run_json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def _prepare_corpus(
+def prepare_corpus(
     run_dir: Path,
     source: Path,
     copts: CorpusOptions,
@@ -182,7 +188,7 @@ def _prepare_corpus(
         log(f"reading source files under {source}")
         _, train_src, heldout_src = prepare_tokenizer(run_dir, source, copts, shape=shape, init_from=base_dir)
     cfg_dict = cfg_dict or scratch_config(tok_dir, shape)
-    tok = _load_tok(tok_dir, DreamConfig.from_dict(cfg_dict))
+    tok = load_run_tokenizer(tok_dir, DreamConfig.from_dict(cfg_dict))
     tok_id = corpus_lib.tokenizer_fingerprint(tok_dir)
     if not have_corpus:
         log(f"tokenizing {len(train_src)} training and {len(heldout_src)} held-out files")
@@ -259,14 +265,11 @@ def run_trainer(
     trainer: Trainer, cfg: TrainConfig, model_cfg: DreamConfig, log: Callable[[str], None]
 ) -> None:
     """Resume from the newest checkpoint, if any, and train to ``cfg.steps``."""
-    if trainer.restore_latest():
-        log(f"resumed from the checkpoint at step {trainer.step}")
-    devices = jax.devices()
-    stop_at = trainer.options.stop_at
-    until = f" (stopping after step {stop_at})" if stop_at is not None and stop_at < cfg.steps else ""
+    resume(trainer, log)
+    until = stop_note(cfg.steps, trainer.options.stop_at)
     log(
         f"model: {model_cfg.param_count() / 1e6:.2f}M parameters; training {cfg.steps} steps of "
-        f"{cfg.batch_size}x{cfg.seq_len} tokens on {len(devices)} {devices[0].platform} device(s){until}"
+        f"{cfg.batch_size}x{cfg.seq_len} tokens on {devices_note()}{until}"
     )
     trainer.run()
 
@@ -332,7 +335,7 @@ def train_model(
     run_dir, source = Path(run_dir), Path(source)
     run_dir.mkdir(parents=True, exist_ok=True)
     base, cfg_dict = load_base(init_from, log) if init_from is not None else (None, None)
-    cfg_dict, tok = _prepare_corpus(
+    cfg_dict, tok = prepare_corpus(
         run_dir, source, copts, shape, base.model_dir if base else None, cfg_dict, log
     )
     model_cfg = DreamConfig.from_dict(cfg_dict)

@@ -174,6 +174,27 @@ def sandbox_processes() -> list[str]:
     return [line for line in out.splitlines() if "sandbox_child.py" in line and mine in line]
 
 
+def sandbox_pids() -> dict[int, str]:
+    """The running sandbox processes of ``sandbox_processes``, by pid, each with its start time."""
+    found = {}
+    for line in sandbox_processes():
+        pid = int(line.split()[0])
+        start = process_start(pid)
+        if start is not None:
+            found[pid] = start
+    return found
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (/proc/PID/stat's 22nd field), None when there is no such
+    process: with the pid it names one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 def virtual_devices_env(n: int) -> dict[str, str]:
     """Environment entries for a subprocess whose JAX sees ``n`` virtual CPU devices; the suite's own
     XLA_FLAGS (tests/conftest.py) stay in front.

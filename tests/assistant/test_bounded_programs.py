@@ -54,10 +54,16 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
     assert after["compiled"] == before["compiled"] and after["held"] == before["held"]
     assert after["held"] <= after["max_programs"] == 64
     assert rss1 - rss0 < 100 * 2**20, f"resident memory grew {(rss1 - rss0) / 2**20:.0f} MB"
-    # The status names the ceiling: what the process holds now plus the largest program per free place.
+    # The status names the ceiling: what the process holds now plus the room the bounds leave (the
+    # largest program per free place, within the byte budget), at most the machine's memory.
     free = after["max_programs"] - after["held"]
-    assert after["memory_ceiling_bytes"] == after["resident_bytes"] + free * after["largest_program_bytes"]
-    assert after["largest_program_bytes"] > 0
+    budget_room = max(0, after["max_program_bytes"] - after["held_program_bytes"])
+    room = min(free * after["largest_program_bytes"], budget_room)
+    assert after["memory_ceiling_bytes"] == after["resident_bytes"] + room
+    assert after["largest_program_bytes"] > 0 and after["held_program_bytes"] <= after["max_program_bytes"]
+    with open("/proc/meminfo", encoding="ascii") as f:
+        machine = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) * 1024
+    assert after["memory_ceiling_bytes"] <= machine
     # `diffu daemon status` tells the user the same bound and ceiling.
     cli = subprocess.run(
         [sys.executable, "-m", "assistant.cli", "daemon", "status"],

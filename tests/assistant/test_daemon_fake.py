@@ -154,6 +154,7 @@ def test_streaming_client_that_leaves_cancels_its_job(fake_daemon: DaemonProcess
 
 def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
     from assistant.client import APIError, AsyncClient, Client, Done, SamplingOptions, Step
+    from assistant.wire import DaemonCounters
 
     four = SamplingOptions(steps=4)
     hi = [{"role": "user", "content": "hi"}]
@@ -162,6 +163,12 @@ def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
         assert [type(e) for e in events] == [Step] * 4 + [Done]
         done = client.generate(messages=hi, max_new_tokens=8, sampling=four)
         assert done.text == events[-1].text  # deterministic model: streamed and not agree
+        # The stats come back as the type the daemon built them in, every field filled.
+        stats = done.stats
+        assert stats.steps == 4 and stats.canvas_tokens == 8 and stats.batch_size == 1
+        assert stats.new_tokens == done.usage["completion_tokens"] and stats.bucket is not None
+        assert stats.bucket[0] == 1 and stats.bucket[1] >= stats.prompt_tokens + stats.canvas_tokens
+        assert stats.decoder == "reference" and stats.generate_seconds > 0 and stats.cancel_reason is None
         infill = client.infill("def f(", "):\n", canvas_tokens=8, sampling=four)
         assert infill.usage["completion_tokens"] <= 8
         assert (
@@ -171,15 +178,20 @@ def test_sync_and_async_clients(fake_daemon: DaemonProcess) -> None:
         with pytest.raises(APIError) as info:
             client.generate(prompt="x", sampling=SamplingOptions(steps=0))
         assert info.value.status == 400 and info.value.param == "steps"
+        assert client.cancel("no-such-request") is False  # a 404, read as the table says
 
     async def run_async() -> tuple[list[object], dict[str, object]]:
         async with AsyncClient(fake_daemon.url, fake_daemon.token, autostart=False) as client:
             two = SamplingOptions(steps=2)
             events = [e async for e in client.stream_infill("def f(", "):\n", canvas_tokens=8, sampling=two)]
+            assert await client.cancel("no-such-request") is False
             return events, await client.status()
 
     events, status = asyncio.run(run_async())
     assert [type(e) for e in events] == [Step, Step, Done] and status["model"] == "fake"
+    # Every counter the daemon reports is one the clients know, and the three requests above are in.
+    counters = DaemonCounters.from_dict(status["counters"])  # type: ignore[arg-type]
+    assert counters.to_dict() == status["counters"] and counters.completed >= 3
 
 
 def test_no_auth_accepts_any_key_and_none(tmp_path: Path) -> None:

@@ -166,6 +166,21 @@ def test_llama_cpp_infill(tiny_daemon: DaemonProcess) -> None:
     assert "".join(e.json()["content"] for e in events) == data["content"]
 
 
+def test_the_log_leaves_out_jaxs_search_for_accelerators_the_machine_lacks(
+    tmp_path: Path, micro_dir: Path
+) -> None:
+    # As a user's daemon starts: no JAX_PLATFORMS, so JAX tries every backend it knows (the TPU one first)
+    # and says so at INFO for each it cannot start.
+    env = {k: v for k, v in isolated_env(tmp_path).items() if k != "JAX_PLATFORMS"}
+    daemon = start_daemon(tmp_path, str(micro_dir), "--no-warmup", env=env, wait=False)
+    try:
+        daemon.wait_ready(warm=False)
+    finally:
+        daemon.stop()
+    log = daemon.log_text()
+    assert "engine serving" in log and "Unable to initialize backend" not in log, log
+
+
 def test_models_and_status(tiny_daemon: DaemonProcess) -> None:
     with tiny_daemon.client() as c:
         models = c.get("/v1/models").json()
@@ -177,8 +192,18 @@ def test_models_and_status(tiny_daemon: DaemonProcess) -> None:
         assert c.get("/v1/models/DiffuCoder-micro").json()["id"] == "DiffuCoder-micro"
     assert status["dtype"] == "float32" and status["device"].startswith("cpu")
     assert sorted(status["buckets"]) == [[1, 128], [4, 128], [16, 128]] and status["max_context"] == 128
-    assert status["queue"]["capacity"] == 64 and status["counters"]["completed"] >= 0
-    assert status["uptime_seconds"] > 0 and status["engine"]["stage"] == "ready"
+    assert status["queue"]["capacity"] == 64 and status["uptime_seconds"] > 0
+    assert status["engine"]["stage"] == "ready"
+    # The counters count what happens: one request more, completed, with the tokens its answer reports.
+    # (A module's tests share the daemon but run one at a time, so nothing else moves them meanwhile.)
+    with tiny_daemon.client() as c:
+        body = {"prompt": "def f(x):", "max_new_tokens": 8, "steps": 4, "stream": False}
+        done = c.post("/v1/diffu/generate", json=body).json()
+        after = c.get("/v1/diffu/status").json()["counters"]
+    before = status["counters"]
+    assert after["requests"] == before["requests"] + 1 and after["completed"] == before["completed"] + 1
+    assert after["rows"] == before["rows"] + 1 and after["failed"] == before["failed"]
+    assert after["generated_tokens"] == before["generated_tokens"] + done["stats"]["new_tokens"]
 
 
 def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daemon: DaemonProcess) -> None:

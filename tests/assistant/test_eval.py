@@ -47,6 +47,37 @@ def test_canonical_solutions_pass_and_empty_completions_fail(problems, tmp_path,
     assert all(r["error"] for r in out["results"])
 
 
+# Completions of HumanEval/0 that end the program with exit code 0 without its tests running to their
+# end; each passed before the harness's completion marker (#31).
+FORGERIES = {
+    "SystemExit in the function": "    raise SystemExit(0)\n",
+    "os._exit in the function": "    import os\n    os._exit(0)\n",
+    "sys.exit before the tests": "    return False\n\nimport sys\nsys.exit()\n",
+    "sabotaged error report": (
+        "    return False\n\nimport os, traceback\ntraceback.print_exc = lambda *a, **k: os._exit(0)\n"
+    ),
+}
+# Nests directories deeper than Python's recursion limit (the old cleanup raised RecursionError out of
+# the evaluation), then returns None: its tests fail.
+DEEP = "    import os\n    for _ in range(1100):\n        os.mkdir('d')\n        os.chdir('d')\n"
+
+
+def test_forged_passes_and_a_deep_directory_fail_and_the_evaluation_reports(problems, tmp_path, capsys):
+    canonical = problems[0].canonical_solution
+    completions = [*FORGERIES.values(), DEEP, canonical]
+    rows = [{"task_id": "HumanEval/0", "completion": c} for c in completions]
+    assert main(["eval", "humaneval", "--samples", _samples(tmp_path, "forged.jsonl", rows), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {r["completion"]: (r["passed"], r["status"]) for r in out["results"]}
+    assert got[canonical] == (True, "passed")
+    for name, completion in FORGERIES.items():
+        assert got[completion][0] is False, name
+    assert got[FORGERIES["SystemExit in the function"]][1] == "error"
+    assert got[FORGERIES["os._exit in the function"]][1] == "exit"
+    assert got[DEEP] == (False, "failed")
+    assert out["summary"]["passed_samples"] == 1
+
+
 def test_infilling_tasks_match_the_published_counts(problems):
     single = he.infill_tasks(problems, "single-line")
     multi = he.infill_tasks(problems, "multi-line")
@@ -205,6 +236,7 @@ def test_same_seed_and_settings_give_the_same_results(runtime, problems):
 
 
 def test_eval_through_the_daemon(fake_daemon, tmp_path):
+    # A daemon is configured (DIFFU_URL): eval uses it without being told.
     from tests.assistant.helpers import isolated_env
 
     env = isolated_env(tmp_path, DIFFU_URL=fake_daemon.url, DIFFU_API_KEY=fake_daemon.token)
@@ -217,7 +249,6 @@ def test_eval_through_the_daemon(fake_daemon, tmp_path):
             "humaneval",
             "--style",
             "base",
-            "--daemon",
             "--task",
             "HumanEval/129",
             "--task",
@@ -243,6 +274,8 @@ def test_eval_through_the_daemon(fake_daemon, tmp_path):
     for tid in ("HumanEval/2", "HumanEval/53"):
         assert results[tid]["status"] != "generation_error" and results[tid]["completion"] != ""
     assert data["summary"]["generate_seconds"] > 0 and "humaneval (base)" in out.stderr
+    # Each answer counts its share of its batch's time: the model's time is within the run's.
+    assert data["summary"]["generate_seconds"] <= data["summary"]["wall_seconds"]
 
 
 def test_the_sweep_covers_thresholds_and_block_lengths():
@@ -262,14 +295,23 @@ def test_the_sweep_covers_thresholds_and_block_lengths():
         ]
     )
     eval_command._check(args)
-    settings = eval_command._settings(args, 32)
+    model = {"block_length": 64, "threshold": 0.8, "max_new_tokens": 192, "steps": 192}  # its own
+    settings = eval_command._settings(args, 32, model)
     assert [label for label, _ in settings] == [
         "reference",
-        *(f"fast, block 32, threshold {t}" for t in (0.7, 0.8, 0.9, 0.95)),
+        *(f"fast, block 32, threshold {t}" for t in (0.7, 0.8, 0.9, 0.95)),  # the flag over the model's
         "fast, block 16, threshold 0.9",
         "fast, block 64, threshold 0.9",
     ]
     assert [(p.decoder, p.block_length) for _, p in settings][-2:] == [("fast", 16), ("fast", 64)]
+    # The benchmark's canvas, one step a token: the model's steps go with its own canvas only.
+    assert {(p.max_new_tokens, p.steps) for _, p in settings} == {(32, 32)}
+    # Without the flag, the model's block length: the block-length row it duplicates is left out.
+    args = parser.parse_args(["eval", "humaneval-infill", "--sweep", "--sweep-block-lengths", "16,64"])
+    eval_command._check(args)
+    labels = [label for label, _ in eval_command._settings(args, 32, model)]
+    assert labels[1] == "fast, block 64, threshold 0.7" and labels[-1] == "fast, block 16, threshold 0.9"
+    assert len(labels) == 6
 
 
 @pytest.mark.parametrize(

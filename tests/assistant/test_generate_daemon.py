@@ -1,4 +1,5 @@
-"""``diffu generate --daemon``: the CLI as a client of a running daemon."""
+"""``diffu generate`` as a client of a running daemon: by default when one runs, always with ``--daemon``,
+never with ``--local``; and the model's own settings either way."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import subprocess
 import sys
 
-from tests.assistant.helpers import isolated_env
+import httpx
+
+from tests.assistant.helpers import REPO, isolated_env, start_daemon
 
 
 def run(daemon, tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -77,3 +80,44 @@ def test_json_has_one_shape_in_process_and_through_the_daemon(fake_daemon, tiny_
         assert out["stats"]["new_tokens"] == 16 and out["stats"]["steps"] >= 1
     # Both print the same stats line on stderr.
     assert "tokens in" in through.stderr and "tokens in" in local.stderr
+
+
+def test_a_running_daemon_answers_generate_without_loading_the_model_here(tmp_path):
+    """No DIFFU_URL: the daemon is found through its discovery file, as the chat's would be. The command
+    imports no JAX (so it loads and compiles nothing) and answers at once."""
+    model = "fake:step_delay=0.002"
+    env = isolated_env(tmp_path, DIFFU_MODEL=model)
+    daemon = start_daemon(tmp_path, model, env=env)
+    probe = (
+        "import sys, time; from assistant.cli.main import main; t = time.perf_counter(); "
+        "code = main(sys.argv[1:]); print(f'{time.perf_counter() - t:.2f}', file=sys.stderr); "
+        "assert 'jax' not in sys.modules, 'jax was imported'; sys.exit(code)"
+    )
+    args = ["generate", "--raw", "--prompt", "def f(x):", "--max-new-tokens", "8"]
+    try:
+        answer = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            env=env, capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        assert answer.stdout.strip() and "tokens in" in answer.stderr
+        assert float(answer.stderr.strip().splitlines()[-1]) < 3.0  # seconds inside main(), fake daemon
+        status = httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()
+        assert status["counters"]["completed"] == 1  # the daemon answered it
+        # --local loads the model in this process instead: here the fake spec, which only a daemon serves.
+        local = subprocess.run(
+            [sys.executable, "-m", "assistant", "generate", "--local", "--prompt", "x"],
+            env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        assert local.returncode == 2 and "fake:step_delay=0.002" in local.stderr
+        assert (
+            httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()["counters"]["completed"]
+            == 1
+        )
+        both = subprocess.run(
+            [sys.executable, "-m", "assistant", "generate", "--local", "--daemon", "--prompt", "x"],
+            env=env, capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    finally:
+        daemon.stop()

@@ -57,7 +57,7 @@ def test_log_files_are_private_and_hold_no_query_string_token(tmp_path):
     import logging
     import stat
 
-    from assistant.cli.serve import setup_logging
+    from assistant.server.logs import setup_logging
 
     log_file = tmp_path / "logs" / "daemon.log"
     root = logging.getLogger()
@@ -99,6 +99,27 @@ def test_a_log_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_a_token_path_that_is_a_directory_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.assistant.helpers import isolated_env
+
+    env = isolated_env(tmp_path)
+    token = tmp_path / "config" / "token"
+    token.mkdir(parents=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "assistant", "serve", "--model", "fake", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"diffu: error: cannot read the API token {token} (Is a directory)")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_are_not(tmp_path):
     import time
 
@@ -131,3 +152,50 @@ def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_a
             assert ok.json()["finish_reason"] in ("stop", "length")
     finally:
         daemon.stop()
+
+
+def test_300_idle_sockets_do_not_lock_out_a_client_with_the_token(fake_daemon):
+    """More idle sockets than the 256 connection slots, opened by a local process without the token: a
+    request with the token is still answered, and the daemon closed the oldest idle ones instead."""
+    host, port = fake_daemon.url.split("//", 1)[1].split(":")
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(300)]
+    try:
+        with httpx.Client(base_url=fake_daemon.url, headers=fake_daemon.headers, timeout=30) as http:
+            ok = http.post("/v1/diffu/generate", json={"prompt": "x", "max_new_tokens": 4, "stream": False})
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["finish_reason"] in ("stop", "length")
+        # The oldest idle sockets were the ones closed to make room: each reads end-of-file.
+        closed = [i for i, sock in enumerate(idle) if _closed_by_peer(sock)]
+        assert closed == list(range(len(closed))) and len(closed) >= 300 + 1 - 256
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_connection_slots_protect_requests_with_the_token_only():
+    from assistant.server.security import ConnectionSlots
+
+    slots = ConnectionSlots(3, "s3cret")
+    token, anonymous = {b"authorization": b"Bearer s3cret"}, {b"authorization": b"Bearer wrong"}
+    for conn in "abc":
+        assert slots.admit(conn) == (True, None)
+    slots.request("a", token)  # serving a request with the token
+    slots.request("b", anonymous)  # an unauthenticated health stream, say
+    # The connection idle the longest goes first (c, idle since it opened), then the unauthenticated
+    # stream (b); a, serving the token, stays.
+    assert slots.admit("d") == (True, "c")
+    assert slots.admit("e") == (True, "b")
+    slots.request("d", token)
+    slots.request("e", token)
+    assert slots.admit("f") == (False, None)  # every slot serves the token: the newcomer gets 503
+    slots.closed("f")
+    slots.idle("a")  # its response is done: it waits like any idle socket
+    assert slots.admit("g") == (True, "a") and len(slots) == 3
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from assistant.code_blocks import fenced_blocks
 from assistant.evals import instructions as ins
 from assistant.evals.humaneval import load_problems
 from tests.assistant.helpers import REPO
@@ -64,7 +65,7 @@ def test_documented_definitions_become_requests_answered_by_their_code():
         user, answer = (m["content"] for m in conv["messages"])
         assert [m["role"] for m in conv["messages"]] == ["user", "assistant"]
         assert d.name in user or d.summary.split()[-1] in user
-        blocks = ins.fenced_blocks(answer)
+        blocks = fenced_blocks(answer)
         assert len(blocks) == 1 and ins.defines_function(blocks[0])  # a class with a method counts
         assert ins.has_good_block(answer)
 
@@ -79,7 +80,7 @@ def test_framings_vary_and_answers_leave_out_the_docstring_they_were_asked_with(
     assert set(framings) == {"plain", "signature", "summary", "docstring", "complete", "evalplus"}
     for d, how in zip(defs, framings, strict=True):
         user, answer = ins.request(d, how)
-        code = ins.fenced_blocks(answer)[0]
+        code = fenced_blocks(answer)[0]
         ast.parse(code)
         has_doc = "Combine the two values" in code
         # "Complete this function" and EvalPlus answers are the whole function; the others are shorter.

@@ -113,7 +113,7 @@ def test_a_bad_value_is_refused_by_every_front_end_naming_it(
         with pytest.raises(SystemExit) as exit_info:
             main(["generate", "--prompt", "x", flag(name), str(value)])
         assert exit_info.value.code == 2
-        assert f"argument {flag(name)}: invalid choice: {value!r}" in capsys.readouterr().err
+        assert f"argument {flag(name)}: invalid choice {value!r}" in capsys.readouterr().err
     else:
         assert main(["generate", "--prompt", "x", flag(name), str(value)]) == 2
         assert capsys.readouterr().err == f"diffu: error: {flag(name)}: {expected}\n"

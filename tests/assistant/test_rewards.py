@@ -78,6 +78,20 @@ def test_code_reward_is_the_fraction_of_asserts_passed_and_a_timeout_scores_zero
     assert code_reward(plain, test_cases=[mixed]) == [0.5]
 
 
+def test_forged_passes_earn_no_code_reward(code_reward):
+    """Exit code 0 without the tests running to their end: a reward a policy could learn to hack."""
+    forged = [
+        "```python\ndef f(x):\n    raise SystemExit(0)\n```\n",
+        "```python\ndef f(x):\n    import os\n    os._exit(0)\n```\n",
+        "```python\nimport sys\n\ndef f(x):\n    return 0\n\nsys.exit()\n```\n",
+        "```python\nimport os, traceback\ntraceback.print_exc = lambda *a, **k: os._exit(0)\n\n"
+        "def f(x):\n    return 0\n```\n",
+    ]
+    honest = "```python\ndef f(x):\n    return x + 1\n```\n"
+    tests = ["assert f(1) == 2", "assert f(2) == 3"]
+    assert code_reward([*forged, honest], test_cases=[tests] * 5) == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
 def test_format_wants_the_closing_fence_and_a_final_newline_only():
     block = "```python\nx = 1\n```"
     assert rewards.format_score(block + "\n") == 1.0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant import paths
+from assistant import api_token, paths
 from assistant.client import discovery
 from assistant.server import security
 
@@ -21,12 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_token_is_created_once_with_mode_0600(diffu_dirs: Path) -> None:
-    token = security.load_or_create_token()
+    token = api_token.load_or_create_token()
     path = paths.token_file()
     assert len(token) >= 32 and path.read_text().strip() == token
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert security.load_or_create_token() == token  # stable across starts
+    assert api_token.load_or_create_token() == token  # stable across starts
 
 
 def test_a_token_file_others_can_read_is_tightened(diffu_dirs: Path) -> None:
@@ -34,7 +34,7 @@ def test_a_token_file_others_can_read_is_tightened(diffu_dirs: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_text("my-token\n")
     os.chmod(path, 0o644)
-    assert security.read_token() == "my-token"
+    assert api_token.read_token() == "my-token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 

@@ -21,7 +21,7 @@ from assistant.client import AsyncClient, Client, SamplingOptions, WarmShape
 from assistant.config import Config
 from assistant.server.job_builder import build_job, warm_task
 from assistant.server.protocol import GenSpec
-from assistant.server.warmup import Shape
+from assistant.server.warmup import CHAT_REQUEST, Shape
 from tests.assistant.helpers import DaemonProcess, isolated_env, start_daemon, wait_until
 
 
@@ -31,17 +31,26 @@ def stream(daemon: DaemonProcess, path: str, body: dict) -> list[sse.ServerSentE
         return list(sse.iter_events(response.iter_lines()))
 
 
-def test_a_request_is_answered_while_the_warm_up_goes_on(tmp_path: Path) -> None:
-    # Three shapes to warm (the chat's, then two editor buckets), a second of compiling each: two length
-    # buckets, whatever the defaults are.
-    env = isolated_env(tmp_path, DIFFU_LENGTH_BUCKETS="128,512")
+def test_ready_waits_for_the_chats_program_and_a_request_is_answered_while_the_warm_up_goes_on(
+    tmp_path: Path,
+) -> None:
+    # Four shapes to warm (the chat's, then three editor buckets), a second of compiling each: three
+    # length buckets, whatever the defaults are.
+    env = isolated_env(tmp_path, DIFFU_LENGTH_BUCKETS="128,256,512")
     daemon = start_daemon(tmp_path, "fake:warmup_delay=1.0,step_delay=0.002", env=env, wait=False)
     try:
-        daemon.wait_ready(warm=False)  # it serves: its weights are loaded
+        daemon.wait_ready(warm=False)  # /health says ok: the chat's program is compiled
+        # Before that it served already, but said 503 "compiling" while the chat's program compiled.
+        assert (503, "compiling") in daemon.health_seen and daemon.health_seen[-1] == (200, "ok")
         health = daemon.health()
-        assert health["status"] == "ok" and health["stage"] == "warming" and health["shapes"] == 3
-        assert health["detail"] == "warming (0 of 3)" and health["eta_seconds"] is None  # nothing timed yet
-        # A shape of no warm-up: it waits for the compile in progress and its own, and says so.
+        assert health["status"] == "ok" and health["stage"] == "warming" and health["shapes"] == 4
+        assert health["detail"] == "warming (1 of 4)" and health["eta_seconds"] is not None
+        # The chat's first prompt (its built-in settings) the moment it is ready: no compile to wait for.
+        chat = stream(
+            daemon, "/v1/diffu/generate", {"messages": [{"role": "user", "content": "hi"}], **CHAT_REQUEST}
+        )
+        assert not [e for e in chat if e.event == "waiting"] and chat[-1].event == "done"
+        # A shape of no warm-up: it waits for its own compile only, beside the warm-up's, and says so.
         t0 = time.monotonic()
         events = stream(
             daemon,
@@ -52,21 +61,17 @@ def test_a_request_is_answered_while_the_warm_up_goes_on(tmp_path: Path) -> None
         during = daemon.health()
         waiting = [e.json() for e in events if e.event == "waiting"]
         done = next(e.json() for e in events if e.event == "done")
-        assert [w["reason"] for w in waiting][-1] == "compiling" and "compiling the program" in waiting[-1][
+        assert [w["reason"] for w in waiting] == ["compiling"] and "compiling the program" in waiting[0][
             "detail"
         ]
         assert [e.event for e in events if e.event != "waiting"][-1] == "done"
-        # Answered before the warm-up ended (3 s of compiles and its own 1 s; it waited for 2 at most).
-        assert during["stage"] == "warming" and during["warmed"] < 3 and waited < 3.5
+        # Answered before the warm-up ended (3 s of compiles left; its own took 1 s).
+        assert during["stage"] == "warming" and during["warmed"] < 4 and waited < 1.9
         assert done["stats"]["compile_seconds"] >= 1.0 and done["stats"]["compiled_programs"] == 1
         assert done["stats"]["generate_seconds"] < 0.5  # generation time counts no compile
-        # Once one compile was timed, the health says how long the rest should take; then ready.
-        assert wait_until(
-            lambda: daemon.health()["eta_seconds"] is not None or daemon.health()["stage"] == "ready"
-        )
         assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
         status = httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()["engine"]
-        assert status["warmed"] == status["shapes"] == 3 and status["compiling"] is None
+        assert status["warmed"] == status["shapes"] == 4 and status["compiling"] is None
     finally:
         daemon.stop()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import pytest_asyncio
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
@@ -27,17 +25,6 @@ from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
 
 DATA = Path(__file__).parent / "data"
 LSP_COMMAND = [sys.executable, "-m", "assistant.cli", "lsp"]
-
-
-def precondition(ok: bool, missing: str) -> None:
-    """Skip a test whose editor or tool is not on this machine, but fail it where ``CI`` is set: the CI
-    run is meant to have them (.ci/run installs Neovim, the test extra ships Neovim 0.12, and .ci/run
-    builds the VS Code extension), and a skip there would hide the editor tests' regressions."""
-    if ok:
-        return
-    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-        pytest.fail(f"{missing}; CI is set, and the CI run is meant to provide it", pytrace=False)
-    pytest.skip(missing)
 
 
 def capabilities(profile: str) -> types.ClientCapabilities:
@@ -258,4 +245,4 @@ def _record_editor_requests(session: Session) -> None:
         return types.ApplyWorkspaceEditResult(applied=True)
 
 
-__all__ = ["REPO", "Session", "capabilities", "daemon_counter", "daemon_running", "precondition", "wait_for"]
+__all__ = ["REPO", "Session", "capabilities", "daemon_counter", "daemon_running", "wait_for"]

@@ -13,7 +13,7 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcRequestCancelled
 
-from assistant.client.core import warm_body
+from assistant.client.calls import warm_body
 from assistant.server.fake_runtime import _WORDS
 from lsp.settings import Settings
 from lsp.state import STAGES

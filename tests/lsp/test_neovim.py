@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
-from tests.lsp.conftest import LSP_COMMAND, precondition
+from tests.lsp.conftest import LSP_COMMAND
+from tests.preconditions import precondition
 
 SCRIPTS = Path(__file__).parent / "nvim"
 SOURCE = (

@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
-from tests.lsp.conftest import LSP_COMMAND, precondition
+from tests.lsp.conftest import LSP_COMMAND
+from tests.preconditions import precondition
 
 VSCODE = REPO / "editors" / "vscode"
 BUNDLE = VSCODE / "out" / "extension.js"

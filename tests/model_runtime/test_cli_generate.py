@@ -231,6 +231,16 @@ def make_escaping_weight_map(d):
     edit_index(d, lambda m: m.__setitem__(next(iter(m)), "../outside.safetensors"))
 
 
+def make_deep_config(d):
+    (d / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+
+
+def make_huge_added_token_id(d):
+    added = json.loads((d / "added_tokens.json").read_text())
+    added[next(iter(added))] = 10**13
+    (d / "added_tokens.json").write_text(json.dumps(added))
+
+
 def make_pickle_only_without_config(d):
     make_pickle_only(d)
     (d / "config.json").unlink()
@@ -250,6 +260,8 @@ def make_pickle_only_without_config(d):
         (make_pickle_only, "unpickling runs arbitrary code"),
         (make_bad_config, "num_key_value_heads: must be an integer"),
         (make_missing_config_key, "rope_theta: missing"),
+        (make_deep_config, "config.json is nested too deep to be a model config"),
+        (make_huge_added_token_id, "added_tokens.json: '<|endoftext|>': a token id must be an integer"),
     ],
 )
 def test_broken_checkpoints_give_one_clear_error(tiny_dir, tmp_path, capsys, breaker, expected):
@@ -324,6 +336,15 @@ def test_a_model_that_recommends_the_fast_decoder_gets_it_unless_one_is_named(ti
     assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "reference"
 
 
+def test_without_flags_generate_takes_the_models_own_settings(tiny_dir, tmp_path, capsys):
+    # As the bundled model's generation_config.json sets the chat's: canvas, steps, decoder and blocks.
+    keys = {"max_new_tokens": 12, "steps": 12, "diffu_decoder": "fast", "block_length": 4}
+    model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, **keys)
+    assert main(["generate", "--local", "--model", str(model), "--raw", "--prompt", "x", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert (stats["new_tokens"], stats["decoder"]) == (12, "fast")  # not the built-in 128, reference
+
+
 def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
     model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_decoder="turbo")
     assert main(["generate", "--model", str(model), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
@@ -380,7 +401,7 @@ def test_a_models_chat_defaults_are_read_checked_and_reported_by_the_daemon(micr
     expected = {"temperature": 0.1, "max_new_tokens": 48, "steps": 24, "alg": "maskgit_plus"}
     expected["retry_block"] = 64
     assert chat_defaults(model) == expected
-    assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).chat_defaults == expected
+    assert model_runtime.load(model, length_buckets=(64,), batch_buckets=(1,)).info.chat_defaults == expected
     assert chat_defaults(micro_dir) == {}  # published checkpoints: no chat defaults
     bad = with_generation_config(micro_dir, tmp_path / "bad", top_p=1.5)
     with pytest.raises(ModelError, match=r"generation_config.json: top_p: must be in \(0, 1\]"):

@@ -68,7 +68,7 @@ def fast(max_new_tokens=48, **kw):
 
 def test_fast_decoder_fills_every_block_and_reports_forwards(runtime):
     ids = runtime.tokenizer.encode("def add(a, b):")
-    rows = [runtime.make_row(ids, 48, chat=False)]
+    rows = [runtime.rows.make_row(ids, 48, chat=False)]
     events = list(runtime.run(rows, fast(block_length=16)))
     steps, done = events[:-1], events[-1]
     assert list(dict.fromkeys(s.block for s in steps)) == [0, 1, 2]
@@ -85,7 +85,7 @@ def test_fast_decoder_fills_every_block_and_reports_forwards(runtime):
 
 def test_streaming_reports_every_forward_and_commits_the_same_tokens(runtime):
     ids = runtime.tokenizer.encode("def add(a, b):")
-    rows = [runtime.make_row(ids, 48, chat=False)]
+    rows = [runtime.rows.make_row(ids, 48, chat=False)]
     params = fast(block_length=16, threshold=0.5)
     events = list(runtime.run(rows, params))
     steps, done = events[:-1], events[-1]
@@ -126,7 +126,7 @@ def test_stops_once_every_row_has_ended_its_text(runtime, monkeypatch):
     ids = runtime.tokenizer.encode("def f():")
     # Make every token a stop token: after the first block every row has "ended".
     monkeypatch.setattr(runtime.tokenizer, "stop_ids", lambda chat: tuple(range(runtime.config.vocab_size)))
-    rows = [runtime.make_row(ids, 64, chat=False)]
+    rows = [runtime.rows.make_row(ids, 64, chat=False)]
     events = list(runtime.run(rows, fast(max_new_tokens=64, block_length=16)))
     assert {e.block for e in events[:-1]} == {0}  # one block, then done
     rest = events[-1].generated[0][16:]
@@ -135,14 +135,14 @@ def test_stops_once_every_row_has_ended_its_text(runtime, monkeypatch):
 
 def test_fast_decoder_infill_and_misaligned_rows(runtime):
     rt = runtime
-    row = rt.make_infill_row("def f(x):\n    return ", "\n\nprint(f(3))\n", 10)
+    row = rt.rows.make_infill_row("def f(x):\n    return ", "\n\nprint(f(3))\n", 10)
     done = list(rt.run([row], fast(block_length=8)))[-1]
     content = done.sequences[0]
     lo, hi = row.region
     assert content[:lo] == list(row.ids[:lo]) and content[hi:] == list(row.ids[hi:])
     assert rt.tokenizer.mask_id not in done.generated[0]
     with pytest.raises(InputError, match="same columns"):
-        rt.run([row, rt.make_row(rt.tokenizer.encode("x"), 10, chat=False)], fast())
+        rt.run([row, rt.rows.make_row(rt.tokenizer.encode("x"), 10, chat=False)], fast())
     with pytest.raises(InputError, match="hooks"):
         rt.run([row], fast(), logits_hook=lambda s, x, lg: lg)
 

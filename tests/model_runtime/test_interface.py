@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -34,11 +35,20 @@ def test_the_model_the_fake_and_the_leader_are_runtimes(runtime, monkeypatch: py
     leader = distributed.Leader(fake)  # type: ignore[arg-type]  # it wraps any runtime
     for rt in (runtime, fake, leader):
         assert isinstance(rt, RuntimeProtocol), type(rt).__name__
-        assert isinstance(rt.tokenizer.stop_ids(chat=True), tuple) and rt.max_context > 0
-    # Rows come from one builder, so the leader builds exactly what the runtime it wraps would.
-    ids = fake.tokenizer.encode("def f(x):")
-    assert leader.make_row(ids, 8, chat=False) == fake.make_row(ids, 8, chat=False)
-    assert leader.make_infill_row("a", "b", 4) == fake.make_infill_row("a", "b", 4)
+        assert isinstance(rt.rows.tokenizer.stop_ids(chat=True), tuple) and rt.info.max_context > 0
+        assert rt.rows.max_context == rt.info.max_context  # infill rows take in files up to the context
+    # What the leader is and how it builds rows are the wrapped runtime's, whole, but that it compiles
+    # between its batches: its followers take the published calls one at a time.
+    assert (
+        leader.info == dataclasses.replace(fake.info, concurrent_compile=False) and leader.rows is fake.rows
+    )
+    assert fake.info.concurrent_compile and runtime.info.concurrent_compile  # both on CPU
+    assert leader.program_cache() is None and isinstance(runtime.program_cache()["held"], int)
+    # The model's status facts, read once at load: its buckets hold the context, its chat defaults are
+    # shared by every request, so nobody may change them.
+    assert runtime.info.buckets[-1][1] == runtime.info.max_context and runtime.info.supports_holes
+    with pytest.raises(TypeError):
+        runtime.info.chat_defaults["temperature"] = 1.0  # type: ignore[index]
 
 
 def test_the_leader_publishes_each_run_and_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +59,7 @@ def test_the_leader_publishes_each_run_and_its_steps(monkeypatch: pytest.MonkeyP
     fake = FakeRuntime()
     leader = distributed.Leader(fake)  # type: ignore[arg-type]
     params = SamplingParams(max_new_tokens=6, steps=3)
-    row = fake.make_row(fake.tokenizer.encode("x = "), 6, chat=False)
+    row = fake.rows.make_row(fake.tokenizer.encode("x = "), 6, chat=False)
     events = list(leader.run([row], params))
     alone = list(fake.run([row], params))
     assert [type(e) for e in events] == [BatchStep] * 3 + [BatchDone]

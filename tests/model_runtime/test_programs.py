@@ -4,6 +4,7 @@ depend on its seed alone, not on what it is batched with."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,24 @@ from model_runtime.programs import ProgramCache
 from model_runtime.sampling import SamplerSpec
 
 
+def one_step(runtime, program) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """One denoising step of a (1, 32) reference ``program`` on a canvas of masks."""
+    inputs = StepInputs(
+        attn=jnp.ones((1, 32), bool),
+        ratio=jnp.float32(0.5),
+        is_last=jnp.bool_(False),
+        key=step_keys(row_keys([0], 1), 0),
+        index=jnp.int32(0),
+        knobs=Knobs.of(SamplingParams(steps=4)),
+    )
+    x = jnp.full((1, 32), runtime.config.mask_token_id, jnp.int32)
+    return np.asarray(program(runtime.state, x, inputs))
+
+
 def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -> None:
-    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=2)
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=2
+    )
     entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
     kept = cache.reference("step", (1, 32), entropy).program
     cache.reference("step", (1, 32), maskgit)
@@ -28,19 +45,55 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
     assert (info["held"], info["max_programs"], info["compiled"], info["evicted"]) == (2, 2, 3, 1)
     assert cache.reference("step", (1, 32), entropy).program is kept
     # A kept program still runs after the eviction cleared JAX's own caches.
-    params = SamplingParams(steps=4)
-    inputs = StepInputs(
-        attn=jnp.ones((1, 32), bool),
-        ratio=jnp.float32(0.5),
-        is_last=jnp.bool_(False),
-        key=step_keys(row_keys([0], 1), 0),
-        index=jnp.int32(0),
-        knobs=Knobs.of(params),
-    )
-    x = np.full((1, 32), runtime.config.mask_token_id, np.int32)
-    assert np.asarray(kept(runtime.state, jnp.asarray(x), inputs)).shape == (1, 32)
+    assert one_step(runtime, kept).shape == (1, 32)
     with pytest.raises(ValueError, match="max_programs: must be >= 2"):
-        ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.dtype, None, max_programs=1)
+        ProgramCache(
+            runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=1
+        )
+
+
+def _machine_bytes() -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) * 1024
+
+
+def test_the_ceiling_is_bounded_by_the_machine_not_by_a_count(runtime) -> None:
+    """A count alone bounds nothing: a billion places for programs of a 7B model's size (about 400 MB
+    each) used to report a ceiling of 400 PB. The byte budget bounds it by the machine's memory."""
+    cache = ProgramCache(
+        runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=10**9
+    )
+    cache.largest_bytes = 400 << 20
+    info = cache.info()
+    assert info["memory_ceiling_bytes"] is not None and info["resident_bytes"] is not None
+    assert info["memory_ceiling_bytes"] <= _machine_bytes()
+    assert 0 < info["max_program_bytes"] <= _machine_bytes() // 2  # half of what was available
+
+
+def test_the_cache_evicts_by_bytes_and_keeps_the_newest_pair(runtime, monkeypatch) -> None:
+    """Programs and costs made up (no compile): past ``max_bytes`` the least recently used go, never the
+    two newest; the ceiling is resident memory plus the room the bounds leave."""
+    cache = ProgramCache(
+        runtime.config,
+        runtime.graphdef,
+        runtime.state,
+        runtime.info.dtype,
+        None,
+        max_programs=64,
+        max_bytes=1000,
+    )
+    with cache._lock:
+        evicted = [cache._keep(("k", i), object(), cost) for i, cost in enumerate([400, 400, 400, 100])]
+    assert evicted == [0, 0, 1, 0] and [k for k, _ in cache.items()] == [("k", 1), ("k", 2), ("k", 3)]
+    cache.largest_bytes = 400
+    monkeypatch.setattr("model_runtime.programs.resident_bytes", lambda: 5000)
+    info = cache.info()
+    assert (info["held"], info["held_program_bytes"], info["max_program_bytes"]) == (3, 900, 1000)
+    assert info["memory_ceiling_bytes"] == 5000 + 100  # the byte budget's room, not 61 x 400
+    with cache._lock:
+        cache._keep(("big",), object(), 5000)  # alone beyond the budget: kept, with the one before it
+    assert [k for k, _ in cache.items()] == [("k", 3), ("big",)]
+    assert cache.info()["memory_ceiling_bytes"] == 5000  # no room left
 
 
 @pytest.mark.parametrize("decoder", ["reference", "fast"])
@@ -57,7 +110,7 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
     tok = runtime.tokenizer
 
     def row(text: str, seed: int):
-        return dataclasses.replace(runtime.make_row(tok.encode(text), 16, chat=False), seed=seed)
+        return dataclasses.replace(runtime.rows.make_row(tok.encode(text), 16, chat=False), seed=seed)
 
     def texts(rows) -> list[str]:
         done = [e for e in runtime.run(rows, params, stream=False) if isinstance(e, BatchDone)][-1]
@@ -69,3 +122,18 @@ def test_a_seeded_row_samples_the_same_alone_or_in_any_batch(runtime, decoder: s
     assert batched[1] == alone[0]
     assert batched[0] != batched[2]  # other seeds, other prompts: other samples
     assert texts([dataclasses.replace(mine, seed=8)]) != alone  # another seed, another sample
+
+
+def test_two_threads_asking_for_one_program_compile_it_once_and_one_runs_meanwhile(runtime) -> None:
+    """The daemon's warm-up thread and its device thread may want the same program at once: one compiles
+    it, the other waits and takes it. A program of another shape runs while a compile is under way."""
+    cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None)
+    spec = SamplerSpec(alg="entropy")
+    held = cache.reference("step", (1, 32), spec).program
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: cache.reference("step", (2, 64), spec), range(2)))
+        # Meanwhile (or after, on a quick machine) the held program runs on this thread.
+        assert one_step(runtime, held).shape == (1, 32)
+    assert both[0].program is both[1].program
+    assert sorted(b.compiled + b.hits for b in both) == [0, 1]  # built once; the other waited for it
+    assert cache.info()["compiled"] == 2

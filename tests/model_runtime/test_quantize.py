@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from assistant.cli.main import main
 from model_runtime import quant
 from model_runtime.config import DIFFUCODER_7B, DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.model import DreamModel
+from model_runtime.model import DreamModel, named_arrays
 from model_runtime.sharding import weight_bytes_per_device
 from model_runtime.weights import by_path, param_table
 
@@ -25,10 +26,7 @@ PROMPTS = ["def add(a, b):", "import os", "class Stack:", "for i in range(3):"]
 
 
 def _flat(state: nnx.State) -> dict[str, jax.Array]:
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
-        out["/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)] = leaf
-    return out
+    return named_arrays(state)
 
 
 def _bytes(arr: jax.Array) -> int:
@@ -181,7 +179,7 @@ def test_bad_quantize_values_give_one_line_and_exit_2(
     assert "expected one of int8, int4; got 'int3'" in capsys.readouterr().err
     from assistant.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="DIFFU_QUANTIZE: quantize: must be int8 or int4"):
+    with pytest.raises(ConfigError, match="DIFFU_QUANTIZE: quantize: expected one of int8, int4; got"):
         load_config(env={"DIFFU_QUANTIZE": "int3"}, path=tmp_path / "none.toml")
     assert load_config({"quantize": "int4"}, env={}, path=tmp_path / "none.toml")[0].quantize == "int4"
 
@@ -214,7 +212,7 @@ def test_generate_flag_runs_the_quantized_model(tiny_dir: Path, quantized, capsy
     out = json.loads(capsys.readouterr().out)
     rt = quantized["int4"]
     params = model_runtime.SamplingParams(max_new_tokens=16, steps=16)
-    want = list(rt.generate([rt.tokenizer.encode(PROMPTS[0])], params, chat=False, stream=False))[-1]
+    want = list(rt.generate([rt.rows.tokenizer.encode(PROMPTS[0])], params, chat=False, stream=False))[-1]
     assert out["sequences"] == want.sequences
 
 
@@ -237,3 +235,32 @@ def test_daemon_serves_the_quantized_model(micro_dir: Path, tmp_path: Path) -> N
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
     finally:
         daemon.stop()
+
+
+def test_w8a8_option_follows_weight_only_int8(tiny_dir: Path, quantized) -> None:
+    """``QuantSpec(activations="int8")``: the 4 x 64 canvas makes every product 256 rows, so all of them
+    quantize their activations too; the logits stay close to weight-only int8's."""
+    rt = model_runtime.load(tiny_dir, quantize=quant.QuantSpec("int8", activations="int8"), **KW)
+    ids = np.random.default_rng(3).integers(0, rt.config.vocab_size - 64, (4, 64))
+    w8, w8a8 = _logits(quantized["int8"], ids), _logits(rt, ids)
+    assert 0 < np.abs(w8a8 - w8).max() and _kl(w8, w8a8) < 1e-3
+
+
+def test_a_tied_head_reads_the_embedding_float_or_quantized(tiny_dir: Path) -> None:
+    """With ``tie_word_embeddings`` the head is the embedding table (``[V, D]``, contracted on its last
+    dimension, which the kernels do not take): XLA's path, float or with the table quantized."""
+    cfg = dataclasses.replace(
+        DreamConfig.from_dict(json.loads((tiny_dir / "config.json").read_text())), tie_word_embeddings=True
+    )
+    model = DreamModel(cfg, rngs=nnx.Rngs(0))
+    hidden = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, cfg.hidden_size)), jnp.float32)
+    table = np.asarray(model.embed.get_value())
+    np.testing.assert_allclose(
+        np.asarray(model.head(hidden)), np.asarray(hidden) @ table.T, rtol=1e-5, atol=1e-5
+    )
+    q = quant.QuantSpec("int8", embedding=True, kernel="interpret")
+    spec = by_path(cfg)[("embed",)]
+    assert not q.packs(spec)
+    model.embed.set_value(quant.stored(*quant.quantize(table, spec, q, np.dtype(np.float32)), spec, q))
+    want = np.asarray(hidden) @ quant.dequantize(*quant.quantize(table, spec, q, np.dtype(np.float32))).T
+    np.testing.assert_allclose(np.asarray(model.head(hidden)), want, rtol=1e-5, atol=1e-5)

@@ -126,8 +126,8 @@ def test_rows_with_different_mask_counts_never_overwrite_prompt_tokens(runtime, 
     """Infill next to plain generation: per-row counts instead of the reference's batch average."""
     rt = runtime
     rows = [
-        rt.make_infill_row("def f(x):\n    return ", "\n\nprint(f(1))\n", 2),
-        rt.make_row(rt.tokenizer.encode("import os"), 20, chat=False),
+        rt.rows.make_infill_row("def f(x):\n    return ", "\n\nprint(f(1))\n", 2),
+        rt.rows.make_row(rt.tokenizer.encode("import os"), 20, chat=False),
     ]
     params = SamplingParams(max_new_tokens=20, steps=5)
     events = list(rt.run(rows, params))
@@ -209,7 +209,7 @@ def test_bfloat16_checkpoint_converts_and_stays_close(tmp_path):
     d = write_tiny_checkpoint(tmp_path / "bf16", dtype="bfloat16", shards=1)
     rt32 = model_runtime.load(d, dtype="float32", length_buckets=(32,), batch_buckets=(1,))
     rt16 = model_runtime.load(d, dtype="bfloat16", length_buckets=(32,), batch_buckets=(1,))
-    assert rt16.dtype == "bfloat16" and jax.tree.leaves(rt16.state)[0].dtype == jnp.bfloat16
+    assert rt16.info.dtype == "bfloat16" and jax.tree.leaves(rt16.state)[0].dtype == jnp.bfloat16
     from flax import nnx
 
     ids = jnp.asarray([rt32.tokenizer.encode("def add(a, b):\n    return a + b")])

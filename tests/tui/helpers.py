@@ -19,9 +19,10 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Markdown
 
-from assistant.client import APIError, DaemonUnavailable, Done, Step
+from assistant.client import APIError, DaemonUnavailable, Done, Step, Waiting
 from assistant.server.fake_runtime import IM_END_ID, FakeRuntime
 from assistant.server.http.native import Pieces
+from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
 from tui.settings import ChatSettings
@@ -78,6 +79,7 @@ class ScriptedBackend:
     step_delay: float = 0.0
     step_seconds: float = 0.05
     pause_at: int | None = None
+    compile_first: bool = False  # a Waiting ("compiling") before the first step, until ``resume`` is set
     connect_error: Exception | None = None
     generate_errors: list[Exception] = field(default_factory=list)
     progress_stages: list[tuple[str, float, str]] = field(
@@ -115,7 +117,7 @@ class ScriptedBackend:
 
     async def generate(
         self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
-    ) -> AsyncIterator[Step | Done]:
+    ) -> AsyncIterator[Step | Waiting | Done]:
         params = settings.request_params()
         self.requests.append(Request(messages, dict(params), session))
         if self.generate_errors:
@@ -123,11 +125,17 @@ class ScriptedBackend:
         request_id = f"req-{next(self._ids)}"
         tokens = params["max_new_tokens"]
         sampling = SamplingParams(max_new_tokens=tokens, steps=params.get("steps", tokens))
-        row = self.runtime.make_row(self.runtime.encode_chat(messages), tokens, chat=True)
+        row = self.runtime.rows.make_row(self.runtime.rows.encode_chat(messages), tokens, chat=True)
+        if self.compile_first:
+            yield Waiting(request_id, "compiling", "compiling the program for 1 x 256 tokens", 5.0)
+            await self.resume.wait()
+            if request_id in self.cancelled:
+                yield Done(request_id, "", "cancelled", stats=DoneStats(steps=0))
+                return
         for event in self.runtime.run([row], sampling):
             if isinstance(event, BatchStep):
                 if request_id in self.cancelled:
-                    yield Done(request_id, "", "cancelled", stats={"steps": event.step})
+                    yield Done(request_id, "", "cancelled", stats=DoneStats(steps=event.step))
                     return
                 self.steps_sent += 1
                 yield Step(
@@ -149,12 +157,12 @@ class ScriptedBackend:
                     request_id,
                     event.texts[0],
                     "stop",
-                    stats={
-                        "steps": event.stats.steps,
-                        "new_tokens": new,
-                        "generate_seconds": seconds,
-                        "tokens_per_second": new / seconds,
-                    },
+                    stats=DoneStats(
+                        steps=event.stats.steps,
+                        new_tokens=new,
+                        generate_seconds=seconds,
+                        tokens_per_second=new / seconds,
+                    ),
                     usage={"prompt_tokens": len(row.ids) - tokens, "completion_tokens": new},
                 )
 

@@ -209,6 +209,34 @@ async def test_escape_cancels_on_the_daemon_and_the_answer_leaves_the_context(
         assert "cancelled at step 5/16" in screen_text(reopened) and "cancelling" not in screen_text(reopened)
 
 
+async def test_an_answer_cancelled_before_its_first_step_offers_no_replay(
+    make_app: Callable[..., ChatApp],
+) -> None:
+    backend = ScriptedBackend(compile_first=True)
+    app = make_app(backend)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        answer = await ask(pilot, "one")
+        await until(pilot, lambda: "compiling the program" in screen_text(app))
+        await pilot.press("escape")
+        await until(pilot, lambda: not answer.live)
+        assert answer.finish_reason == "cancelled" and "cancelled after 0 steps" in screen_text(app)
+        assert "⟲ replay" not in screen_text(app) and not answer.replayable  # nothing to replay
+        await pilot.press("ctrl+r")
+        assert not isinstance(app.screen, ReplayScreen) and "No answer to replay yet" in screen_text(app)
+    reopened = make_app(ScriptedBackend(), conversation_id=app.conversation_id)
+    async with reopened.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: len(reopened.query(AnswerView)) == 1)
+        assert "⟲ replay" not in screen_text(reopened)
+
+
+async def test_the_welcome_line_explains_every_glyph_of_the_canvas() -> None:
+    from tui.app import WELCOME
+    from tui.render import MASK_GLYPH, SPECIAL_GLYPH
+
+    assert MASK_GLYPH in WELCOME and SPECIAL_GLYPH in WELCOME and "highlighted" in WELCOME
+    assert "ctrl+n starts a new one for a new topic" in WELCOME
+
+
 async def test_sending_while_answering_is_refused_with_a_hint(make_app: Callable[..., ChatApp]) -> None:
     backend = ScriptedBackend(pause_at=2)
     app = make_app(backend)
@@ -231,7 +259,10 @@ async def test_replay_scrubs_plays_pauses_and_switches_answers(
         await pilot.press("ctrl+r")
         screen = app.screen
         assert isinstance(screen, ReplayScreen) and screen.answer_index == 1  # the last answer
-        assert "Replay · answer 2 of 2" in screen_text(app) and "step 1/16" in screen_text(app)
+        # It plays from the first step at once; home stops it there.
+        assert screen.playing and "Replay · answer 2 of 2" in screen_text(app)
+        await pilot.press("home")
+        assert not screen.playing and "step 1/16" in screen_text(app)
         await pilot.press("right", "right", "right")
         assert screen.frame == 3 and "step 4/16 · 40/160 tokens revealed" in screen_text(app)
         await pilot.press("left")

@@ -20,9 +20,18 @@ import pytest
 from rich.console import Console
 from textual.widgets import Button
 
-from assistant.client import Client, SamplingOptions
+from assistant.cli.chat import after_chat
+from assistant.client import Client, SamplingOptions, discovery
+from assistant.client import start_daemon as start_background
 from assistant.config import Config, load_config
-from tests.assistant.helpers import REPO, DaemonProcess, start_daemon, stop_background_daemons, wait_until
+from tests.assistant.helpers import (
+    REPO,
+    DaemonProcess,
+    isolated_env,
+    start_daemon,
+    stop_background_daemons,
+    wait_until,
+)
 from tests.tui.helpers import answered, ask, screen_text, until
 from tui.app import ChatApp
 from tui.backend import DaemonBackend
@@ -123,7 +132,11 @@ async def test_auto_starts_a_daemon_with_visible_progress(
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
             assert stages[1] == "starting" and "fake:load_delay=3" in shown[1][2]
-            assert "loading" in stages and stages[-1] == "ok"  # served once loaded: no compile waited for
+            # Loaded, then the chat's first program compiled, and only then ready.
+            assert stages.index("loading") < stages.index("compiling") < stages.index("ok") == len(stages) - 1
+            assert (
+                next(d for s, _, d in shown if s == "compiling") == "compiling the chat's programs (0 of 1)"
+            )
             await answered(pilot, PROMPT)
     finally:
         stop_background_daemons(diffu_home)
@@ -206,6 +219,51 @@ def test_diffu_chat_once_command(fake_daemon: DaemonProcess, diffu_home: Path, s
     assert "Traceback" not in gone.stderr
     no_tty = chat()
     assert no_tty.returncode == 2 and "diffu chat needs a terminal; use --once" in no_tty.stderr
+
+
+def test_quitting_says_the_daemon_keeps_the_model_warm_or_stops_it_when_set(
+    diffu_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = load_config({"model": "fake:warmup_delay=0.1", "port": 0})[0]
+    started = start_background(config)
+    assert started.info is not None
+    try:
+        after_chat(config, started)
+        said = capsys.readouterr().err
+        pid = started.info.pid
+        assert said.startswith(f"diffu: the daemon this chat started (pid {pid}, {started.url}, ")
+        assert "'diffu daemon stop' stops it (stop_daemon_with_chat = true in config.toml" in said
+        assert " MB) keeps the model loaded" in said and said.count("\n") == 1
+        assert discovery.find_daemon(config.model) is not None  # still there
+        after_chat(config.replace(stop_daemon_with_chat=True), started)
+        assert capsys.readouterr().err == f"diffu: stopped the daemon this chat started (pid {pid})\n"
+        assert not list((diffu_home / "run").glob("*.json"))  # gone: lock and discovery file removed
+    finally:
+        stop_background_daemons(diffu_home)
+
+
+def test_once_on_a_daemon_it_starts_says_each_stage_on_one_line_each(diffu_home: Path) -> None:
+    env = isolated_env(
+        diffu_home,
+        DIFFU_MODEL="fake:load_delay=2,warmup_delay=0.5",
+        DIFFU_PORT="0",
+        DIFFU_DATA_DIR=str(diffu_home / "data"),
+    )
+    try:
+        once = subprocess.run(
+            [sys.executable, "-m", "assistant.cli", "chat", "--once", PROMPT],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        stop_background_daemons(diffu_home)
+    assert once.returncode == 0 and once.stdout.strip(), once.stderr
+    lines = once.stderr.splitlines()
+    # Not a terminal: one line per stage. Its request goes as soon as the daemon takes requests, while the
+    # chat's program still compiles (it waits for that one compile, not for the rest of the warm-up), and
+    # no half-ready state is reported as ready.
+    assert lines[-1] == "diffu: compiling the chat's programs (0 of 1)", lines
+    assert any(line.startswith("diffu: loading") for line in lines)
+    assert not [line for line in lines if "warming" in line or "ready" in line]
 
 
 def test_diffu_chat_answers_in_a_real_terminal(

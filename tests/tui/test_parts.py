@@ -206,7 +206,7 @@ def test_chat_defaults_the_chat_cannot_take_are_left_out_and_explained(tmp_path:
 
 
 def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_blocks() -> None:
-    from assistant.evals.instructions import unparsed_code
+    from assistant.code_blocks import unparsed_code
 
     # What needs a second decode: a python (or unlabelled) block none of whose closed blocks parses.
     assert unparsed_code("```python\ndef f(x)\n    return x\n```")
@@ -239,7 +239,9 @@ def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_bloc
         ChatSettings(retry_block=100)
 
 
-def test_the_daemon_warms_the_chats_second_decode_right_after_its_first() -> None:
+def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_compiled() -> None:
+    import dataclasses
+
     from assistant.config import Config
     from assistant.server.fake_runtime import FakeRuntime
     from assistant.server.job_builder import build_job, warm_task
@@ -247,15 +249,18 @@ def test_the_daemon_warms_the_chats_second_decode_right_after_its_first() -> Non
     from assistant.server.warmup import default_plan
     from tui.settings import ChatConfig
 
-    rt = FakeRuntime(max_context=1024, length_buckets=(256, 384, 512))
-    rt.default_decoder = "fast"
-    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
-    chat, problem = ChatConfig().for_model(rt.chat_defaults)
+    defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
+    rt = FakeRuntime(
+        max_context=1024, length_buckets=(256, 384, 512), default_decoder="fast", chat_defaults=defaults
+    )
+    chat, problem = ChatConfig().for_model(defaults)
     assert problem == "" and chat.retry_block == 128
-    plan = default_plan(rt, Config(), accelerator=False)
+    ready, rest = default_plan(rt, Config(), accelerator=False)
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
-    # The chat's first program, then its second decode's, then the editor's: none waits for a compile.
-    for shape, settings in zip(plan[:2], (chat, chat.retry_settings()), strict=True):
+    # Before ready: the chat's first program and its second decode's, and the next bucket's first
+    # program for a longer question (up to 192 tokens); a first prompt waits for none of them.
+    assert [s.prompt_tokens + s.max_new_tokens for s in ready] == [256, 320, 384]
+    for shape, settings in zip(ready, (chat, chat.retry_settings(), chat), strict=True):
         body = settings.request_params()
         spec = GenSpec(
             mode="chat", canvas_tokens=body.pop("max_new_tokens"), sampling=body, messages=messages
@@ -265,7 +270,17 @@ def test_the_daemon_warms_the_chats_second_decode_right_after_its_first() -> Non
         assert task.params == job.params
         rt.compile(task.rows, task.params)
         assert rt.compiled([job.row], job.params)
-    assert plan[2].infill
+    # Then the chat's next turns (the second decode in bucket 384, a longer talk in 512 with its own), then
+    # the editor's.
+    assert [(s.prompt_tokens + s.max_new_tokens, s.infill) for s in rest[:4]] == [
+        (448, False),
+        (512, False),
+        (576, False),
+        (256, True),
+    ]
     # A model without a second decode warms none.
-    rt.chat_defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
-    assert [s.infill for s in default_plan(rt, Config(), accelerator=False)[:2]] == [False, True]
+    rt.info = dataclasses.replace(
+        rt.info, chat_defaults={"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
+    )
+    ready, rest = default_plan(rt, Config(), accelerator=False)
+    assert len(ready) == 2 and [s.infill for s in rest[:2]] == [False, True]

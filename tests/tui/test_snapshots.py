@@ -33,12 +33,12 @@ def test_main_screen_mid_generation(snap_compare: Any, make_app: Callable[..., C
 
 
 def test_replay_view(snap_compare: Any, make_app: Callable[..., ChatApp]) -> None:
-    """The replay of an answer, five steps in, paused."""
+    """The replay of an answer, five steps in, paused (it opens playing; home pauses it at the start)."""
     app = make_app(ScriptedBackend())
 
     async def run_before(pilot: Pilot) -> None:
         await answered(pilot, "Write a function that adds two numbers")
-        await pilot.press("ctrl+r", "right", "right", "right", "right", "right")
+        await pilot.press("ctrl+r", "home", "right", "right", "right", "right", "right")
         await until(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.frame == 5)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

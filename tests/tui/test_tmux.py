@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.assistant.helpers import DaemonProcess
+from tests.preconditions import precondition
 from tui.settings import ChatSettings
 from tui.store import ChatStore
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)"
-)
+
+@pytest.fixture(autouse=True)
+def _tmux_installed() -> None:
+    precondition(shutil.which("tmux") is not None, "tmux is not installed (.ci/run installs it)")
 
 
 class Tmux:
@@ -103,12 +105,12 @@ def test_chat_answers_and_replays_in_tmux(tmux_chat: Tmux, store: ChatStore) -> 
     answer = store.messages(store.conversations()[0].id)[-1]
     assert answer.role == "assistant" and answer.content
     assert answer.content.split()[0] in screen  # the answer's first word is on the screen
-    # ctrl+r replays the denoising from its first step (masks still on the canvas); end jumps to the last
-    # step; escape closes the replay.
+    # ctrl+r plays the denoising from its first step; home stops it there (masks still on the canvas); end
+    # jumps to the last step; escape closes the replay.
     tmux_chat.keys("C-r")
-    tmux_chat.wait_for(
-        lambda s: "Replay · answer" in s and "step 1/6" in s and "░" in s, "replay at its first step"
-    )
+    tmux_chat.wait_for(lambda s: "Replay · answer" in s, "the replay open")
+    tmux_chat.keys("Home")
+    tmux_chat.wait_for(lambda s: "step 1/6" in s and "░" in s and "paused" in s, "replay at its first step")
     tmux_chat.keys("End")
     tmux_chat.wait_for(lambda s: "step 6/6" in s and "24/24 tokens revealed" in s, "replay at the last step")
     tmux_chat.keys("Escape")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -29,15 +30,18 @@ from starlette.types import ASGIApp
 from assistant import __version__, sse
 from assistant.config import Config
 from assistant.server import protocol, request_fields, warmup
+from assistant.server.http import llama, native, openai
+from assistant.server.http.service import JobService
 from assistant.server.http.streaming import EventStream, HealthFeed, wait_disconnect
 from assistant.server.job import Job, JobDone, JobError
 from assistant.server.job_builder import build_job, warm_task
 from assistant.server.protocol import GenSpec
-from assistant.server.request_fields import RequestError, error_body
+from assistant.server.request_fields import RequestError
 from assistant.server.scheduler import Loader, Scheduler
 from assistant.server.security import GuardMiddleware, is_loopback
-from assistant.server.status import SERVING, WARMING, NotReady, SchedulerError, SchedulerStatus
+from assistant.server.status import NotReady, SchedulerError, SchedulerStatus
 from assistant.server.warmup import Shape, WarmTask
+from assistant.wire import ENDED, HEALTH_OK, HEALTHY, SERVING, ErrorType, Stage, error_body
 from model_runtime.bundled import BUNDLED_MODEL_NAME, bundled_model_dir
 from model_runtime.interface import RuntimeProtocol
 
@@ -85,15 +89,20 @@ class HttpApp:
             await run_in_threadpool(self.scheduler.stop, self.config.shutdown_grace + 5)
 
     def _plan(self, rt: RuntimeProtocol) -> list[WarmTask]:  # scheduler thread, once loaded
-        """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks; shapes that do not fit
-        this model (a context shorter than the chat's canvas) are left out."""
-        accelerator = not rt.device.startswith("cpu")
+        """The generic warm-up (``assistant.server.warmup.default_plan``) as tasks, the chat's first
+        programs marked ``ready``; shapes that do not fit this model (a context shorter than the chat's
+        canvas) are left out."""
+        accelerator = not rt.info.device.startswith("cpu")
+        first, rest = warmup.default_plan(rt, self.config, accelerator=accelerator)
         tasks = []
-        for shape in warmup.default_plan(rt, self.config, accelerator=accelerator):
-            try:
-                tasks.append(warm_task(rt, shape, self.config))
-            except RequestError as exc:
-                log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+        for ready, shapes in ((True, first), (False, rest)):
+            for shape in shapes:
+                try:
+                    task = warm_task(rt, shape, self.config)
+                except RequestError as exc:
+                    log.info("warm-up leaves out %s: %s", shape.describe(), exc)
+                    continue
+                tasks.append(dataclasses.replace(task, ready=ready))
         return tasks
 
     def warm(self, shapes: list[Shape]) -> dict[str, Any]:
@@ -117,12 +126,12 @@ class HttpApp:
         }
 
     def _on_status(self, status: SchedulerStatus) -> None:  # scheduler thread
-        if status.stage == "failed":
+        if status.stage == Stage.FAILED:
             log.error("cannot serve: %s", status.error)
             if self.on_fatal:
                 self.on_fatal(status.error or "model load failed")
-        elif status.stage == WARMING and self._stage != WARMING:
-            log.info("serving (the warm-up goes on between requests)")
+        elif status.stage in SERVING and self._stage not in SERVING:
+            log.info("serving (the warm-up compiles beside the requests)")
         self._stage = status.stage
 
     @property
@@ -148,13 +157,13 @@ class HttpApp:
 
     def _loaded_chat_defaults(self) -> dict[str, Any]:
         sched = self.scheduler
-        return dict(sched.runtime.chat_defaults) if sched is not None and sched.loaded else {}
+        return dict(sched.runtime.info.chat_defaults) if sched is not None and sched.loaded else {}
 
     def model_name(self) -> str:
         """The id clients see: a local checkpoint by its directory name, a hub id as it is."""
         sched = self.scheduler
         rt = sched.runtime if sched is not None and sched.loaded else None  # named while it compiles too
-        name = str((rt.model_name if rt is not None else None) or self.config.model)
+        name = str((rt.info.model_name if rt is not None else None) or self.config.model)
         if os.path.isdir(name) and Path(name).resolve() == bundled_model_dir():
             return BUNDLED_MODEL_NAME
         if os.path.isabs(name) or os.path.isdir(name):
@@ -231,21 +240,30 @@ class HttpApp:
     # -- the daemon's routes: health, status, cancel ---------------------------------------------------
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         st = self.sched.status
-        if st.stage in SERVING:
-            # Requests are answered from here on: "warming" only says programs are still compiling between
-            # them ("warmed" of "programs", "eta_seconds" once one compile was timed).
-            return 200, {"status": "ok", **st.to_dict(), "model": self.model_name()}
-        message = st.error if st.stage == "failed" else f"Loading model ({st.stage}: {st.detail})"
+        if st.stage in HEALTHY:
+            # A chat's first prompt is answered without a compile from here on: "warming" only says other
+            # programs still compile in the background ("warmed" of "shapes", "eta_seconds" once one
+            # compile was timed).
+            return 200, {"status": HEALTH_OK, **st.to_dict(), "serving": True, "model": self.model_name()}
+        if st.stage == Stage.FAILED:
+            message = st.error or "model load failed"
+        elif st.stage in SERVING:  # requests are taken, but a chat's first one would wait for a compile
+            message = f"Compiling ({st.detail}); requests are taken meanwhile"
+        else:
+            message = f"Loading model ({st.stage}: {st.detail})"
         return 503, {
             "status": st.stage,
             **st.to_dict(),
+            "serving": st.stage in SERVING,  # requests are taken (clients that need no compile go ahead)
             "model": self.model_name(),
-            "error": {"code": 503, "message": message, "type": "unavailable_error"},
+            "error": {"code": 503, "message": message, "type": ErrorType.UNAVAILABLE},
         }
 
     async def health(self, request: Request) -> Response:
-        """503 with stage and progress while loading, 200 once serving (stage "warming" while the warm-up
-        still compiles, then "ready"). No token needed."""
+        """503 with stage and progress while loading and while the chat's first programs compile (stage
+        "compiling": requests are taken meanwhile), 200 once a chat's first prompt is answered without a
+        compile (stage "warming" while the rest of the warm-up compiles in the background, then
+        "ready"). No token needed."""
         if request.query_params.get("stream") in ("1", "true"):
             return EventStream(self._health_events())
         status, body = self._health_body()
@@ -259,7 +277,7 @@ class HttpApp:
             waiter = asyncio.ensure_future(self.health_feed.wait())
             status, body = self._health_body()
             yield sse.encode(body, event="status")
-            if status == 200 or body["status"] in ("failed", "stopping"):
+            if status == 200 or body["status"] in ENDED:
                 waiter.cancel()
                 return
             await waiter
@@ -274,22 +292,10 @@ class HttpApp:
                 "model_path": self.config.model,
                 "version": __version__,
                 "pid": os.getpid(),
-                "device": rt.device if rt else None,
-                "dtype": rt.dtype if rt else None,
-                "quantize": rt.quantize_mode if rt else None,
-                "max_context": rt.max_context if rt else None,
-                "default_decoder": rt.default_decoder if rt else None,
-                "one_line_defaults": dict(rt.one_line_defaults) if rt else None,
-                # The model's chat defaults (generation_config.json); diffu chat starts from them. Known
-                # once the weights are loaded, while programs may still compile.
-                "chat_defaults": self._loaded_chat_defaults(),
-                "mesh": rt.mesh_info if rt else None,
-                "buckets": [list(b) for b in rt.buckets] if rt else [],
-                # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
-                "programs": rt.program_cache if rt else None,
+                **_runtime_status(rt, self._loaded_chat_defaults()),
                 "engine": sched.status.to_dict(),
                 "queue": sched.queue_info(),
-                "counters": dict(sched.counters),
+                "counters": sched.counters.to_dict(),
                 "uptime_seconds": round(time.time() - self.started, 3),
                 "limits": {
                     "max_steps": self.config.max_steps,
@@ -299,7 +305,7 @@ class HttpApp:
                 },
                 "auth": self.config.auth,
                 # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
-                "features": ["holes"] if rt is not None and rt.supports_holes else [],
+                "features": ["holes"] if rt is not None and rt.info.supports_holes else [],
             }
         )
 
@@ -311,15 +317,16 @@ class HttpApp:
             job_id = job_id.removeprefix(prefix)
         if not self.sched.cancel(job_id, "cancelled by the client"):
             raise RequestError(
-                f"id: no queued or running request {job_id!r}", status=404, param="id", kind="not_found_error"
+                f"id: no queued or running request {job_id!r}",
+                status=404,
+                param="id",
+                kind=ErrorType.NOT_FOUND,
             )
         return JSONResponse({"id": job_id, "cancelled": True})
 
     # -- the app ---------------------------------------------------------------------------------------
     def app(self, *, api_key: str | None) -> ASGIApp:
         """The ASGI app: every dialect's routes behind the security guard."""
-        from assistant.server.http import llama, native, openai
-
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/v1/diffu/status", self.status, methods=["GET"]),
@@ -348,18 +355,24 @@ class HttpApp:
         )
 
 
-def usage(job: Job, done: JobDone) -> dict[str, int]:
-    """OpenAI-style token counts of a finished job (every dialect reports them)."""
+def _runtime_status(rt: RuntimeProtocol | None, chat_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The serving runtime's part of ``/v1/diffu/status`` (nulls while the model is not ready)."""
+    info = rt.info if rt is not None else None
     return {
-        "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": done.new_tokens,
-        "total_tokens": job.prompt_tokens + done.new_tokens,
+        "device": info.device if info else None,
+        "dtype": info.dtype if info else None,
+        "quantize": info.quantize_mode if info else None,
+        "max_context": info.max_context if info else None,
+        "default_decoder": info.default_decoder if info else None,
+        "one_line_defaults": dict(info.one_line_defaults) if info else None,
+        # The model's chat defaults (generation_config.json); diffu chat starts from them. Known once the
+        # weights are loaded, while programs may still compile.
+        "chat_defaults": chat_defaults,
+        "mesh": dict(info.mesh) if info and info.mesh is not None else None,
+        "buckets": [list(b) for b in info.buckets] if info else [],
+        # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
+        "programs": rt.program_cache() if rt is not None else None,
     }
-
-
-def job_error_event(error: JobError) -> dict[str, Any]:
-    """A JobError as the body of an SSE error event (``code`` is the HTTP status)."""
-    return error_body(error.message, error.kind, param=error.param, code=error.status, details=error.details)
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:
@@ -378,7 +391,7 @@ async def _scheduler_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
     message = {
         404: f"no route {request.url.path}",
         405: f"method {request.method} not allowed on {request.url.path}",
@@ -389,5 +402,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
-        error_body("internal server error (see the daemon log)", "server_error"), status_code=500
+        error_body("internal server error (see the daemon log)", ErrorType.SERVER), status_code=500
     )
+
+
+if TYPE_CHECKING:
+    # The routes are typed against the job service; the type checker in .ci/run holds the app to it.
+    _serves: type[JobService] = HttpApp

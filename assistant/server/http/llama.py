@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from assistant import sse
 from assistant.server import protocol, request_fields
-from assistant.server.http.app import HttpApp, job_error_event
+from assistant.server.http.service import JobService, job_error_event
 from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
@@ -37,7 +37,7 @@ def _select_fields(body: dict[str, Any], fields: list[str] | None) -> dict[str, 
     return out
 
 
-def routes(app: HttpApp) -> list[Route]:
+def routes(app: JobService) -> list[Route]:
     async def infill(request: Request) -> Response:
         data = request_fields.parse_json(await request.body())
         spec = protocol.parse_llama_infill(data, default_tokens=app.config.infill_tokens)
@@ -70,7 +70,7 @@ def routes(app: HttpApp) -> list[Route]:
         text, cut_stop = protocol.apply_stop(done.text, spec.stop)
         text, cut_indent = protocol.apply_n_indent(text, spec.n_indent)
         stop_type = "word" if cut_stop else "limit" if cut_indent or done.finish_reason != "stop" else "eos"
-        gen_ms = float(done.stats.get("generate_seconds", 0.0)) * 1000
+        gen_ms = done.stats.generate_seconds * 1000
         return {
             "index": 0,
             "content": text,

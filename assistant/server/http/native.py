@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from assistant import sse
 from assistant.server import protocol, request_fields
-from assistant.server.http.app import HttpApp, job_error_event, usage
+from assistant.server.http.service import JobService, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobStep, JobWaiting
 from assistant.server.protocol import GenSpec
 from model_runtime.interface import TokenizerProtocol
@@ -64,39 +64,54 @@ def _spans(positions: list[int], starts: list[int]) -> list[list[int]]:
     return spans
 
 
-def routes(app: HttpApp) -> list[Route]:
-    pieces: list[Pieces] = []  # made once the runtime (and so its tokenizer) exists
+def routes(app: JobService) -> list[Route]:
+    api = _Native(app)
+    return [
+        Route("/v1/diffu/generate", api.generate, methods=["POST"]),
+        Route("/v1/diffu/infill", api.infill, methods=["POST"]),
+        Route("/v1/diffu/warm", api.warm, methods=["POST"]),
+    ]
 
-    async def generate(request: Request) -> Response:
+
+class _Native:
+    """diffu's own routes over the job service."""
+
+    def __init__(self, app: JobService) -> None:
+        self.app = app
+        self._pieces: Pieces | None = None  # made once the runtime (and so its tokenizer) exists
+
+    async def generate(self, request: Request) -> Response:
         data = request_fields.parse_json(await request.body())
-        spec = protocol.parse_native_generate(data, default_tokens=app.config.default_max_tokens)
-        return await respond(request, spec)
+        spec = protocol.parse_native_generate(data, default_tokens=self.app.config.default_max_tokens)
+        return await self.respond(request, spec)
 
-    async def infill(request: Request) -> Response:
+    async def infill(self, request: Request) -> Response:
         data = request_fields.parse_json(await request.body())
-        spec = protocol.parse_native_infill(data, default_tokens=app.config.infill_tokens)
-        return await respond(request, spec)
+        spec = protocol.parse_native_infill(data, default_tokens=self.app.config.infill_tokens)
+        return await self.respond(request, spec)
 
-    async def warm(request: Request) -> Response:
+    async def warm(self, request: Request) -> Response:
         shapes = protocol.parse_warm(request_fields.parse_json(await request.body()))
-        return JSONResponse(app.warm(shapes), status_code=202)
+        return JSONResponse(self.app.warm(shapes), status_code=202)
 
-    async def respond(request: Request, spec: GenSpec) -> Response:
-        job, _ = await app.start_job(spec)
-        return await app.respond(
-            request, job, spec.stream, lambda: events(job, spec), lambda done: done_body(job, spec, done)
+    async def respond(self, request: Request, spec: GenSpec) -> Response:
+        job, _ = await self.app.start_job(spec)
+        return await self.app.respond(
+            request, job, spec.stream, lambda: self.events(job, spec), lambda done: self.done(job, spec, done)
         )
 
-    def done_body(job: Job, spec: GenSpec, done: JobDone) -> dict[str, Any]:
+    def done(self, job: Job, spec: GenSpec, done: JobDone) -> dict[str, Any]:
+        """The answer: a non-streamed response, or the ``done`` event of a stream."""
+        rows = self.app.runtime.rows
         body = {
             "id": job.id,
             "text": done.text,
             "finish_reason": done.finish_reason,
-            "stats": done.stats,
+            "stats": done.stats.to_dict(),
             "usage": usage(job, done),
         }
         if job.kind == "holes":
-            body["holes"] = app.runtime.hole_fills(job.row, done.ids)
+            body["holes"] = rows.hole_fills(job.row, done.ids)
         if spec.return_ids:
             # The row as the runtime denoised it: the prompt before the region (templated for a chat), and
             # the whole canvas after the last step (prompt, region, and an infill's suffix).
@@ -105,28 +120,31 @@ def routes(app: HttpApp) -> list[Route]:
             body["ids"] = {
                 "prompt": list(ids[:lo]),
                 "sequence": [*ids[:lo], *(done.ids or ids[lo:hi]), *ids[hi:]],
-                "pad_id": app.runtime.tokenizer.pad_id,
+                "pad_id": rows.tokenizer.pad_id,
             }
         return body
 
-    async def events(job: Job, spec: GenSpec) -> AsyncIterator[bytes]:
-        if not pieces:
-            pieces.append(Pieces(app.runtime.tokenizer))
-        render = pieces[0].render
+    def step(self, job: Job, event: JobStep) -> dict[str, Any]:
+        """A ``step`` event: the region's text after the step, what it unmasked and what is still masked."""
+        if self._pieces is None:
+            self._pieces = Pieces(self.app.runtime.rows.tokenizer)
+        body = {
+            "id": job.id,
+            "step": event.step,
+            "steps": event.steps,
+            "masks": event.masks_left,
+            **self._pieces.render(event.ids, event.unmasked),
+            "seconds": round(event.seconds, 4),
+        }
+        if event.blocks:  # the fast decoder: "steps" is then a bound, the block says where it is
+            body.update(block=event.block, blocks=event.blocks)
+        return body
+
+    async def events(self, job: Job, spec: GenSpec) -> AsyncIterator[bytes]:
         yield sse.comment(f"queued {job.id}")  # flushes the headers so the client sees the request accepted
         async for event in job.events():
             if isinstance(event, JobStep):
-                body = {
-                    "id": job.id,
-                    "step": event.step,
-                    "steps": event.steps,
-                    "masks": event.masks_left,
-                    **render(event.ids, event.unmasked),
-                    "seconds": round(event.seconds, 4),
-                }
-                if event.blocks:  # the fast decoder: "steps" is then a bound, the block says where it is
-                    body.update(block=event.block, blocks=event.blocks)
-                yield sse.encode(body, event="step")
+                yield sse.encode(self.step(job, event), event="step")
             elif isinstance(event, JobWaiting):
                 body = {
                     "id": job.id,
@@ -136,12 +154,6 @@ def routes(app: HttpApp) -> list[Route]:
                 }
                 yield sse.encode(body, event="waiting")
             elif isinstance(event, JobDone):
-                yield sse.encode(done_body(job, spec, event), event="done")
+                yield sse.encode(self.done(job, spec, event), event="done")
             else:
                 yield sse.encode(job_error_event(event), event="error")
-
-    return [
-        Route("/v1/diffu/generate", generate, methods=["POST"]),
-        Route("/v1/diffu/infill", infill, methods=["POST"]),
-        Route("/v1/diffu/warm", warm, methods=["POST"]),
-    ]

@@ -8,9 +8,10 @@ TRL's ``GRPOTrainer``); ``docs/training.md`` lists where it deliberately differs
 - ``coupled``: the pure pieces: mask draws, the coupled three-pass log-probabilities, leave-one-out
   advantages and the clipped loss with the k3 KL term.
 - ``rollout``: completions from the reference decoder, the completion mask.
+- ``config``: ``RLConfig`` (what changes the weights), ``Reward``, ``RLOptions`` (how the loop runs).
 - ``trainer``: the loop (rollouts, rewards, ``num_iterations`` reuse, reference sync, checkpoints).
 
-``tasks`` and ``synthetic`` import no JAX (``diffu eval`` reads task files with them); the others do.
-Reward functions are plain callables passed in by the caller: the sandboxed ones live in
+``tasks``, ``synthetic`` and ``config`` import no JAX (``diffu eval`` reads task files with them); the
+others do. Reward functions are plain callables passed in by the caller: the sandboxed ones live in
 ``assistant/evals/rewards.py``, since this package must not import ``assistant``.
 """

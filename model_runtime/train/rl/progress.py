@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
+
+from model_runtime.train.progress import ProgressBar
 
 
 class Progress:
     """A rich progress bar: steps done, the phase, the last rollout's reward and rollouts/s."""
 
     def __init__(self, total: int, start: int, *, enabled: bool) -> None:
-        self.enabled, self.total, self.start = enabled, total, start
-        self._p, self._info = None, {}
+        self._bar = ProgressBar("coupled-GRPO", total, start, enabled=enabled)
+        self._info: dict[str, Any] = {}
 
     def __enter__(self) -> Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._p = Progress(
-                TextColumn("[bold]coupled-GRPO"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(),
-            )
-            self._p.__enter__()
-            self._task = self._p.add_task("rl", total=self.total, completed=self.start, info="")
+        self._bar.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._p is not None:
-            self._p.__exit__(*exc)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._bar.__exit__(exc_type, exc, tb)
 
     def phase(self, name: str) -> None:
         self._info["phase"] = name
@@ -43,8 +36,6 @@ class Progress:
         self._show(step)
 
     def _show(self, step: int | None) -> None:
-        if self._p is None:
-            return
         i = self._info
         parts = [i.get("phase", "")]
         if "reward" in i:
@@ -55,5 +46,4 @@ class Progress:
             parts.append(f"loss {i['loss']:.4f}")
         if "rollouts_per_s" in i:
             parts.append(f"{i['rollouts_per_s']:.2f} rollouts/s")
-        kw = {} if step is None else {"completed": step}
-        self._p.update(self._task, info="  ".join(parts), **kw)
+        self._bar.show("  ".join(parts), step)

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 from flax import nnx
 
+from model_runtime.interface import BatchDone
 from model_runtime.params import SamplingParams
+from model_runtime.runtime import Runtime
 from model_runtime.train.rl.coupled import completion_mask
 
 PROMPT_MULTIPLE = 16  # prompts are left-padded to a multiple of this: fewer shapes for the jitted steps
@@ -84,13 +86,15 @@ def sampling(
     )
 
 
-def encode_prompts(rt, messages: Sequence[list[dict[str, str]]], max_prompt_length: int) -> list[list[int]]:
+def encode_prompts(
+    rt: Runtime, messages: Sequence[list[dict[str, str]]], max_prompt_length: int
+) -> list[list[int]]:
     """Chat prompts as ids, each cut to its last ``max_prompt_length`` tokens (published left truncation)."""
-    return [rt.encode_chat(m)[-max_prompt_length:] for m in messages]
+    return [rt.rows.encode_chat(m)[-max_prompt_length:] for m in messages]
 
 
 def generate(
-    rt,
+    rt: Runtime,
     params: nnx.State,
     prompts: Sequence[Sequence[int]],
     settings: SamplingParams,
@@ -109,12 +113,13 @@ def generate(
     start = time.perf_counter()
     completions: list[list[int]] = []
     for lo in range(0, len(prompts), batch_size):
-        rows = [rt.make_row(p, settings.max_new_tokens, chat=True) for p in prompts[lo : lo + batch_size]]
+        rows = [
+            rt.rows.make_row(p, settings.max_new_tokens, chat=True) for p in prompts[lo : lo + batch_size]
+        ]
         rows = [dataclasses.replace(row, seed=(seed + lo + j) % 2**32) for j, row in enumerate(rows)]
-        done = None
-        for event in rt.run(rows, dataclasses.replace(settings, seed=seed), stream=False):
-            done = event
-        completions += done.generated
+        events = rt.run(rows, dataclasses.replace(settings, seed=seed), stream=False)
+        done = [e for e in events if isinstance(e, BatchDone)]  # without streaming: the one event
+        completions += done[-1].generated
     seconds = time.perf_counter() - start
     width = -(-max(len(p) for p in prompts) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
     prompt_ids = np.full((len(prompts), width), rt.config.pad_token_id, np.int32)

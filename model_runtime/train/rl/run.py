@@ -20,15 +20,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import jax
-
+from model_runtime.runtime import Runtime
+from model_runtime.train.checkpoints import devices_note, last_step, resume, stop_note
 from model_runtime.train.export import export_model
+from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.tasks import read_tasks
-from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.rl.trainer import RLTrainer
 from model_runtime.train.run import check_run_record, hardware_facts
 
 
-def load_policy(init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None) -> Any:
+def load_policy(
+    init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None
+) -> Runtime:
     """The starting model in float32 (the trained weights), on a tp x dp mesh when asked, with one batch
     bucket of ``generation_batch_size`` rows for the rollouts."""
     from model_runtime.loader import load
@@ -72,19 +75,15 @@ def train_rl(
     check_run_record(run_dir, record)
     trainer = RLTrainer(run_dir, rt, tasks, rewards, cfg, options)
     try:
-        if trainer.restore_latest():
-            log(f"resumed from the checkpoint at step {trainer.step}")
-        devices = jax.devices()
-        stop_at = options.stop_at
-        until = f" (stopping after step {stop_at})" if stop_at is not None and stop_at < cfg.steps else ""
+        resume(trainer, log)
         log(
             f"coupled-GRPO: {rt.config.param_count() / 1e6:.2f}M parameters, {cfg.steps} steps, "
             f"{cfg.prompts_per_step} prompts x {cfg.num_generations} completions per rollout, "
-            f"{len(devices)} {devices[0].platform} device(s){until}"
+            f"{devices_note()}{stop_note(cfg.steps, options.stop_at)}"
         )
         trainer.run()
         # A time-boxed run (--stop-at) exports the policy where it stopped; the run stays resumable.
-        if trainer.step < cfg.steps and (stop_at is None or trainer.step < stop_at):
+        if trainer.step < last_step(cfg.steps, options.stop_at):
             return {"stopped_at": trainer.step}
         facts = _facts(run_dir, cfg, init_from, tasks_path, trainer.step)
         out = export_model(

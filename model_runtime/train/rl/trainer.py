@@ -22,12 +22,10 @@ checkpoint at step ``k`` and resumed computes the same step ``k + 1``, inside a 
 
 from __future__ import annotations
 
-import json
 import math
-import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,135 +34,58 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from model_runtime.errors import InputError
+from model_runtime.runtime import Runtime
+from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
 from model_runtime.train.loop import TrainConfig, make_optimizer, schedule
 from model_runtime.train.rl import coupled, rollout
+from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.progress import Progress
 from model_runtime.train.rl.tasks import Task
 
 
 @dataclass(frozen=True)
-class RLConfig:
-    """Everything that changes the computed weights (recorded in run.json). Defaults: the published
-    recipe (recipes/config_coupled_code.yaml with TRL's defaults), except ``steps`` and
-    ``mask_seed_pick`` (docs/training.md says why)."""
+class ScoredRollout:
+    """The rollout the updates use until the next one, with everything a resume inside its iterations
+    needs: ``[B, L]`` ids (left-padded prompts, then completions), ``[B]`` prompt lengths, ``[B, T]``
+    completion mask, ``[B]`` advantages, ``[I]`` mask seeds and, per iteration, ``[I, B, T]`` old-policy
+    log-probs (with ``num_iterations > 1``) and reference log-probs (with ``beta != 0``)."""
 
-    steps: int = 100
-    prompts_per_step: int = 8  # unique prompts per rollout: 8 x 10 = 5 per device x 8 GPUs x 2 accum.
-    num_generations: int = 10
-    chunk: int = 5  # rows per token-level normalisation (per_device_train_batch_size)
-    # Published gradient_accumulation_steps: a device group (one mask draw) is chunk x accumulation rows.
-    accumulation: int = 2
-    # "iteration": step s uses the masks of iteration s % num_iterations for every row. "published": the
-    # published pick, made after TRL's micro-step counter has moved (see RLTrainer.iterations_at).
-    mask_seed_pick: str = "iteration"
-    num_iterations: int = 2
-    beta: float = 0.01
-    epsilon: float = 0.5
-    ref_sync_steps: int = 64
-    ref_mixup_alpha: float = 0.6
-    learning_rate: float = 1e-6
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.99
-    grad_clip: float = 0.2
-    max_prompt_length: int = 200
-    max_completion_length: int = 256
-    diffusion_steps: int = 256
-    temperature: float = 1.0
-    top_p: float = 0.95
-    generation_batch_size: int = 10
-    # Not the recipe: "fast" samples rollouts with diffu's block-wise decoder (see rollout.py).
-    rollout_decoder: str = "reference"
-    block_length: int = 32
-    threshold: float = 0.9
-    random_masking: bool = True
-    seed: int = 42
+    rollout: int
+    ids: np.ndarray
+    prompt_lengths: np.ndarray
+    completion_mask: np.ndarray
+    advantages: np.ndarray
+    mask_seeds: np.ndarray
+    old: np.ndarray | None = None
+    ref: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        def need(cond: bool, name: str, msg: str) -> None:
-            if not cond:
-                raise InputError(f"{name}: {msg}, got {getattr(self, name)}")
+    def arrays(self) -> dict[str, np.ndarray | np.int64]:
+        """What a checkpoint holds: the arrays by field name (absent scores left out)."""
+        out: dict[str, np.ndarray | np.int64] = {"rollout": np.int64(self.rollout)}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "rollout" and value is not None:
+                out[f.name] = value
+        return out
 
-        for name in (
-            "steps",
-            "prompts_per_step",
-            "chunk",
-            "accumulation",
-            "num_iterations",
-            "ref_sync_steps",
-        ):
-            need(getattr(self, name) >= 1, name, "must be >= 1")
-        for name in (
-            "max_prompt_length",
-            "max_completion_length",
-            "diffusion_steps",
-            "generation_batch_size",
-        ):
-            need(getattr(self, name) >= 1, name, "must be >= 1")
-        need(self.num_generations >= 2, "num_generations", "must be >= 2 (the advantage leaves one out)")
-        need(self.rows % self.chunk == 0, "chunk", f"must divide the {self.rows} completions per rollout")
-        need(
-            self.rows % self.device_rows == 0,
-            "accumulation",
-            f"chunk x accumulation ({self.device_rows} rows per device group) must divide the {self.rows} "
-            "completions per rollout",
+    @classmethod
+    def from_arrays(cls, saved: Mapping[str, Any]) -> ScoredRollout:
+        """The rollout ``arrays`` returned, read back from a checkpoint."""
+        a = {k: np.asarray(v) for k, v in saved.items()}
+        return cls(
+            rollout=int(a["rollout"]),
+            ids=a["ids"],
+            prompt_lengths=a["prompt_lengths"],
+            completion_mask=a["completion_mask"],
+            advantages=a["advantages"],
+            mask_seeds=a["mask_seeds"],
+            old=a.get("old"),
+            ref=a.get("ref"),
         )
-        need(
-            self.mask_seed_pick in ("iteration", "published"),
-            "mask_seed_pick",
-            "must be iteration or published",
-        )
-        need(self.beta >= 0, "beta", "must be >= 0")
-        need(0 < self.epsilon < 1, "epsilon", "must be in (0, 1)")
-        need(0 <= self.ref_mixup_alpha <= 1, "ref_mixup_alpha", "must be in [0, 1]")
-        need(self.learning_rate > 0, "learning_rate", "must be > 0")
-        need(0 <= self.warmup_steps <= self.steps, "warmup_steps", f"must be in [0, steps={self.steps}]")
-        need(self.temperature >= 0, "temperature", "must be >= 0")
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(self.rollout_decoder in ("reference", "fast"), "rollout_decoder", "must be reference or fast")
-        need(self.block_length >= 1, "block_length", "must be >= 1")
-        need(0 < self.threshold <= 1, "threshold", "must be in (0, 1]")
-
-    @property
-    def rows(self) -> int:
-        return self.prompts_per_step * self.num_generations
-
-    @property
-    def device_rows(self) -> int:
-        """Rows of one published device: a micro-batch (chunk) per accumulation step."""
-        return self.chunk * self.accumulation
-
-    @property
-    def device_groups(self) -> int:
-        """How many devices the published run would spread a rollout over (8 in the recipe)."""
-        return self.rows // self.device_rows
-
-
-@dataclass(frozen=True)
-class Reward:
-    """A reward function (TRL's signature), its name in metrics and logs, and its weight."""
-
-    name: str
-    fn: Callable[..., Sequence[float | None]]
-    weight: float
-
-
-@dataclass
-class RLOptions:
-    """How the loop runs (never what it computes)."""
-
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    micro_batch: int | None = None  # rows per forward/backward (a multiple of chunk); None: all at once
-    show_progress: bool = True
-    log: Callable[[str], None] = print
-    on_step: Callable[[int, dict[str, Any]], None] | None = None
-    stop_at: int | None = None  # end this invocation after this step (checkpointed), short of cfg.steps
 
 
 class RLTrainer:
@@ -173,7 +94,7 @@ class RLTrainer:
     def __init__(
         self,
         run_dir: Path,
-        rt: Any,  # model_runtime.runtime.Runtime loaded in float32: its weights are the starting policy
+        rt: Runtime,  # loaded in float32: its weights are the starting policy
         tasks: Sequence[Task],
         rewards: Sequence[Reward],
         cfg: RLConfig,
@@ -201,7 +122,7 @@ class RLTrainer:
         if cfg.beta != 0.0:
             self.state["ref"] = jax.tree.map(jnp.copy, params)  # the starting policy, as published
         self.step = 0
-        self.buffer: dict[str, np.ndarray] | None = None
+        self.buffer: ScoredRollout | None = None
         self.settings = coupled.LossSettings(cfg.epsilon, cfg.epsilon, cfg.beta, cfg.chunk)
         self.sampling = rollout.sampling(
             cfg.max_completion_length,
@@ -224,7 +145,7 @@ class RLTrainer:
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         self._mean = jax.jit(lambda g, parts: jax.tree.map(lambda x: x / parts, g), static_argnums=1)
         self._norm = jax.jit(optax.tree.norm)
-        self._manager = None
+        self.checkpoints = RunCheckpoints(self.run_dir, self.options.keep_checkpoints)
 
     def _optax_config(self) -> TrainConfig:
         c = self.cfg
@@ -286,20 +207,23 @@ class RLTrainer:
     def _put(self, x: np.ndarray) -> jax.Array:
         return jnp.asarray(x) if self._rows is None else jax.device_put(x, self._rows)
 
-    def _attention_mask(self, buf: dict[str, np.ndarray]) -> np.ndarray:
+    def _attention_mask(self, prompt_lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The rollout's ``[B, L]`` scoring mask: each row's own prompt and completion, not its padding."""
         t_len = self.cfg.max_completion_length
-        return rollout.attention_mask(buf["prompt_lengths"], buf["ids"].shape[1] - t_len, t_len)
+        return rollout.attention_mask(prompt_lengths, ids.shape[1] - t_len, t_len)
 
-    def _score(self, params: Any, ids: np.ndarray, attn: np.ndarray, seed: int) -> np.ndarray:
-        """Coupled log-probs ``[B, T]`` of every row under mask seed ``seed``, micro-batch by micro-batch."""
-        t, r = self.masks(seed)
-        out = []
-        for lo in range(0, len(ids), self.micro):
-            sl = slice(lo, lo + self.micro)
-            args = (self._put(ids[sl]), self._put(attn[sl]), self._put(t[sl]), self._put(r[sl]))
-            out.append(np.asarray(self._logps(params, *args)))
-        return np.concatenate(out)
+    def _scores(self, params: Any, ids: np.ndarray, attn: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """Coupled log-probs ``[I, B, T]`` of every row under each mask seed, micro-batch by micro-batch."""
+        per_seed = []
+        for seed in seeds:
+            t, r = self.masks(int(seed))
+            out = []
+            for lo in range(0, len(ids), self.micro):
+                sl = slice(lo, lo + self.micro)
+                args = (self._put(ids[sl]), self._put(attn[sl]), self._put(t[sl]), self._put(r[sl]))
+                out.append(np.asarray(self._logps(params, *args)))
+            per_seed.append(np.concatenate(out))
+        return np.stack(per_seed)
 
     def rewards_of(self, tasks: Sequence[Task], texts: Sequence[str], step: int) -> tuple[np.ndarray, int]:
         """``[B, F]`` rewards (NaN where a function gave None or failed) and the number of failures.
@@ -357,20 +281,17 @@ class RLTrainer:
         total = np.nansum(per_func * weights, axis=1).astype(np.float32)  # published nansum
         seeds = self.mask_seeds(r)
         ids = ro.ids
-        buffer = {
-            "rollout": np.int64(r),
-            "ids": ids,
-            "prompt_lengths": ro.prompt_lengths,
-            "completion_mask": ro.completion_mask,
-            "advantages": coupled.leave_one_out(total, cfg.num_generations),
-            "mask_seeds": seeds,
-        }
-        attn = self._attention_mask(buffer)
-        if cfg.num_iterations > 1:
-            buffer["old"] = np.stack([self._score(params, ids, attn, s) for s in seeds])  # [I, B, T]
-        if cfg.beta != 0.0:
-            buffer["ref"] = np.stack([self._score(self.state["ref"], ids, attn, s) for s in seeds])
-        self.buffer = buffer
+        attn = self._attention_mask(ro.prompt_lengths, ids)
+        self.buffer = ScoredRollout(
+            rollout=r,
+            ids=ids,
+            prompt_lengths=ro.prompt_lengths,
+            completion_mask=ro.completion_mask,
+            advantages=coupled.leave_one_out(total, cfg.num_generations),
+            mask_seeds=seeds,
+            old=None if cfg.num_iterations == 1 else self._scores(params, ids, attn, seeds),
+            ref=None if cfg.beta == 0.0 else self._scores(self.state["ref"], ids, attn, seeds),
+        )
         std = coupled.group_std(total, cfg.num_generations)
         metrics: dict[str, Any] = {
             "rollout": r,
@@ -399,26 +320,27 @@ class RLTrainer:
         assert buf is not None, "update() needs a rollout (make_rollout or restore_latest)"
         ks = self.iterations_at(self.step)
         rows = np.arange(cfg.rows)
-        draws = [self.masks(s) for s in buf["mask_seeds"]]
+        draws = [self.masks(int(s)) for s in buf.mask_seeds]
         t = np.stack([d[0] for d in draws])[ks, rows]  # [B]
         r = np.stack([d[1] for d in draws])[ks, rows]  # [B, T]
-        old = None if "old" not in buf else buf["old"][ks, rows]
-        ref = None if "ref" not in buf else buf["ref"][ks, rows]
-        attn = self._attention_mask(buf)
-        parts = len(buf["ids"]) // self.micro
-        grads, sums = None, {}
-        for lo in range(0, len(buf["ids"]), self.micro):
+        old = None if buf.old is None else buf.old[ks, rows]
+        ref = None if buf.ref is None else buf.ref[ks, rows]
+        attn = self._attention_mask(buf.prompt_lengths, buf.ids)
+        parts = len(buf.ids) // self.micro
+        grads: Any = None
+        sums: dict[str, float] = {}
+        for lo in range(0, len(buf.ids), self.micro):
             sl = slice(lo, lo + self.micro)
             (loss, metrics), g = self._grad(
                 self.state["params"],
-                self._put(buf["ids"][sl]),
+                self._put(buf.ids[sl]),
                 self._put(attn[sl]),
                 self._put(t[sl]),
                 self._put(r[sl]),
                 None if old is None else self._put(old[sl]),
                 None if ref is None else self._put(ref[sl]),
-                self._put(buf["advantages"][sl]),
-                self._put(buf["completion_mask"][sl]),
+                self._put(buf.advantages[sl]),
+                self._put(buf.completion_mask[sl]),
             )
             # Every micro-batch holds the same number of chunks: the batch loss is their plain mean.
             grads = g if grads is None else self._add(grads, g)
@@ -438,77 +360,31 @@ class RLTrainer:
         return sums
 
     # -- checkpoints --------------------------------------------------------------------------------
-    @property
-    def manager(self) -> Any:
-        if self._manager is None:
-            import orbax.checkpoint as ocp
-
-            self._manager = ocp.CheckpointManager(
-                (self.run_dir / "checkpoints").absolute(),
-                options=ocp.CheckpointManagerOptions(max_to_keep=self.options.keep_checkpoints, create=True),
-            )
-        return self._manager
-
     def save(self) -> None:
         """The whole state and the current rollout at ``self.step`` (blocking)."""
-        import orbax.checkpoint as ocp
-
-        if self.step in self.manager.all_steps() or self.buffer is None:
-            return
-        # Leaves only: the tree structure (optax tuples, NNX State) is rebuilt from the live state.
-        args = ocp.args.Composite(
-            state=ocp.args.StandardSave(jax.tree.leaves(self.state)),
-            rollout=ocp.args.StandardSave(self.buffer),
-        )
-        self.manager.save(self.step, args=args)
-        self.manager.wait_until_finished()
+        if self.buffer is not None:
+            self.checkpoints.save(self.step, self.state, {"rollout": self.buffer.arrays()})
 
     def restore_latest(self) -> bool:
-        import orbax.checkpoint as ocp
-
-        step = self.manager.latest_step()
-        if step is None:
+        """Load the newest checkpoint (state and rollout), if any; returns whether one was found."""
+        restored = self.checkpoints.restore_latest(self.state, extras=("rollout",))
+        if restored is None:
             return False
-        leaves, treedef = jax.tree.flatten(self.state)
-        abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in leaves]
-        out = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), rollout=ocp.args.StandardRestore()
-            ),
-        )
-        self.state = jax.tree.unflatten(treedef, list(out.state))
-        self.buffer = {k: np.asarray(v) for k, v in out.rollout.items()}
-        self.step = int(step)
-        # Steps logged after this checkpoint (a kill before the next one) are computed again: drop them.
-        path = self.run_dir / "metrics.jsonl"
-        if path.is_file():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            kept = [x for x in lines if json.loads(x)["step"] <= self.step]
-            path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+        self.state, self.step = restored.state, restored.step
+        self.buffer = ScoredRollout.from_arrays(restored.extras["rollout"])
         return True
 
     def close(self) -> None:
-        if self._manager is not None:
-            self._manager.close()
-            self._manager = None
+        self.checkpoints.close()
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         """Train from ``self.step`` to ``cfg.steps`` (or ``stop_at``); one metrics.jsonl line per step.
         Ctrl-C or SIGTERM checkpoints after the step in progress and stops (KeyboardInterrupt)."""
         cfg, opts = self.cfg, self.options
-        # stop_at cuts this invocation short without touching the schedule (cfg.steps sets the LR decay).
-        last = cfg.steps if opts.stop_at is None else min(cfg.steps, opts.stop_at)
+        last = last_step(cfg.steps, opts.stop_at)
         history: list[dict[str, Any]] = []
-        self._stop: int | None = None
-        previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                previous[sig] = signal.signal(sig, self._request_stop)
-            except ValueError:  # not the main thread
-                pass
-        try:
+        with interruptible(lambda: self.state, self.save) as stop:
             with Progress(cfg.steps, self.step, enabled=opts.show_progress) as progress:
                 while self.step < last:
                     t0 = time.perf_counter()
@@ -521,35 +397,15 @@ class RLTrainer:
                     if not math.isfinite(record["loss"]):
                         raise FloatingPointError(f"the loss became {record['loss']} at step {self.step}")
                     record.update(time=time.time(), seconds=round(time.perf_counter() - t0, 3))
-                    self._log(record)
+                    self.checkpoints.log(record)
                     history.append(record)
                     progress.update(self.step, record)
                     if opts.on_step is not None:
                         opts.on_step(self.step, record)
-                    if self.step % opts.checkpoint_every == 0 or self.step == last:
+                    if checkpoint_due(self.step, opts.checkpoint_every, last):
                         self.save()
-                    if self._stop is not None:
-                        self.save()
-                        raise KeyboardInterrupt(f"signal {self._stop}")
-        except KeyboardInterrupt:
-            # Whole unless the interrupt hit inside the update (a second Ctrl-C): then the donated state
-            # is gone and the last periodic checkpoint is what a resume gets.
-            if not any(x.is_deleted() for x in jax.tree.leaves(self.state)):
-                self.save()
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                    stop.check()
         return history
-
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        if self._stop is not None:
-            raise KeyboardInterrupt(f"signal {signum}")
-        self._stop = signum
-
-    def _log(self, record: dict[str, Any]) -> None:
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
 
 
 def rate_of(reward_name: str) -> str | None:
@@ -560,8 +416,23 @@ def rate_of(reward_name: str) -> str | None:
     return {"code": "pass_rate", "code_format": "format_rate"}.get(short)
 
 
-def _loss_and_grad(graphdef, mask_id, settings, params, ids, attn, t, r, old, ref, adv, cmask):
-    def loss_fn(p: Any) -> tuple[jax.Array, dict]:
+def _loss_and_grad(
+    graphdef: nnx.GraphDef,
+    mask_id: int,
+    settings: coupled.LossSettings,
+    params: nnx.State,
+    ids: jax.Array,
+    attn: jax.Array,
+    t: jax.Array,
+    r: jax.Array,
+    old: jax.Array | None,
+    ref: jax.Array | None,
+    adv: jax.Array,
+    cmask: jax.Array,
+) -> tuple[tuple[jax.Array, dict[str, jax.Array]], nnx.State]:
+    """The coupled-GRPO loss of one micro-batch, its metrics, and its gradient with respect to ``params``."""
+
+    def loss_fn(p: nnx.State) -> tuple[jax.Array, dict[str, jax.Array]]:
         logps = coupled.coupled_logps(graphdef, p, ids, attn, t, r, mask_id)
         return coupled.grpo_loss(logps, old, ref, adv, cmask, settings)
 

@@ -20,6 +20,7 @@ from flax import nnx  # noqa: E402
 import model_runtime  # noqa: E402
 from model_runtime import SamplingParams  # noqa: E402
 from model_runtime.errors import InputError  # noqa: E402
+from model_runtime.model import named_arrays  # noqa: E402
 
 
 def logits(rt, ids):
@@ -43,17 +44,12 @@ def main(model_dir: str) -> None:
     for tp, dp in ((4, 1), (8, 1), (4, 2)):
         rt = model_runtime.load(model_dir, tp=tp, dp=dp, **kw)
         got = logits(rt, ids)
-        fractions = {}
-        for path, arr in jax.tree_util.tree_flatten_with_path(rt.state)[0]:
-            name = "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
-            # Every device's shard is the same size; check them all hold the same fraction.
-            sizes = {s.data.size for s in arr.addressable_shards}
-            fractions[name] = [size / arr.size for size in sizes]
+        fractions = fractions_of(rt)
         out["meshes"].append(
             {
                 "tp": tp,
                 "dp": dp,
-                "device": rt.device,
+                "device": rt.info.device,
                 "batch_buckets": list(rt.batch_buckets),
                 "max_rel_err": float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))),
                 "greedy_equal": list(rt.generate(prompts, greedy, chat=False))[-1].sequences == want,
@@ -86,8 +82,8 @@ def main(model_dir: str) -> None:
 
 
 def flat(rt):
-    for path, arr in jax.tree_util.tree_flatten_with_path(rt.state)[0]:
-        yield "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path), arr
+    """(name, array) per state leaf (``model.named_arrays``)."""
+    return named_arrays(rt.state).items()
 
 
 def fractions_of(rt) -> dict[str, list[float]]:

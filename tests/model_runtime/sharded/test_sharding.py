@@ -44,6 +44,8 @@ def test_meshes_give_single_device_logits_and_generations(report):
 def test_each_device_holds_one_tp_th_of_every_sharded_weight(report):
     for mesh in report["meshes"]:
         tp, fr = mesh["tp"], mesh["fractions"]
+        # Every parameter is named by its path (the checks below look at each one's last part).
+        assert "layers/0/attn/q_kernel" in fr and "embed" in fr and "norm/weight" in fr, sorted(fr)[:5]
         # Sharded over tp: embeddings and lm_head (vocabulary), q/o (heads), the MLP hidden.
         for name, fractions in fr.items():
             leaf = name.rsplit("/", 1)[-1]
@@ -66,6 +68,7 @@ def test_quantized_weights_and_their_scales_shard_together(report):
     q = report["quantized"]
     assert q["max_rel_err"] < 1e-5 and q["greedy_equal"]
     fr, dtypes = q["fractions"], q["dtypes"]
+    assert "layers/0/mlp/gate_kernel" in fr and "layers/0/mlp/gate_kernel_scale" in fr, sorted(fr)[:5]
     # Per-channel scales take their weight's output axes: split where those are (heads, MLP hidden,
     # vocabulary), replicated where the output is the hidden size (o_proj, down_proj) or 2 KV heads.
     split = ("q_kernel", "q_kernel_scale", "o_kernel", "gate_kernel", "gate_kernel_scale", "up_kernel")

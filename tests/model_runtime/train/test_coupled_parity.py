@@ -29,9 +29,10 @@ from model_runtime.train.corpus import TOKENIZER_FILES
 from model_runtime.train.export import params_by_path
 from model_runtime.train.loop import TrainConfig, schedule
 from model_runtime.train.rl import coupled
+from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import Task
-from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.rl.trainer import RLTrainer
 from tests.reference.coupled_grpo_torch import PublishedCoupledGRPO
 from tests.reference.dream_torch import DreamReference
 
@@ -241,14 +242,14 @@ def scored_rollout(models, tiny_dir, tmp_path_factory):
     trainer.make_rollout(0)
     buf = trainer.buffer
     cfg = trainer.cfg
-    masks = [trainer.masks(s) for s in buf["mask_seeds"]]  # per iteration: ([B], [B, T])
+    masks = [trainer.masks(int(s)) for s in buf.mask_seeds]  # per iteration: ([B], [B, T])
     t_len = cfg.max_completion_length
-    width = buf["ids"].shape[1] - t_len
+    width = buf.ids.shape[1] - t_len
     published = {"old": [], "ref": []}
     for lo in range(0, cfg.rows, cfg.num_generations):
         rows = slice(lo, lo + cfg.num_generations)
-        n = int(buf["prompt_lengths"][lo])
-        alone = torch.tensor(buf["ids"][rows, width - n :])  # the prompt unpadded, then the completions
+        n = int(buf.prompt_lengths[lo])
+        alone = torch.tensor(buf.ids[rows, width - n :])  # the prompt unpadded, then the completions
         impl = GivenMasks(
             [(float(t[lo]), r[rows]) for t, r in masks],
             mask_id=jx["old"].config.mask_token_id,
@@ -268,19 +269,19 @@ def scored_rollout(models, tiny_dir, tmp_path_factory):
 def test_rollout_of_prompts_of_different_lengths_scores_as_published(scored_rollout):
     trainer, expected, update = scored_rollout
     buf, cfg = trainer.buffer, trainer.cfg
-    lengths = buf["prompt_lengths"].reshape(-1, cfg.num_generations)[:, 0]
-    assert len(set(lengths.tolist())) == 3 and buf["ids"].shape[1] - cfg.max_completion_length > min(lengths)
-    for name in ("old", "ref"):
-        ours = np.transpose(buf[name], (1, 0, 2))  # [B, I, T]
+    lengths = buf.prompt_lengths.reshape(-1, cfg.num_generations)[:, 0]
+    assert len(set(lengths.tolist())) == 3 and buf.ids.shape[1] - cfg.max_completion_length > min(lengths)
+    for name, scores in (("old", buf.old), ("ref", buf.ref)):
+        ours = np.transpose(scores, (1, 0, 2))  # [B, I, T]
         worst = float(np.max(np.abs(ours - expected[name])))
         assert worst <= 1e-4, f"{name}: off by up to {worst:.4g} nats a token"
     # The update scores the current policy the same way: at the first step it is the old policy, so its
     # KL to the reference, per row under the masks iterations_at(0) picks, is the published one.
     ks, rows = trainer.iterations_at(0), np.arange(cfg.rows)
     d = expected["ref"][rows, ks] - expected["old"][rows, ks]
-    kl = (np.exp(d) - d - 1) * buf["completion_mask"]
+    kl = (np.exp(d) - d - 1) * buf.completion_mask
     per_chunk = kl.reshape(-1, cfg.chunk * cfg.max_completion_length).sum(1)
-    per_chunk /= buf["completion_mask"].reshape(per_chunk.shape[0], -1).sum(1)
+    per_chunk /= buf.completion_mask.reshape(per_chunk.shape[0], -1).sum(1)
     assert update["kl"] == pytest.approx(float(per_chunk.mean()), rel=1e-3)
     assert update["kl"] > 1e-4 and update["clip_ratio"] == 0.0
 

@@ -12,9 +12,10 @@ import pytest
 
 from assistant.cli.main import main
 from model_runtime.train.rl import synthetic
+from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import write_tasks
-from model_runtime.train.rl.trainer import Reward, RLConfig, RLOptions, RLTrainer
+from model_runtime.train.rl.trainer import RLTrainer
 from tests.assistant.helpers import virtual_devices_env
 
 
@@ -106,7 +107,7 @@ def test_a_stopped_or_killed_run_resumes_with_the_same_rollouts_and_losses(tiny_
         t.run()
     t.close()
     t = _trainer(tmp_path / "soft", tiny_dir, tasks_file, rewards, _recording(got))
-    assert t.restore_latest() and t.step == 3 and int(t.buffer["rollout"]) == 1
+    assert t.restore_latest() and t.step == 3 and t.buffer is not None and t.buffer.rollout == 1
     t.run()
     assert got == ref
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(final, jax.tree.leaves(t.state), strict=True))
@@ -179,7 +180,7 @@ def test_the_cli_trains_exports_a_loadable_model_and_refuses_changed_settings(
     facts = json.loads((out / "model" / "metrics.json").read_text())
     assert facts["rl"]["num_generations"] == 4 and facts["train"]["rollouts"] == 1
     rt = model_runtime.load(out / "model")
-    ids = rt.encode_chat([{"role": "user", "content": "hi"}])
+    ids = rt.rows.encode_chat([{"role": "user", "content": "hi"}])
     done = list(rt.generate([ids], model_runtime.SamplingParams(max_new_tokens=4, steps=4), chat=True))[-1]
     assert len(done.generated[0]) == 4
     capsys.readouterr()
@@ -257,7 +258,7 @@ def _mesh_run(run_dir: str, tiny_dir: str, tasks_file: str, tp: int, dp: int) ->
     t = RLTrainer(Path(run_dir), rt, read_tasks(tasks_file), [Reward("spaces", spaces, 1.0)], cfg, opts)
     history = t.run()
     t.close()
-    mesh = rt.mesh_info
+    mesh = rt.info.mesh
     keys = ("reward", "loss", "kl", "grad_norm")
     return {"mesh": [mesh["dp"], mesh["tp"]], "steps": [[h.get(k) for k in keys] for h in history]}
 

@@ -239,17 +239,20 @@ def test_killed_run_resumes_at_the_same_step_with_the_same_data_and_losses(smoke
     )
     t.close()
 
-    # A hard kill at step 5 loses the steps since the last periodic checkpoint (4), nothing else.
+    # A hard kill at step 5 loses the steps since the last periodic checkpoint (3), nothing else.
     got = {}
-    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got, stop_at=5, exc=_Stop))
+    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got, stop_at=5, exc=_Stop), checkpoint_every=3)
     with pytest.raises(_Stop):
         t.run()
     t.close()
-    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got))
-    assert t.restore_latest() and t.step == 4
+    t = _trainer(tmp_path / "hard", corpus_dir, _recording(got), checkpoint_every=3)
+    assert t.restore_latest() and t.step == 3
     t.run()
     assert got == ref
     t.close()
+    # Step 4 was logged before the kill and computed again after the resume: metrics.jsonl has it once.
+    lines = (tmp_path / "hard" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))
 
 
 def _short_run(run_dir: str, corpus_dir: str) -> dict:
@@ -344,9 +347,9 @@ def test_bundled_model_writes_python_for_a_python_prompt():
     # What the README's `diffu generate --raw --prompt "def parse_date(text):"` runs: 128 masks, greedy, the
     # decoder the model recommends (the fast one: scripts/decoder_quality.py measured it writing better code).
     rt = model_runtime.load(bundled_model_dir(), length_buckets=(256,), batch_buckets=(1,))
-    assert rt.default_decoder == "fast"
+    assert rt.info.default_decoder == "fast"
     prompt = rt.tokenizer.encode("def parse_date(text):")
-    params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.default_decoder)
+    params = SamplingParams(max_new_tokens=128, steps=128, decoder=rt.info.default_decoder)
     done = list(rt.generate([prompt], params, chat=False))[-1]
     lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
     assert len(lines) >= 3, done.texts[0]
