@@ -347,6 +347,7 @@ def _score_samples(tasks, rows, ks, limits, workers, progress):
 def _settings(args: argparse.Namespace, tokens: int, model: dict[str, Any]) -> list[tuple[str, Any]]:
     """(label, SamplingParams) per run: the flags as given over the model's own settings (its
     generation_config.json), or the sweep's decoders."""
+    from assistant.cli.eval_table import setting_label
     from assistant.cli.model_options import sampling_params
 
     params = sampling_params(args, tokens, model)
@@ -354,18 +355,18 @@ def _settings(args: argparse.Namespace, tokens: int, model: dict[str, Any]) -> l
         # One line is the answer: the benchmarks cut a fill at its end, and the fast decoders stop there.
         params = dataclasses.replace(params, max_lines=1)
     if not args.sweep:
-        return [(_label(params, args.decoder is None), params)]
+        return [(setting_label(params, args.decoder is None), params)]
     runs = [("reference", dataclasses.replace(params, decoder="reference"))]
     for t in SWEEP_THRESHOLDS:
         p = dataclasses.replace(params, decoder="fast", threshold=t, factor=None)
-        runs.append((_label(p, False), p))
+        runs.append((setting_label(p, False), p))
     for length in args.sweep_blocks:
         if length == params.block_length:
             continue  # the threshold rows have it
         p = dataclasses.replace(
             params, decoder="fast", threshold=SWEEP_BLOCK_THRESHOLD, factor=None, block_length=length
         )
-        runs.append((_label(p, False), p))
+        runs.append((setting_label(p, False), p))
     return runs
 
 
@@ -373,19 +374,6 @@ def single_line_benchmark(args: argparse.Namespace) -> bool:
     """Whether every answer of the benchmark is one line (the single-line infills)."""
     single = args.benchmark == "humaneval-infill" and args.variant == "single-line"
     return args.benchmark == "lines" or single
-
-
-def _label(params: Any, model_default: bool) -> str:
-    if model_default:
-        return "model's default decoder"
-    if params.decoder == "reference":
-        return "reference"
-    rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"
-    if params.decoder == "sliding":
-        extra = "" if params.commit_rule == "threshold" else f", {params.commit_rule}"
-        extra += f", refresh every {params.refresh_every}" if params.refresh_every else ""
-        return f"sliding, window {params.window}, {rule}{extra}"
-    return f"fast, block {params.block_length}, {rule}"
 
 
 def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any], Any]:

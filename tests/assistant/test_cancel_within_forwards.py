@@ -45,7 +45,7 @@ class Superseded:
 
 def job(rt: Any, prompt: str, tokens: int, params: SamplingParams, *, stream: bool) -> Job:
     ids = rt.tokenizer.encode(prompt)
-    row = rt.make_row(ids, tokens, chat=False)
+    row = rt.rows.make_row(ids, tokens, chat=False)
     return Job(
         row=row,
         params=params,
@@ -81,11 +81,11 @@ def test_a_superseded_job_that_does_not_stream_stops_within_two_forwards(runtime
         engine.submit(old)
         old_done, new_done = await final(old), await final(newer)
         engine.stop()
-        return old_done, new_done, engine.counters["forwards"]
+        return old_done, new_done, engine.counters.forwards
 
     old_done, new_done, forwards = asyncio.run(main())
     assert isinstance(old_done, JobDone) and old_done.finish_reason == "cancelled"
-    assert old_done.stats["cancel_reason"] == "superseded"
+    assert old_done.stats.cancel_reason == "superseded"
     assert isinstance(new_done, JobDone) and new_done.finish_reason != "cancelled"
     # The old job ran forwards 0..CANCEL_AFTER before the newer request came, then at most two more
     # (the one running when it came, and one queued ahead); the counter holds the newer job's too.

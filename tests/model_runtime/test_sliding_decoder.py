@@ -26,9 +26,9 @@ def rows_of(rt):
     """An infill row, a generation row and a second infill row whose region sits in other columns."""
     tok = rt.tokenizer
     return [
-        rt.make_infill_row("def f(x):\n    y = x + 1\n", "\n    return y\n", 20),
-        rt.make_row(tok.encode("import os\nimport sys\n"), 20, chat=False),
-        rt.make_infill_row("class A:\n", "\n\nprint(A())\n", 20),
+        rt.rows.make_infill_row("def f(x):\n    y = x + 1\n", "\n    return y\n", 20),
+        rt.rows.make_row(tok.encode("import os\nimport sys\n"), 20, chat=False),
+        rt.rows.make_infill_row("class A:\n", "\n\nprint(A())\n", 20),
     ]
 
 
@@ -122,6 +122,6 @@ def test_each_row_stops_at_its_own_end_of_text(runtime, monkeypatch):
 
 
 def test_a_window_larger_than_a_small_bucket_takes_a_larger_bucket(runtime):
-    row = runtime.make_row(runtime.tokenizer.encode("x"), 4, chat=False)  # 5 tokens: bucket 32
+    row = runtime.rows.make_row(runtime.tokenizer.encode("x"), 4, chat=False)  # 5 tokens: bucket 32
     done = last(runtime.run([row], sliding(max_new_tokens=4, window=64), stream=False))
     assert done.stats.bucket == (1, 128) and runtime.tokenizer.mask_id not in done.generated[0]
