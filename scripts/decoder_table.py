@@ -202,7 +202,7 @@ def measure(args: argparse.Namespace, out: Path, benchmarks: Sequence[str], sett
                     "wall_seconds": round(time.perf_counter() - t0, 3),
                     "params": params.to_dict(),
                     "batch": rows,
-                    "device": rt.device,
+                    "device": rt.info.device,
                 }
                 with path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(row) + "\n")
@@ -305,7 +305,7 @@ def markdown(table: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -320,7 +320,7 @@ def main() -> int:
         "--batch", type=int, default=None, help="rows per batch, every setting (default: each its own)"
     )
     parser.add_argument("--report", action="store_true", help="only write the table from what is measured")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     benchmarks = [b for b in args.benchmarks.split(",") if b]
     settings = [s for s in args.settings.split(",") if s]
     unknown = sorted(set(benchmarks) - set(BENCHMARKS)) + sorted(set(settings) - set(SETTINGS))
