@@ -69,8 +69,12 @@ class SamplingOptions:
     seed: int | None = like(SamplingParams, "seed", default=None)
     decoder: str | None = like(SamplingParams, "decoder", default=None)
     block_length: int | None = like(SamplingParams, "block_length", default=None)
+    window: int | None = like(SamplingParams, "window", default=None)
     threshold: float | None = like(SamplingParams, "threshold", default=None)
     factor: float | None = like(SamplingParams, "factor", default=None)
+    commit_rule: str | None = like(SamplingParams, "commit_rule", default=None)
+    refresh_every: int | None = like(SamplingParams, "refresh_every", default=None)
+    max_lines: int | None = like(SamplingParams, "max_lines", default=None)
 
     def body(self) -> dict[str, Any]:
         """The knobs that are set, as request fields."""
@@ -192,6 +196,7 @@ class DaemonCounters:
     batched_rows: int = 0  # rows that ran in a batch of more than one
     largest_batch: int = 0
     generated_tokens: int = 0
+    forwards: int = 0  # forwards of the model run for batches (a cancelled job's included)
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -10,6 +10,7 @@ into one run.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from assistant.infill import context as ctx
 from assistant.infill.context import Mode
 from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess
-from assistant.wire import prompt_budget
+from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.settings import Settings
 from lsp.state import Timing, Timings
@@ -72,6 +73,16 @@ def plan(cursor: Cursor, settings: Settings) -> Plan:
     return Plan(mode, canvas, steps, prompt_before, line_before, line_above)
 
 
+def mode_sampling(
+    settings: Settings, mode: Mode, steps: int, *, temperature: float | None = None, seed: int | None = None
+) -> SamplingOptions:
+    """What a suggestion in ``mode`` sends: the user's knobs (``Settings.request_sampling``), and with
+    text on the cursor's line one line (``max_lines`` 1): the suggestion is the rest of that line, so the
+    fast decoders stop once it is written and the daemon takes its model's one-line decoder."""
+    sampling = settings.request_sampling(steps, temperature=temperature, seed=seed)
+    return dataclasses.replace(sampling, max_lines=1) if mode is Mode.SINGLE_LINE else sampling
+
+
 def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
     """The shapes typing asks for, one per mode (canvas and automatic steps as :func:`plan` makes them),
     with a prompt of the whole context budget (files longer than it are the common case), for the daemon
@@ -84,7 +95,7 @@ def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
         steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
         budget = prompt_budget(settings.context_tokens, canvas, max_context)
         if budget > 0:
-            sampling = settings.request_sampling(steps)
+            sampling = mode_sampling(settings, mode, steps)
             shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
             shapes.append(shape)
     return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
@@ -150,9 +161,8 @@ async def ask(
 
     def request(prompt: ctx.Prompt, k: int) -> Awaitable[Done]:
         """Candidate ``k``: 0 is the greedy one (the user's temperature), others sampled with seed k."""
-        sampling = settings.request_sampling(
-            p.steps, temperature=None if k == 0 else CANDIDATE_TEMPERATURE, seed=k or None
-        )
+        temperature = None if k == 0 else CANDIDATE_TEMPERATURE
+        sampling = mode_sampling(settings, p.mode, p.steps, temperature=temperature, seed=k or None)
         return client.infill(
             prompt.prefix,
             prompt.suffix,

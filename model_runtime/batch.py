@@ -17,6 +17,22 @@ from model_runtime.interface import BatchDone, BatchStep, CanvasRow, GenerationS
 from model_runtime.tokenizer import DreamTokenizer
 
 
+def answer_length(
+    region: Sequence[int], stops: set[int], newlines: Sequence[int], max_lines: int | None
+) -> int:
+    """The answer's tokens in a generated region: up to its first stop token, or through the token that
+    ends its ``max_lines``-th line (``newlines``: newlines per token id)."""
+    lines = 0
+    for k, t in enumerate(region):
+        if t in stops:
+            return k
+        if max_lines:
+            lines += newlines[t] if t < len(newlines) else 0
+            if lines >= max_lines:
+                return k + 1
+    return len(region)
+
+
 @dataclass(frozen=True)
 class PlacedBatch:
     """``rows`` in a ``shape`` bucket: canvas ids ``x`` and padding mask ``attn`` (both ``[B, L]``), and
@@ -84,16 +100,21 @@ class PlacedBatch:
         compiled: int,
         hits: int,
         decoder: str = "reference",
+        max_lines: int | None = None,
     ) -> BatchDone:
-        """The answers in the final canvas, each row's region cut at its first stop token and decoded."""
+        """The answers in the final canvas, each row's region cut at its first stop token and decoded
+        (and after its ``max_lines``-th line)."""
         longest = max(len(r.ids) for r in self.rows)
-        sequences, generated, texts = [], [], []
+        sequences, generated, texts, answers = [], [], [], []
+        newlines = tokenizer.newlines() if max_lines else ()
         for j, r in enumerate(self.rows):
             content = final[j, self.offsets[j] :].tolist()
             sequences.append([pad_id] * (longest - len(content)) + content)
             region = content[r.region[0] : r.region[1]]
             generated.append(region)
-            texts.append(tokenizer.postprocess(region, chat=r.chat))
+            text = tokenizer.postprocess(region, chat=r.chat)
+            texts.append("\n".join(text.split("\n")[:max_lines]) if max_lines else text)
+            answers.append(answer_length(region, set(tokenizer.stop_ids(chat=r.chat)), newlines, max_lines))
         new_tokens = sum(r.region[1] - r.region[0] for r in self.rows)
         stats = GenerationStats(
             steps=steps,
@@ -113,4 +134,5 @@ class PlacedBatch:
             generated=generated,
             prompt_lengths=[r.region[0] for r in self.rows],
             stats=stats,
+            answer_tokens=answers,
         )

@@ -176,6 +176,7 @@ def generation(
     new_tokens = done.stats.new_tokens
     out = {
         "decoder": params.decoder,
+        "stream": stream,
         "batch": len(prompts),
         "max_new_tokens": params.max_new_tokens,
         "steps": params.steps,
@@ -324,6 +325,7 @@ class DecoderCase:
 DECODERS: tuple[DecoderCase, ...] = (
     DecoderCase("reference", {"decoder": "reference"}, cost="full"),
     DecoderCase("fast", {"decoder": "fast"}, cost="dualcache"),
+    DecoderCase("sliding", {"decoder": "sliding", "window": 8}, cost="window"),
 )
 
 
@@ -344,9 +346,17 @@ def _dualcache_cost(parts: Mapping[str, float], block: int, tpf: float) -> float
     return (parts["refresh_ms"] + (forwards - 1.0) * parts["block_step_ms"]) / 1e3 / block
 
 
+def _window_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
+    """The sliding decoder: each forward after its first asks queries for its window (8) over the cache,
+    at most what a block step of the fast decoder costs (``block_step_ms``); its one full forward is
+    counted once per ``block`` tokens, an upper bound for a region longer than a block."""
+    return (parts["refresh_ms"] / block + parts["block_step_ms"] / tpf) / 1e3
+
+
 COST_MODELS: dict[str, Callable[[Mapping[str, float], int, float], float]] = {
     "full": _full_cost,
     "dualcache": _dualcache_cost,
+    "window": _window_cost,
 }
 
 

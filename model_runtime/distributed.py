@@ -68,6 +68,10 @@ class Leader:
     def program_cache(self) -> dict[str, int | None] | None:
         return self._runtime.program_cache()  # this process's; every process compiles the same programs
 
+    @property
+    def forwards(self) -> int:
+        return self._runtime.forwards
+
     def _publish(self, call: dict) -> str:
         self._seq += 1
         key = f"{_PREFIX}/job/{self._seq}"
@@ -98,12 +102,11 @@ class Leader:
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
         call = {"op": "run", "rows": _encode_rows(rows), "params": params.to_dict(), "stream": stream}
-        steps = self._publish({**call, "every_forward": every_forward})
+        steps = self._publish(call)
         # An InputError here is the followers' too.
-        events = self._runtime.run(rows, params, stream=stream, every_forward=every_forward)
+        events = self._runtime.run(rows, params, stream=stream)
         return self._lockstep(events, steps)
 
     def _lockstep(self, events: BatchEvents, steps: str) -> BatchEvents:
@@ -160,9 +163,7 @@ def follow(runtime: RuntimeProtocol, log: logging.Logger) -> int:
                 runtime.compile(_decode_rows(call["rows"]), params)
                 client.key_value_set(f"{_PREFIX}/compiled/{seq}/{jax.process_index()}", "1")
                 continue
-            events = runtime.run(
-                _decode_rows(call["rows"]), params, stream=call["stream"], every_forward=call["every_forward"]
-            )
+            events = runtime.run(_decode_rows(call["rows"]), params, stream=call["stream"])
         except InputError as exc:  # the leader got the same error and answered its client
             log.info("job %d refused on every host: %s", seq, exc)
             continue

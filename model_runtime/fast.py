@@ -70,8 +70,8 @@ def refresh(
     """
     model = nnx.merge(graphdef, state)
     b, n = x.shape
-    hidden, caches = model.hidden(x, attn)  # [B, L, D]
-    before = jax.lax.dynamic_slice_in_dim(hidden, start - 1, 1, axis=1)  # [B, 1, D]
+    # The output before ``start`` is the only one used: the last layer runs its query alone.
+    before, caches = model.hidden_at(x, attn, jnp.broadcast_to(start - 1, (b, 1)))  # [B, 1, D]
     keys = position_keys(key, jnp.broadcast_to(n - 1 - start, (b, 1)))  # counted from the row's end
     _, x0 = sample_tokens(
         no_mask(model.head(before), mask_id), keys, spec.sampler, temperature, top_p, top_k

@@ -1,10 +1,14 @@
 """What a model directory's ``generation_config.json`` says about generating with it.
 
-Two things are read, both checked and both optional:
+Three things are read, all checked and all optional:
 
-- ``diffu_decoder``: the decoder the model recommends (``reference`` or ``fast``); published checkpoints
-  carry no such key and get the reference decoder. ``scripts/decoder_quality.py --record`` and
-  ``scripts/sft_heldout.py --record`` write it where they measured the fast one writing better code.
+- ``diffu_decoder``: the decoder the model recommends (``reference``, ``fast`` or ``sliding``); published
+  checkpoints carry no such key and get the reference decoder. ``scripts/decoder_quality.py --record``
+  and ``scripts/sft_heldout.py --record`` write it where they measured the fast one writing better code.
+- ``diffu_one_line``: the sampling knobs a request whose answer is one line (``max_lines`` 1: an editor
+  finishing the cursor's line, the single-line infilling benchmarks) gets when it names no decoder, e.g.
+  ``{"decoder": "sliding", "window": 8}`` (the bundled model's, chosen on held-out lines:
+  docs/performance.md); absent, such a request gets ``diffu_decoder`` like any other.
 - the chat defaults: the sampling knobs a chat with this model starts from, under their Hugging Face /
   Dream ``generation_config.json`` names (``max_new_tokens``, ``steps``, ``temperature``, ``top_p``,
   ``top_k``, ``alg``, ``alg_temp``) and diffu's fast-decoder ones (``block_length``, ``threshold``).
@@ -35,9 +39,11 @@ CHAT_KEYS = (
     "alg",
     "alg_temp",
     "block_length",
+    "window",
     "threshold",
 )
 RETRY_KEY = "retry_block"
+ONE_LINE_KEY = "diffu_one_line"
 
 
 def _read(model_dir: str | Path) -> dict[str, Any]:
@@ -63,6 +69,18 @@ def recommended_decoder(model_dir: str | Path) -> str:
             f"generation_config.json: diffu_decoder must be one of {', '.join(DECODERS)}, got {value!r}"
         )
     return value
+
+
+def one_line_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """``diffu_one_line`` of the model's generation_config.json (sampling knobs by name), else {}."""
+    value = _read(model_dir).get(ONE_LINE_KEY, {})
+    if not isinstance(value, dict):
+        raise ModelError(f"generation_config.json: {ONE_LINE_KEY} must be an object, got {value!r}")
+    try:
+        SamplingParams(**value)
+    except (ParamError, TypeError) as exc:
+        raise ModelError(f"generation_config.json: {ONE_LINE_KEY}: {exc}") from None
+    return dict(value)
 
 
 def chat_defaults(model_dir: str | Path) -> dict[str, Any]:

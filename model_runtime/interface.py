@@ -58,6 +58,9 @@ class RuntimeInfo:
     default_decoder: str = "reference"  # what a request that names none gets (the model's recommendation)
     # The sampling knobs a chat with this model starts from (its generation_config.json); read-only.
     chat_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # The sampling knobs a request whose answer is one line (``max_lines`` 1) gets when it names no
+    # decoder (its generation_config.json's ``diffu_one_line``; empty: the default decoder); read-only.
+    one_line_defaults: Mapping[str, Any] = field(default_factory=dict)
     supports_holes: bool = False  # whether ``<|mask|>`` in a raw prompt is the mask token
     quantize_mode: str | None = None  # ``int8``/``int4`` when the weights are quantized
     mesh: Mapping[str, object] | None = None  # the device mesh for status reports; None without one
@@ -68,6 +71,7 @@ class RuntimeInfo:
     def __post_init__(self) -> None:
         # Shared by every request of the daemon: a caller must not change the model's defaults for all.
         object.__setattr__(self, "chat_defaults", MappingProxyType(dict(self.chat_defaults)))
+        object.__setattr__(self, "one_line_defaults", MappingProxyType(dict(self.one_line_defaults)))
         object.__setattr__(self, "buckets", tuple((int(b), int(n)) for b, n in self.buckets))
 
     @property
@@ -124,7 +128,9 @@ class BatchDone:
     """The end of a batch's generation: the decoded answers and the raw canvases.
 
     ``sequences`` are the full canvases as the reference returns them (left pads, prompt, generated
-    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings.
+    region); ``generated`` only the generated region per row; ``texts`` the post-processed strings;
+    ``answer_tokens`` how many of each row's generated tokens its answer is (up to its first stop token,
+    or through the end of its last line for a request with ``max_lines``; empty: not counted).
     """
 
     texts: list[str]
@@ -132,6 +138,7 @@ class BatchDone:
     generated: list[list[int]]
     prompt_lengths: list[int]
     stats: GenerationStats
+    answer_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,11 @@ class RuntimeProtocol(Protocol):
         """Builds its canvas rows (plain, infill, infill with files, holes) and holds its tokenizer."""
         ...
 
+    @property
+    def forwards(self) -> int:
+        """Forwards of the model run since start, by every decoder (the daemon's counters report it)."""
+        ...
+
     def program_cache(self) -> dict[str, int | None] | None:
         """The compiled-program cache now: its bound, contents and memory ceiling for status reports;
         None for a runtime that compiles nothing."""
@@ -187,12 +199,9 @@ class RuntimeProtocol(Protocol):
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
         """Denoise ``rows`` as one batch: a BatchStep per step (without ``stream``, none), then one
-        BatchDone. A step is one forward of the model; with ``every_forward`` off the fast decoder runs
-        each block's forwards as one program and reports once per block (the reference decoder has one
-        forward per step either way).
+        BatchDone. A step is one forward of the model, whatever the decoder.
 
         Bad input raises ``InputError`` here, before the iterator is returned; closing the iterator early
         stops the device work before the next step. Programs not yet compiled are compiled first, inside

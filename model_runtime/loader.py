@@ -131,6 +131,7 @@ def load(
         default_decoder=generation_config.recommended_decoder(model_dir),
         quantize=qspec,
         chat_defaults=generation_config.chat_defaults(model_dir),
+        one_line_defaults=generation_config.one_line_defaults(model_dir),
         max_programs=max_programs,
     )
 

@@ -57,6 +57,23 @@ def shift_logits(logits: jax.Array) -> jax.Array:
     return jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
 
 
+def read_block(a: jax.Array, start: jax.Array, n: int) -> jax.Array:
+    """``a[:, start : start + n]`` for ``a`` ``[B, L, ...]``; ``start`` a scalar or ``[B]`` (one per row)."""
+    if jnp.ndim(start) == 0:
+        return jax.lax.dynamic_slice_in_dim(a, start, n, axis=1)
+    return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, n, axis=0))(a, start)
+
+
+def write_block(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """``cache[:, :, start : start + n] = new`` for ``[B, K, L, E]`` keys or values (``new``
+    ``[B, K, n, E]``); ``start`` a scalar or ``[B]``. A scalar stays one ``dynamic_update_slice``; per-row
+    columns become a scatter."""
+    new = new.astype(cache.dtype)
+    if jnp.ndim(start) == 0:
+        return jax.lax.dynamic_update_slice(cache, new, (0, 0, start, 0))
+    return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0)))(cache, new, start)
+
+
 def positions_and_mask(attention_mask: jax.Array) -> jax.Array:
     """Position ids for a left-padded batch as the reference computes them (``tok_idx``).
 
@@ -136,8 +153,9 @@ class Attention(nnx.Module):
         """Attention of the ``Lq`` queries in ``x`` over ``Lk`` keys; returns (output, (k, v) of all keys).
 
         ``mask`` is ``[B, Lq, Lk]`` (True = may attend). With ``cache`` (keys/values ``[B, K, Lk, E]`` of the
-        whole canvas, after RoPE), this block's fresh k/v are written at ``start`` and the queries attend
-        over the updated cache: the DualCache step of the fast decoder. With ``rows`` (``[B, M]`` indices),
+        whole canvas, after RoPE), this block's fresh k/v are written at ``start`` (a scalar, or ``[B]``: one
+        column per row) and the queries attend over the updated cache: the DualCache step of the fast
+        decoders. With ``rows`` (``[B, M]`` indices),
         only those positions of ``x`` ask queries; all of them give keys and values.
         """
         xq, qpos = x, positions
@@ -157,8 +175,7 @@ class Attention(nnx.Module):
         q, k = rope(q, qpos, self.theta), rope(k, positions, self.theta)
         if cache is not None:
             assert start is not None, "a cached block step needs its start"
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), (0, 0, start, 0))
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), (0, 0, start, 0))
+            k, v = write_block(cache[0], k, start), write_block(cache[1], v, start)
         # GQA: query head h uses kv head h // G (repeat_kv repeats each kv head G times consecutively).
         q = q.reshape(b, k.shape[1], self.groups, n, q.shape[-1])  # [B, K, G, Lq, E]
         scale = q.shape[-1] ** -0.5
@@ -278,8 +295,9 @@ class DreamModel(nnx.Module):
         """Final-norm hidden states of ``input_ids`` and every layer's (k, v) over the whole canvas.
 
         Without ``caches`` the input is the whole canvas. With ``caches`` it is a block of the canvas
-        starting at ``start``: ``attention_mask`` and ``positions`` still describe the whole canvas, the
-        block's rows are sliced out of them, and its keys/values replace the cached ones in place.
+        starting at ``start`` (a scalar, or ``[B]``: each row's block at its own column):
+        ``attention_mask`` and ``positions`` still describe the whole canvas, the block's rows are sliced
+        out of them, and its keys/values replace the cached ones in place.
         """
         attention_mask, positions = _canvas_mask(input_ids, attention_mask, positions)
         if caches is None:
@@ -287,8 +305,8 @@ class DreamModel(nnx.Module):
         else:
             assert start is not None, "a cached block needs its start"
             n = input_ids.shape[1]
-            query_mask = jax.lax.dynamic_slice_in_dim(attention_mask, start, n, axis=1)
-            query_pos = jax.lax.dynamic_slice_in_dim(positions, start, n, axis=1)
+            query_mask = read_block(attention_mask, start, n)
+            query_pos = read_block(positions, start, n)
         mask = query_mask[:, :, None] & attention_mask[:, None, :]  # [B, Lq, Lk]
         x = self.embed_tokens(input_ids)  # [B, Lq, D]
         new_caches = []
@@ -296,6 +314,22 @@ class DreamModel(nnx.Module):
             x, kv = layer(x, query_pos, mask, None if caches is None else caches[i], start)
             new_caches.append(kv)
         return self.norm(x), new_caches
+
+    def hidden_at(
+        self, input_ids: jax.Array, attention_mask: jax.Array, rows: jax.Array
+    ) -> tuple[jax.Array, list[KV]]:
+        """The whole canvas's keys/values in every layer, and the final-norm hidden states of positions
+        ``rows`` (``[B, M]``) only: ``[B, M, D]``, equal to those rows of ``hidden``. The last layer's
+        queries and MLP run for those rows alone (a fast decoder's refresh needs a window's outputs)."""
+        attention_mask, positions = _canvas_mask(input_ids, attention_mask, None)
+        mask = attention_mask[:, :, None] & attention_mask[:, None, :]
+        x = self.embed_tokens(input_ids)
+        caches = []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, positions, mask, rows=rows if i == last else None)
+            caches.append(kv)
+        return self.norm(x), caches
 
     def trunk(
         self, input_ids: jax.Array, attention_mask: jax.Array | None = None

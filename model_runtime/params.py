@@ -16,7 +16,10 @@ from typing import Any
 from model_runtime.options import OptionError, option, validate
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-DECODERS = ("reference", "fast")
+DECODERS = ("reference", "fast", "sliding")
+# How the fast decoders pick the positions a forward commits (model_runtime/sliding.py): the threshold rule
+# (the factor rule when ``factor`` is set), or dInfer's credit rule (the sliding decoder only).
+COMMIT_RULES = ("threshold", "credit")
 
 # The published sampler inherits transformers' PretrainedConfig generation default top_k=50 when the
 # caller leaves top_k unset (its ``from_model_config`` copies the config's generation defaults). We
@@ -31,6 +34,8 @@ DEFAULT_TOP_K = 50
 TOP_K_WIDTHS = (64, 128)
 MAX_TOP_K = TOP_K_WIDTHS[-1]
 BLOCK_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The sliding decoder's windows: its first position only predicts the next one, so at least 2.
+WINDOWS = BLOCK_LENGTHS[1:]
 SEED_LIMIT = 2**32  # PRNG seeds are 32-bit
 
 # Compiled programs a runtime keeps at once (programs.py). A daemon uses one per bucket it serves (12 by
@@ -79,18 +84,41 @@ class SamplingParams:
     )
     eps: float = option(1e-3, gt=0, lt=1, help="final noise level of the schedule")
     seed: int = option(0, ge=0, le=SEED_LIMIT - 1, help="the sampling's PRNG seed, 32 bits")
-    # The fast decoder (DualCache, block-wise, confidence threshold); the reference decoder ignores these.
+    # The fast decoders (DualCache blocks, or the sliding window: model_runtime/fast.py, sliding.py); the
+    # reference decoder ignores these.
     decoder: str = option(
         "reference",
         choices=DECODERS,
         help="reference: the exact published sampler; fast: DualCache blocks with confidence-threshold "
-        "parallel unmasking",
+        "parallel unmasking; sliding: a window that follows the first mask over the same cache and stops "
+        "at the end of the text",
     )
     # >= 1 before the choices, so 0 reads as out of range rather than as an odd block length.
     block_length: int = option(32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block")
-    threshold: float = option(0.9, gt=0, le=1, help="fast decoder: commit positions at least this confident")
+    window: int = option(
+        8,
+        ge=2,
+        choices=WINDOWS,
+        help="sliding decoder: positions a forward asks queries for, from just before the first mask",
+    )
+    threshold: float = option(0.9, gt=0, le=1, help="fast decoders: commit positions at least this confident")
     factor: float | None = option(
-        None, gt=0, help="fast decoder: use the factor rule with this factor instead of the threshold"
+        None, gt=0, help="fast decoders: use the factor rule with this factor instead of the threshold"
+    )
+    commit_rule: str = option(
+        "threshold",
+        choices=COMMIT_RULES,
+        help="sliding decoder: threshold (the factor rule with a factor), or credit: dInfer's credit "
+        "decoding, which favours proposals that stay the same over forwards",
+    )
+    refresh_every: int = option(
+        0, ge=0, help="sliding decoder: re-encode the whole canvas every N forwards; 0: only the first"
+    )
+    max_lines: int | None = option(
+        None,
+        ge=1,
+        help="the answer's text ends with its Nth line (1: one line), and the fast decoders stop once those "
+        "lines are written; unset: no limit",
     )
 
     def __post_init__(self) -> None:

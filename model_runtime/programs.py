@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, fast
+from model_runtime import compile_cache, fast, sliding
 from model_runtime.config import DreamConfig
 from model_runtime.inflight import InFlight
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
@@ -124,11 +124,19 @@ class ProgramCache:
             "refresh": jax.jit(
                 fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
             ),
-            # The cache goes in and comes out of the block program: a streamed block resumes with it.
+            # The cache goes in and comes out of the block program: a streamed block resumes with it. The
+            # canvas is not donated, so the host can read one call's canvas while the next call runs.
             "block": jax.jit(
                 fast.block_loop,
                 static_argnames=("graphdef", "spec", "mask_id"),
-                donate_argnames=("x", "caches"),
+                donate_argnames=("caches",),
+            ),
+            # The sliding decoder's two programs: forward 0 over the whole canvas, then the loop. The loop
+            # updates the caches in place; the canvas and the rest stay readable after the call, so the
+            # host can read one call's canvas while the next call runs.
+            "prefill": jax.jit(sliding.prefill, static_argnames=("graphdef", "spec", "mask_id")),
+            "steps": jax.jit(
+                sliding.steps, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("cache",)
             ),
         }
 
@@ -280,18 +288,9 @@ class ProgramCache:
     # -- the fast decoder ------------------------------------------------------------------------
     def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
         """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
-        statics = dict(mask_id=self.cfg.mask_token_id)
-        out: list[Program] = []
-        seconds, compiled, hits = 0.0, 0, 0
-        for kind, key in zip(("refresh", "block"), self.fast_keys(shape, fspec), strict=True):
-
-            def build(kind: str = kind, key: tuple[Any, ...] = key) -> Built:
-                return self._compile(key, kind, self._fast_args(kind, shape, out), fspec, statics)
-
-            built = self._held_or_built(key, build)
-            out.append(built.program)
-            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
-        return out, seconds, compiled, hits
+        return self._pair(
+            self.fast_keys(shape, fspec), fspec, lambda kind, out: self._fast_args(kind, shape, out)
+        )
 
     def _fast_args(self, kind: str, shape: tuple[int, int], built: list[Program]) -> tuple[Any, ...]:
         """The fast decoder's abstract arguments for ``kind``; the block program's caches are laid out
@@ -309,6 +308,78 @@ class ProgramCache:
             for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
         ]
         return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
+
+    # -- the sliding decoder ---------------------------------------------------------------------
+    @staticmethod
+    def sliding_keys(shape: tuple[int, int], spec: sliding.SlidingSpec) -> list[tuple[Any, ...]]:
+        """The cache keys of :meth:`sliding`'s two programs."""
+        return [(kind, shape, spec) for kind in ("prefill", "steps")]
+
+    def sliding(
+        self, shape: tuple[int, int], spec: sliding.SlidingSpec
+    ) -> tuple[list[Program], float, int, int]:
+        """The sliding decoder's (prefill, steps) programs for a bucket, plus compile seconds/counts."""
+        b, n = shape
+        x = self._abstract(shape, jnp.int32)
+        f32, i32 = self._scalar(jnp.float32), self._scalar(jnp.int32)
+        inputs = sliding.SlidingInputs(
+            attn=self._abstract(shape, jnp.bool_),
+            fill=self._abstract(shape, jnp.bool_),
+            stops=self._abstract((b, self.cfg.vocab_size), jnp.bool_),
+            newlines=self._abstract((self.cfg.vocab_size,), jnp.int32),
+            max_lines=i32,
+            key=self._keys(b),
+            temperature=f32,
+            top_p=f32,
+            top_k=i32,
+            threshold=f32,
+            factor=f32,
+            refresh_every=i32,
+        )
+
+        def args(kind: str, built: list[Program]) -> tuple[Any, ...]:
+            if kind == "prefill":
+                return (x, inputs)
+            # The loop takes the state exactly as the prefill program lays it out.
+            front, cache = jax.eval_shape(
+                lambda x, i: sliding.prefill(
+                    self.state, x, i, graphdef=self.graphdef, spec=spec, mask_id=self.cfg.mask_token_id
+                ),
+                x,
+                inputs,
+            )
+            layouts: Any = output_shardings(built[0])
+            if layouts:
+                front, cache = jax.tree.map(
+                    lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
+                    (front, cache),
+                    tuple(layouts),
+                )
+            return (front, cache, inputs, i32, i32)
+
+        return self._pair(self.sliding_keys(shape, spec), spec, args)
+
+    def _pair(
+        self,
+        keys: list[tuple[Any, ...]],
+        spec: object,
+        args: Callable[[str, list[Program]], tuple[Any, ...]],
+    ) -> tuple[list[Program], float, int, int]:
+        """A decoder's two programs under ``keys`` (each key starts with its kind), held or compiled once
+        for the abstract arguments ``args(kind, the programs before it)`` gives (the second program takes
+        what the first lays out); plus the compile seconds, fresh compiles and persistent-cache hits."""
+        statics = {"mask_id": self.cfg.mask_token_id}
+        out: list[Program] = []
+        seconds, compiled, hits = 0.0, 0, 0
+        for key in keys:
+
+            def build(key: tuple[Any, ...] = key) -> Built:
+                return self._compile(key, key[0], args(key[0], out), spec, statics)
+
+            built = self._held_or_built(key, build)
+            out.append(built.program)
+            seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
+        return out, seconds, compiled, hits
 
     def _compile(
         self, key: tuple[Any, ...], kind: str, args: tuple[Any, ...], spec: object, statics: dict[str, Any]

@@ -21,14 +21,23 @@ from jax.sharding import Mesh
 
 from model_runtime import fast, processes, quant, sharding
 from model_runtime.batch import PlacedBatch
+from model_runtime.cached_runs import CachedRuns
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
-from model_runtime.interface import BatchEvents, CanvasRow, CompileReport, RuntimeInfo, RuntimeProtocol
+from model_runtime.interface import (
+    BatchDone,
+    BatchEvents,
+    CanvasRow,
+    CompileReport,
+    RuntimeInfo,
+    RuntimeProtocol,
+)
 from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
 from model_runtime.programs import ProgramCache, ReferenceProgram
 from model_runtime.rows import CanvasBuilder
 from model_runtime.sampling import SamplerSpec, transfer_ratios
+from model_runtime.sliding import spec_of as sliding_spec
 from model_runtime.tokenizer import DreamTokenizer
 
 # Canvas lengths: fine steps where canvases are common (a 64-token step costs at most ~25% extra
@@ -44,7 +53,7 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in sorted(buckets) if b >= n), None)
 
 
-class Runtime:
+class Runtime(CachedRuns):
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
 
     def __init__(
@@ -64,6 +73,7 @@ class Runtime:
         default_decoder: str = "reference",
         quantize: quant.QuantSpec | None = None,
         chat_defaults: dict[str, Any] | None = None,
+        one_line_defaults: dict[str, Any] | None = None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         self.config = cfg
@@ -92,6 +102,8 @@ class Runtime:
             default_decoder=default_decoder,
             # The sampling knobs a chat with this model starts from (generation_config.chat_defaults).
             chat_defaults=dict(chat_defaults or {}),
+            # What a one-line request that names no decoder gets (generation_config.one_line_defaults).
+            one_line_defaults=dict(one_line_defaults or {}),
             # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
             supports_holes=True,
             quantize_mode=quantize.mode if quantize is not None else None,
@@ -104,6 +116,9 @@ class Runtime:
         )
         self.rows = CanvasBuilder(tokenizer, context)
         self._programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
+        # Forwards of the model run since start, every decoder's (a queued forward that ran after its
+        # consumer stopped reading included): the daemon's counters report it.
+        self.forwards = 0
 
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
@@ -162,6 +177,9 @@ class Runtime:
             _, _, _, fspec = fast.layout(rows, params, shape)
             _, seconds, compiled, hits = self._programs.fast(shape, fspec)
             return CompileReport(seconds, compiled, hits)
+        if params.decoder == "sliding":
+            _, seconds, compiled, hits = self._programs.sliding(shape, sliding_spec(params))
+            return CompileReport(seconds, compiled, hits)
         built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
         return CompileReport(built.seconds, built.compiled, built.hits)
 
@@ -169,6 +187,8 @@ class Runtime:
         shape = self._checked_shape(rows, params)
         if params.decoder == "fast":
             return self._programs.fast_keys(shape, fast.layout(rows, params, shape)[3])
+        if params.decoder == "sliding":
+            return self._programs.sliding_keys(shape, sliding_spec(params))
         return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
 
     # -- running --------------------------------------------------------------------------------
@@ -200,23 +220,23 @@ class Runtime:
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
         logits_hook: Hook | None = None,
         tokens_hook: Hook | None = None,
     ) -> BatchEvents:
         """Denoise a batch of rows. Validates before returning the iterator, so bad input raises here.
 
-        With ``stream`` (default) every step (one forward) yields a BatchStep; without it the whole loop
-        runs as one compiled program and only the BatchDone comes back (same result, no per-step host
-        sync). The fast decoder with ``every_forward`` off runs each block as one program and yields one
-        BatchStep per block (what the daemon does for a client that does not stream: it can still drop a
-        cancelled job between blocks).
+        With ``stream`` (default) every step (one forward, whatever the decoder) yields a BatchStep, so a
+        consumer that stops reading (a cancelled job) stops the device work within two forwards; without
+        it the whole loop runs as one compiled program (the fast decoder: one per block) and only the
+        BatchDone comes back (same result, no per-step host sync).
         """
         shape = self._checked_shape(rows, params)
+        if params.decoder != "reference" and (logits_hook is not None or tokens_hook is not None):
+            raise InputError("hooks are supported by the reference decoder only")
         if params.decoder == "fast":
-            if logits_hook is not None or tokens_hook is not None:
-                raise InputError("hooks are supported by the reference decoder only")
-            return self._run_fast(list(rows), params, shape, stream, every_forward)
+            return self._run_fast(list(rows), params, shape, stream)
+        if params.decoder == "sliding":
+            return self._run_sliding(list(rows), params, shape, stream)
         return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
 
     def _checked_shape(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[int, int]:
@@ -224,6 +244,10 @@ class Runtime:
         if not rows:
             raise InputError("no rows to generate")
         longest = max(len(r.ids) for r in rows)
+        if params.decoder == "sliding":
+            # The window must fit the canvas; a larger bucket keeps it whole (the window's size is the
+            # request's, whichever rows share the batch).
+            longest = max(longest, sliding_spec(params).window + 1)
         shape = self.bucket_for(len(rows), longest)
         for r in rows:
             if r.region[1] <= r.region[0]:
@@ -299,6 +323,7 @@ class Runtime:
             padded[: params.steps] = ratios
             loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
             prev = processes.host(program(self.state, x, loop))
+            self.forwards += params.steps
         else:
             prev = processes.host(x)
             for i in range(params.steps):
@@ -313,125 +338,33 @@ class Runtime:
                 )
                 x = program(self.state, x, inputs)
                 cur = processes.host(x)  # the one host transfer per step that streaming needs
+                self.forwards += 1
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
-        yield batch.done_event(
-            prev,
-            self.tokenizer,
-            pad_id=self.config.pad_token_id,
-            steps=params.steps,
-            elapsed=time.perf_counter() - t_start,
-            compile_s=compile_s,
-            compiled=compiled,
-            hits=hits,
-        )
+        yield self._done(batch, prev, params, params.steps, t_start, CompileReport(compile_s, compiled, hits))
 
-    def fast_calls(self, rows: Sequence[CanvasRow], params: SamplingParams) -> fast.FastCalls:
-        """The fast decoder's compiled programs for ``rows`` bound to their inputs, as ``run`` calls them
-        (for benchmarks that time a refresh or a block on its own). InputError as ``run`` would."""
-        if params.decoder != "fast":
-            raise InputError("fast_calls: the sampling parameters must name the fast decoder")
-        return self._fast_calls(list(rows), params, self._checked_shape(rows, params))
-
-    def _fast_calls(
-        self, rows: list[CanvasRow], params: SamplingParams, shape: tuple[int, int]
-    ) -> fast.FastCalls:
-        lo, hi, size, fspec = fast.layout(rows, params, shape)
-        (refresh, block), compile_s, compiled, hits = self._programs.fast(shape, fspec)
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        return fast.FastCalls(
-            refresh_program=refresh,
-            block_program=block,
-            state=self.state,
-            batch=batch,
-            attn=jnp.asarray(batch.attn),
-            keys=row_keys([r.seed_for(params) for r in rows], shape[0]),
-            sampling=Knobs.of(params).sampling(),
-            threshold=jnp.float32(params.threshold),
-            factor=jnp.float32(params.factor or 1.0),
-            lo=lo,
-            hi=hi,
-            size=size,
-            compiled=CompileReport(compile_s, compiled, hits),
-        )
-
-    def _run_fast(
+    def _done(
         self,
-        rows: list[CanvasRow],
+        batch: PlacedBatch,
+        final: np.ndarray,
         params: SamplingParams,
-        shape: tuple[int, int],
-        stream: bool,
-        every_forward: bool,
-    ) -> BatchEvents:
-        """The fast decoder (model_runtime.fast), early stop at end-of-text. Streaming, one BatchStep per
-        forward (``every_forward``: the refresh, then each forward of the block loop, resumed one forward
-        at a time) or per block.
-
-        Every event's ``step`` counts forwards, so the last one, the BatchDone's ``steps`` and a history
-        of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
-        """
-        calls = self._fast_calls(rows, params, shape)
-        batch, lo, hi, size = calls.batch, calls.lo, calls.hi, calls.size
-        x = jnp.asarray(batch.x)
-        starts = calls.starts
-        stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
-        mask_id = self.config.mask_token_id
-        bound = hi - lo  # every forward commits at least one position of every row
-        forwards = 0
-        prev = batch.x
-        t_start = time.perf_counter()
-        for b, start in enumerate(starts):
-            where = (b, len(starts))
-            t0 = time.perf_counter()
-            x, caches = calls.refresh(x, b)
-            forwards += 1
-            window = calls.window(b)
-            if stream and every_forward:
-                cur = processes.host(x)  # one host sync per forward: the event
-                seconds = time.perf_counter() - t0
-                yield batch.step_event(prev, cur, forwards - 1, bound, seconds, mask_id, where)
-                prev = cur
-                # The block loop resumed one forward at a time (the same program, the same keys): the
-                # loop's own condition, "a mask left in the block", checked on the host copy we have.
-                for i in range(size):
-                    if not np.any(cur[:, window : window + size] == mask_id):
-                        break
-                    t0 = time.perf_counter()
-                    x, caches, _ = calls.block(x, caches, b, i, 1)
-                    forwards += 1
-                    cur = processes.host(x)
-                    yield batch.step_event(
-                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
-                    )
-                    prev = cur
-                cur = np.array(cur)
-            else:
-                x, _, iters = calls.block(x, caches, b, 0, size)
-                cur = np.array(processes.host(x))  # one host sync per block: the event, end-of-text check
-                forwards += int(processes.host(iters))
-                if stream:
-                    yield batch.step_event(
-                        prev, cur, forwards - 1, bound, time.perf_counter() - t0, mask_id, where
-                    )
-            done = all(any(t in stop for t in cur[j, lo : start + size]) for j, stop in enumerate(stops))
-            if done and b < len(starts) - 1:
-                # Every row has ended its text: the rest of the canvas would be padding. Fill it and stop.
-                rest = cur[:, start + size : hi]
-                rest[rest == mask_id] = self.config.pad_token_id
-            prev = cur
-            if done:
-                break
-        report = calls.compiled
-        yield batch.done_event(
-            prev,
+        steps: int,
+        t_start: float,
+        built: CompileReport,
+    ) -> BatchDone:
+        """The batch's BatchDone: the answers in ``final`` after ``steps`` forwards, timed from
+        ``t_start``; ``built`` is what getting the programs cost."""
+        return batch.done_event(
+            final,
             self.tokenizer,
             pad_id=self.config.pad_token_id,
-            steps=forwards,
+            steps=steps,
             elapsed=time.perf_counter() - t_start,
-            compile_s=report.seconds,
-            compiled=report.compiled,
-            hits=report.cache_hits,
-            decoder="fast",
+            compile_s=built.seconds,
+            compiled=built.compiled,
+            hits=built.cache_hits,
+            decoder=params.decoder,
+            max_lines=params.max_lines,
         )
 
 

@@ -111,6 +111,7 @@ class DreamTokenizer:
         self.im_end_id = tokenizer.token_to_id("<|im_end|>")
         self.dlm_pad_id = tokenizer.token_to_id("<|dlm_pad|>")
         self.mask_token = tokenizer.id_to_token(mask_id) or "<|mask|>"
+        self._newlines: tuple[int, ...] | None = None
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -176,6 +177,15 @@ class DreamTokenizer:
         if chat and self.im_end_id is not None:
             ids.append(self.im_end_id)
         return tuple(ids)
+
+    def newlines(self) -> tuple[int, ...]:
+        """How many newlines each token's text holds (``\n``, ``):\n``, ``\n\n``...), by id: where lines
+        end."""
+        if self._newlines is None:
+            size = self._tok.get_vocab_size(with_added_tokens=True)
+            texts = self._tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+            self._newlines = tuple(t.count("\n") for t in texts)
+        return self._newlines
 
     def postprocess(self, ids: Sequence[int], *, chat: bool) -> str:
         """Cut a generated region at its first stop token, as the README's post-processing does, and

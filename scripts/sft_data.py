@@ -27,9 +27,6 @@ from model_runtime.bundled import bundled_model_dir
 from model_runtime.tokenizer import load_tokenizer
 from model_runtime.train import corpus as corpus_lib
 
-# The pre-training run's filters (scripts/train_bundled.sh).
-EXCLUDES = ("test", "tests", "idle_test", "encodings")
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(
@@ -52,9 +49,8 @@ def main() -> int:
         answer = len(tok.encode_text(conv["messages"][-1]["content"])) + 1  # + <|im_end|>
         return prompt <= args.max_prompt_tokens and prompt + answer <= args.max_tokens
 
-    files = corpus_lib.find_source_files(args.corpus, excludes=corpus_lib.DEFAULT_EXCLUDES + EXCLUDES)
     data = ins.build(
-        corpus_lib.read_sources(args.corpus, files),
+        corpus_lib.bundled_sources(args.corpus),
         is_heldout=lambda path: corpus_lib.is_heldout(path, args.heldout_permille),
         guard=ins.HumanEvalGuard(load_problems()),
         fits=fits,

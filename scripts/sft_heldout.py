@@ -53,6 +53,7 @@ KNOBS = {
     "steps": int,
     "max_new_tokens": int,
     "block_length": int,
+    "window": int,
     "threshold": float,
     "retry_block": int,  # the chat's second decode of code that does not parse; 0: the model alone
 }
@@ -89,7 +90,7 @@ def score(answers: list[str]) -> dict[str, Any]:
 def run(rt: Any, requests: list[dict], knobs: dict[str, Any], batch: int) -> dict[str, Any]:
     """Answer every request as the chat would with ``knobs`` (its settings), the second decode of an
     answer whose code does not parse included; the scores of the first decodes alone come along."""
-    settings = ChatSettings(**knobs)
+    settings = ChatSettings.from_mapping(knobs)
     prompts = [chat_prompt(r["messages"][:-1]) for r in requests]
     started = time.perf_counter()
     answers = _answer(rt, prompts, settings, batch)

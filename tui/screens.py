@@ -201,10 +201,12 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                         yield Label(name)
                         value = self.current.get(name)
                         if opt.kind is str and opt.choices:  # words to pick from; numbers are typed
+                            # Unset (an optional knob left to the daemon): the blank, shown as "default".
                             yield Select(
                                 [(c, c) for c in opt.choices],
-                                value=value,
-                                allow_blank=False,
+                                value=Select.NULL if value is None else value,
+                                allow_blank=opt.optional,
+                                prompt="default",
                                 id=f"field-{name}",
                                 compact=True,
                             )
@@ -234,14 +236,15 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     @on(Select.Changed, "#field-decoder")
     def _sync_decoder(self) -> None:
         reference = self.query_one("#field-decoder", Select).value == "reference"
-        # The fast decoder's knobs, kept for "model" (it may pick the fast one).
-        for name in ("block_length", "threshold", "factor"):
-            self.query_one(f"#field-{name}", Input).disabled = reference
+        # The fast decoders' knobs, kept for "model" (it may pick a fast one).
+        for name in ("block_length", "threshold", "factor", "window", "commit_rule", "refresh_every"):
+            if self.query(f"#field-{name}"):
+                self.query_one(f"#field-{name}").disabled = reference
 
     def _value(self, name: str) -> Any:
         widget = self.query_one(f"#field-{name}")
         if isinstance(widget, Select):
-            return widget.value
+            return None if widget.is_blank() else widget.value
         assert isinstance(widget, Input)
         return parse_field(name, widget.value)
 
@@ -281,7 +284,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             widget = self.query_one(f"#field-{name}")
             value = self.baseline.get(name)
             if isinstance(widget, Select):
-                widget.value = value
+                widget.value = Select.NULL if value is None else value
             else:
                 assert isinstance(widget, Input)
                 widget.value = format_field(value)

@@ -84,7 +84,7 @@ class ChatSettings:
         "decoder",
         default=MODEL_DECODER,
         choices=(MODEL_DECODER, *DECODERS),
-        help="model: what the model recommends; or reference, fast",
+        help="model: what the model recommends; or reference, fast, sliding",
     )
     block_length: int = like(SamplingParams, "block_length")
     threshold: float = like(SamplingParams, "threshold")

@@ -74,6 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_generation_options(g)
     g.add_argument("--repeat", type=int, default=5, help="timed repeats (default 5)")
+    g.add_argument(
+        "--stream",
+        action="store_true",
+        help="an event per forward, as the daemon runs every job, instead of one call per generation",
+    )
     g.add_argument("--keep-cache", action="store_true", help="use the persistent compilation cache")
     g.add_argument("--json", action="store_true", help="print the results as one JSON object")
     g.set_defaults(func=run_generate)
@@ -206,7 +211,9 @@ def run_generate(args: argparse.Namespace) -> int:
         prompts = [list(r.ids[: r.region[0]]) for r in rows]
         if args.suffix is not None:
             raise UsageError("bench generate times plain generation; drop --suffix")
-        result = bench.generation(rt, prompts, params, chat=not args.raw, repeat=args.repeat)
+        result = bench.generation(
+            rt, prompts, params, chat=not args.raw, repeat=args.repeat, stream=args.stream
+        )
     except DiffuError as exc:
         raise UsageError(str(exc)) from None
     result.pop("generated")
@@ -221,7 +228,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(
-            f"{result['decoder']} decoder, batch {result['batch']}, {result['max_new_tokens']} tokens, "
+            f"{result['decoder']} decoder{', streamed' if args.stream else ''}, batch {result['batch']}, "
+            f"{result['max_new_tokens']} tokens, "
             f"{result['forwards']} forwards: median {result['median_seconds']:.3f}s, "
             f"{result['tokens_per_second']:.1f} tokens/s, compile {result['compile_seconds']:.2f}s",
             file=sys.stdout,

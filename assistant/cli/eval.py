@@ -18,14 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("humaneval", "humaneval-infill", "tasks")
+BENCHMARKS = ("humaneval", "humaneval-infill", "tasks", "lines")
 STYLES = ("base", "instruct")
 VARIANTS = ("single-line", "multi-line")
 SWEEP_THRESHOLDS = (0.7, 0.8, 0.9, 0.95)
 SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the block-length rows
 # Canvas sizes when --max-new-tokens is not given: DiffuCoder's published 256 for whole functions; for
 # infilling, the language server's empty-line canvas (32) for one line and room for a whole body.
-DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256}
+DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256, "lines": 32}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,14 +53,16 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "benchmark",
         metavar="BENCHMARK",
-        help="humaneval, humaneval-infill, or tasks (an AceCode-format --tasks file, as RL trains on)",
+        help="humaneval, humaneval-infill, tasks (an AceCode-format --tasks file, as RL trains on), or "
+        "lines (single-line infills of a --tasks file made by scripts/heldout_lines.py)",
     )
     p.add_argument(
         "--tasks",
         type=Path,
         default=None,
         metavar="FILE",
-        help="tasks: JSONL of {id, question, test_cases} (python -m model_runtime.train.rl.synthetic)",
+        help="tasks: JSONL of {id, question, test_cases} (python -m model_runtime.train.rl.synthetic); "
+        "lines: JSONL of {task_id, prefix, middle, suffix} (scripts/heldout_lines.py)",
     )
     p.add_argument(
         "--style",
@@ -160,8 +162,8 @@ def _check(args: argparse.Namespace) -> list[int]:
     if args.n > 1 and not args.temperature and not args.samples:
         # Unset, it is the model's (greedy for the bundled model): samples must be asked to differ.
         raise UsageError("--n above 1 needs --temperature above 0: greedy samples are all the same")
-    if (args.benchmark == "tasks") != (args.tasks is not None):
-        raise UsageError("the tasks benchmark needs --tasks FILE, and --tasks only goes with it")
+    if (args.benchmark in ("tasks", "lines")) != (args.tasks is not None):
+        raise UsageError("the tasks and lines benchmarks need --tasks FILE, and --tasks only goes with them")
     if args.samples and (args.sweep or args.daemon):
         raise UsageError("--samples scores given completions; it takes no --sweep or --daemon")
     if args.sweep and args.decoder:
@@ -248,10 +250,22 @@ def _tasks(args: argparse.Namespace, problems: list) -> tuple[str, int, list]:
         name = f"tasks ({args.tasks.name})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS["tasks"]
         tasks = runner.task_file_tasks(items, tokens)
+    elif args.benchmark == "lines":
+        from assistant.evals import lines
+
+        try:
+            line_items = lines.read(args.tasks)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        name = f"lines ({args.tasks.name})"
+        tokens = args.max_new_tokens or DEFAULT_TOKENS["lines"]
+        tasks = runner.line_tasks(line_items, tokens)
     else:
         name = f"humaneval-infill ({args.variant})"
         tokens = args.max_new_tokens or DEFAULT_TOKENS[args.variant]
-        tasks = runner.infill_tasks(he.infill_tasks(problems, args.variant), tokens)
+        tasks = runner.infill_tasks(
+            he.infill_tasks(problems, args.variant), tokens, single_line=args.variant == "single-line"
+        )
     if args.task:
         unknown = sorted(set(args.task) - {t.task_id for t in tasks})
         if unknown:
@@ -300,6 +314,10 @@ def _all_ids(args: argparse.Namespace, problems: list) -> set[str]:
         from model_runtime.train.rl.tasks import read_tasks
 
         return {t.task_id for t in read_tasks(args.tasks)}
+    if args.benchmark == "lines":
+        from assistant.evals import lines
+
+        return {t.task_id for t in lines.read(args.tasks)}
     return {t.task_id for t in he.infill_tasks(problems, args.variant)}
 
 
@@ -329,32 +347,33 @@ def _score_samples(tasks, rows, ks, limits, workers, progress):
 def _settings(args: argparse.Namespace, tokens: int, model: dict[str, Any]) -> list[tuple[str, Any]]:
     """(label, SamplingParams) per run: the flags as given over the model's own settings (its
     generation_config.json), or the sweep's decoders."""
+    from assistant.cli.eval_table import setting_label
     from assistant.cli.model_options import sampling_params
 
     params = sampling_params(args, tokens, model)
+    if single_line_benchmark(args):
+        # One line is the answer: the benchmarks cut a fill at its end, and the fast decoders stop there.
+        params = dataclasses.replace(params, max_lines=1)
     if not args.sweep:
-        return [(_label(params, args.decoder is None), params)]
+        return [(setting_label(params, args.decoder is None), params)]
     runs = [("reference", dataclasses.replace(params, decoder="reference"))]
     for t in SWEEP_THRESHOLDS:
         p = dataclasses.replace(params, decoder="fast", threshold=t, factor=None)
-        runs.append((_label(p, False), p))
+        runs.append((setting_label(p, False), p))
     for length in args.sweep_blocks:
         if length == params.block_length:
             continue  # the threshold rows have it
         p = dataclasses.replace(
             params, decoder="fast", threshold=SWEEP_BLOCK_THRESHOLD, factor=None, block_length=length
         )
-        runs.append((_label(p, False), p))
+        runs.append((setting_label(p, False), p))
     return runs
 
 
-def _label(params: Any, model_default: bool) -> str:
-    if model_default:
-        return "model's default decoder"
-    if params.decoder == "reference":
-        return "reference"
-    rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"
-    return f"fast, block {params.block_length}, {rule}"
+def single_line_benchmark(args: argparse.Namespace) -> bool:
+    """Whether every answer of the benchmark is one line (the single-line infills)."""
+    single = args.benchmark == "humaneval-infill" and args.variant == "single-line"
+    return args.benchmark == "lines" or single
 
 
 def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any], Any]:

@@ -4,6 +4,7 @@ statuses mean, and where each task's details are."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def print_table(name: str, reports: list, labels: list[str], *, json_out: bool) -> None:
@@ -13,12 +14,15 @@ def print_table(name: str, reports: list, labels: list[str], *, json_out: bool) 
 
     first = reports[0].summary
     table = Table(title=f"{name}: {first['tasks']} tasks x {first['samples_per_task']} sample(s)")
-    passes = [k for k in first if k.startswith("pass@")]
+    passes = [k for k in first if k.startswith("pass@") and not k.endswith("_ci95")]
     table.add_column("setting")
     for k in passes:
         table.add_column(k, justify="right")
+    table.add_column("95% CI", justify="right")
     table.add_column("passed", justify="right")
     table.add_column("tokens/s", justify="right")
+    table.add_column("tokens/forward", justify="right")
+    table.add_column("forwards", justify="right")
     table.add_column("generate s", justify="right")
     table.add_column("wall s", justify="right")
     table.add_column("failures", justify="left")
@@ -30,8 +34,11 @@ def print_table(name: str, reports: list, labels: list[str], *, json_out: bool) 
         table.add_row(
             label,
             *(f"{100 * s[k]:.1f}%" for k in passes),
+            "{:.1f}-{:.1f}%".format(*(100 * v for v in s["pass@1_ci95"])) if "pass@1_ci95" in s else "-",
             f"{s['passed_samples']}/{total}",
             f"{s['tokens_per_second']:.1f}" if "tokens_per_second" in s else "-",
+            f"{s['tokens_per_forward']:.2f}" if "tokens_per_forward" in s else "-",
+            f"{s['forwards_per_answer']:.1f}" if "forwards_per_answer" in s else "-",
             f"{s['generate_seconds']:.1f}" if "generate_seconds" in s else "-",
             f"{wall:.1f}" if wall else "-",
             fails or "-",
@@ -71,7 +78,8 @@ def _legend(reports: list, *, json_out: bool) -> list[str]:
     if "generate_seconds" in reports[0].summary:
         lines.append(
             "generate s: the model's forwards only; wall s: the whole setting, compiles, queueing and the "
-            "tests included (tokens/s divides by generate s)"
+            "tests included (tokens/s divides by generate s); tokens/forward: the answers' tokens (cut at "
+            "their end of text) over the model's forwards; forwards: per answer; 95% CI: pass@1's (Wilson)"
         )
     seen: dict[str, int] = {}
     kinds: dict[str, int] = {}
@@ -94,3 +102,17 @@ def _legend(reports: list, *, json_out: bool) -> list[str]:
     if not json_out:
         lines.append("each task's status, error and completion: add --json")
     return lines
+
+
+def setting_label(params: Any, model_default: bool) -> str:
+    """A setting's row name: the decoder and what sets it apart."""
+    if model_default:
+        return "model's default decoder"
+    if params.decoder == "reference":
+        return "reference"
+    rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"
+    if params.decoder == "sliding":
+        extra = "" if params.commit_rule == "threshold" else f", {params.commit_rule}"
+        extra += f", refresh every {params.refresh_every}" if params.refresh_every else ""
+        return f"sliding, window {params.window}, {rule}{extra}"
+    return f"fast, block {params.block_length}, {rule}"

@@ -113,8 +113,13 @@ def init_multihost(args: argparse.Namespace) -> None:
 
 
 def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeProtocol) -> SamplingParams:
-    """Without --decoder, the decoder the loaded model recommends (``RuntimeInfo.default_decoder``)."""
-    return params if args.decoder else dataclasses.replace(params, decoder=rt.info.default_decoder)
+    """Without --decoder, the decoder the loaded model recommends (``RuntimeInfo.default_decoder``), and
+    for a one-line answer (``--max-lines 1``) the model's one-line knobs (``RuntimeInfo.one_line_defaults``):
+    name a decoder to set its knobs yourself."""
+    if args.decoder:
+        return params
+    one_line = rt.info.one_line_defaults if params.max_lines == 1 else {}
+    return dataclasses.replace(params, **{"decoder": rt.info.default_decoder, **one_line})
 
 
 def sampling_params(

@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from assistant.evals import jsonl
+
 INSTRUCTION_PREFIX = (
     "Please provide a self-contained Python script that solves the following problem in a markdown code "
     "block:"
@@ -171,25 +173,16 @@ def read_samples(path: Path, known: set[str]) -> list[dict[str, str]]:
     completion.
     """
     samples = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON object ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object with task_id and completion")
-            tid = row.get("task_id")
-            if not isinstance(tid, str) or not tid:
-                raise ValueError(f"{path}:{n}: missing task_id")
-            if tid not in known:
-                raise ValueError(f"{path}:{n}: unknown task_id {tid!r}")
-            completion = row.get("completion")
-            if not isinstance(completion, str):
-                raise ValueError(f"{path}:{n}: missing completion (a string) for {tid}")
-            samples.append({"task_id": tid, "completion": completion})
+    for n, row in jsonl.objects(path, "task_id and completion"):
+        tid = row.get("task_id")
+        if not isinstance(tid, str) or not tid:
+            raise ValueError(f"{path}:{n}: missing task_id")
+        if tid not in known:
+            raise ValueError(f"{path}:{n}: unknown task_id {tid!r}")
+        completion = row.get("completion")
+        if not isinstance(completion, str):
+            raise ValueError(f"{path}:{n}: missing completion (a string) for {tid}")
+        samples.append({"task_id": tid, "completion": completion})
     if not samples:
         raise ValueError(f"{path}: no samples")
     return samples

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
-from assistant.evals.sandbox import Limits, Sandbox
+from assistant.evals.sandbox import Limits, Outcome, Sandbox
 
 Advance = Callable[[int], None]
 
@@ -36,8 +36,9 @@ class Job:
 class Generated:
     text: str
     seconds: float  # this job's share of its batch's generation time
-    tokens: int
+    tokens: int  # the answer's tokens (up to its end of text, or its line's end for one line)
     error: str | None = None
+    forwards: int = 0  # forwards of the model its batch ran (each decoder step is one)
 
 
 class Generator(Protocol):
@@ -119,8 +120,9 @@ class LocalGenerator:
                     done = event
                 assert done is not None, "a run ends with its BatchDone"
                 share = done.stats.generate_seconds / len(chunk)
-                for (i, row), text in zip(chunk, done.texts, strict=True):
-                    out[i] = Generated(text, share, row.region[1] - row.region[0])
+                for k, ((i, row), text) in enumerate(zip(chunk, done.texts, strict=True)):
+                    tokens = done.answer_tokens[k] if done.answer_tokens else row.canvas_tokens
+                    out[i] = Generated(text, share, tokens, forwards=done.stats.steps)
                 advance(len(chunk))
         return [g for g in out if g is not None]
 
@@ -180,8 +182,9 @@ class DaemonGenerator:
             advance(1)
             # The daemon reports the time of the batch the request ran in: its share is what the
             # in-process generator counts too, so generate s sums to the device's time, not a multiple.
-            share = done.stats.generate_seconds / max(1, done.stats.batch_size)
-            return Generated(done.text, share, job.tokens)
+            stats = done.stats
+            share = stats.generate_seconds / max(1, stats.batch_size)
+            return Generated(done.text, share, stats.new_tokens or job.tokens, forwards=stats.steps)
 
         try:
             self._status = client().status()
@@ -190,6 +193,23 @@ class DaemonGenerator:
         finally:
             for c in clients:
                 c.close()
+
+
+def confidence_interval(rates: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """The 95% interval of the mean of per-task pass rates: Wilson's score interval when every rate is 0
+    or 1 (one sample per task: a binomial share, for which the normal interval is poor near 0 and 1),
+    else the normal interval of the mean over tasks."""
+    n = len(rates)
+    if n == 0:
+        return 0.0, 0.0
+    mean = sum(rates) / n
+    if all(r in (0.0, 1.0) for r in rates):
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+    var = sum((r - mean) ** 2 for r in rates) / max(n - 1, 1)
+    half = z * math.sqrt(var / n)
+    return max(0.0, mean - half), min(1.0, mean + half)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -201,12 +221,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass
 class Task:
-    """What to generate for one benchmark task and how to turn an answer into a checked program."""
+    """What to generate for one benchmark task and how to turn an answer into a checked program, or
+    (``check``, for tasks without tests) how to judge the answer itself."""
 
     task_id: str
     job: Job
-    program: Callable[[str], str]
+    program: Callable[[str], str] | None
     completion: Callable[[str], str] = field(default=lambda text: text)
+    check: Callable[[str], bool] | None = None
 
 
 def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> list[Task]:
@@ -247,29 +269,54 @@ def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
     ]
 
 
-def infill_tasks(items: Sequence[he.InfillTask], tokens: int) -> list[Task]:
+def infill_cleaner(prefix: str, suffix: str, single_line: bool) -> Callable[[str], str]:
+    """The language server's post-processing of an infill whose cursor is at the start of an empty line
+    after ``prefix``: one line (single-line mode: the text up to its first newline, as the single-line
+    infilling benchmarks cut it) or the mode the server's classifier picks there (a block body after a
+    line ending in ``:``, else the next statement)."""
+    from assistant.infill.context import Mode, classify
+    from assistant.infill.postprocess import postprocess
+
+    above = prefix.rstrip("\n").rsplit("\n", 1)[-1]
+    mode = Mode.SINGLE_LINE if single_line else classify("", "", above)
+
+    def run(text: str) -> str:
+        fill = postprocess(text, suffix=suffix, mode=mode, cursor_line="", line_above=above, min_chars=1)
+        return fill or ""
+
+    return run
+
+
+def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bool = False) -> list[Task]:
     """Infill through the editor's path: the daemon's infill canvas, then the LSP's post-processing.
 
     The hidden lines' place is an empty line with the cursor at its start, as when a user opens a line
-    to write; the language server's classifier picks the mode from that cursor (a block body after a
-    line ending in ``:``, else the next statement) and its post-processing cleans the suggestion.
+    to write (``infill_cleaner``); ``single_line`` (the single-line variant) keeps the fill's first line.
     """
-    from assistant.infill.context import classify
-    from assistant.infill.postprocess import postprocess
+    return [
+        Task(
+            t.task_id,
+            Job(t.prefix, tokens, suffix=t.suffix),
+            t.program,
+            infill_cleaner(t.prefix, t.suffix, single_line),
+        )
+        for t in items
+    ]
 
-    def clean(item: he.InfillTask) -> Callable[[str], str]:
-        above = item.prefix.rstrip("\n").rsplit("\n", 1)[-1]
-        mode = classify("", "", above)
 
-        def run(text: str) -> str:
-            fill = postprocess(
-                text, suffix=item.suffix, mode=mode, cursor_line="", line_above=above, min_chars=1
-            )
-            return fill or ""
-
-        return run
-
-    return [Task(t.task_id, Job(t.prefix, tokens, suffix=t.suffix), t.program, clean(t)) for t in items]
+def line_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
+    """Held-out single-line infills (``assistant.evals.lines``): the editor's one-line path, judged by
+    the fill being the hidden line."""
+    return [
+        Task(
+            t.task_id,
+            Job(t.prefix, tokens, suffix=t.suffix),
+            None,
+            infill_cleaner(t.prefix, t.suffix, True),
+            check=t.correct,
+        )
+        for t in items
+    ]
 
 
 @dataclass
@@ -291,25 +338,37 @@ def score(
 ) -> Report:
     """Run every completion's program; per-sample results and pass@k (k at most the samples per task)."""
     flat = [(ti, j, c) for ti, cs in enumerate(completions) for j, c in enumerate(cs)]
-    programs = [tasks[ti].program(c) for ti, _, c in flat]
-    results: list[dict[str, Any]] = []
+    programs = [(k, prog(c)) for k, (ti, _, c) in enumerate(flat) if (prog := tasks[ti].program) is not None]
+    outcomes: dict[int, Outcome] = {}
     isolation: dict[str, Any] = {}
-    with Sandbox(sandbox_limits, workers=workers) as sandbox:
-        for (ti, j, c), outcome in zip(flat, sandbox.map(programs, advance), strict=True):
-            gen_error = errors[ti][j] if errors is not None else None
-            isolation = outcome.isolation or isolation
-            results.append(
-                {
-                    "task_id": tasks[ti].task_id,
-                    "sample": j,
-                    "passed": outcome.passed and gen_error is None,
-                    "status": "generation_error" if gen_error else outcome.status,
-                    "error": gen_error or outcome.error,
-                    "completion": c,
-                    "generate_seconds": round(gen_seconds[ti][j], 4) if gen_seconds is not None else None,
-                    "exec_seconds": round(outcome.seconds, 4),
-                }
-            )
+    if programs:
+        with Sandbox(sandbox_limits, workers=workers) as sandbox:
+            for (k, _), done in zip(programs, sandbox.map([p for _, p in programs], advance), strict=True):
+                outcomes[k] = done
+                isolation = done.isolation or isolation
+    results: list[dict[str, Any]] = []
+    for k, (ti, j, c) in enumerate(flat):
+        gen_error = errors[ti][j] if errors is not None else None
+        error: str | None
+        if (ran := outcomes.get(k)) is not None:
+            passed, status, error, seconds = ran.passed, ran.status, ran.error, ran.seconds
+        else:  # judged by the task itself (no tests to run)
+            check = tasks[ti].check
+            passed = check is not None and check(c)
+            status, error, seconds = ("passed" if passed else "wrong"), None, 0.0
+            advance(1)
+        results.append(
+            {
+                "task_id": tasks[ti].task_id,
+                "sample": j,
+                "passed": passed and gen_error is None,
+                "status": "generation_error" if gen_error else status,
+                "error": gen_error or error,
+                "completion": c,
+                "generate_seconds": round(gen_seconds[ti][j], 4) if gen_seconds is not None else None,
+                "exec_seconds": round(seconds, 4),
+            }
+        )
     by_task: dict[str, list[bool]] = {}
     for r in results:
         by_task.setdefault(r["task_id"], []).append(r["passed"])
@@ -323,6 +382,8 @@ def score(
         if k <= n:
             rates = [pass_at_k(len(v), sum(v), k) for v in by_task.values()]
             summary[f"pass@{k}"] = sum(rates) / len(rates)
+            if k == 1:
+                summary["pass@1_ci95"] = list(confidence_interval(rates))
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -366,7 +427,9 @@ def run_benchmark(
     )
     tested = time.perf_counter() - start
     gen_s = sum(g.seconds for g in generated)
-    tokens = sum(g.tokens for g in generated if g.error is None)
+    ok = [g for g in generated if g.error is None]
+    tokens = sum(g.tokens for g in ok)
+    forwards = sum(g.forwards for g in ok)
     report.summary.update(
         {
             "generate_seconds": round(gen_s, 3),
@@ -374,6 +437,10 @@ def run_benchmark(
             "test_seconds": round(tested, 3),
             "new_tokens": tokens,
             "tokens_per_second": round(tokens / gen_s, 2) if gen_s > 0 else 0.0,
+            # Per answer: the forwards its batch ran (a batch's rows share them), and the answer's tokens
+            # per forward (the decoder's parallelism, whatever the batch and the machine).
+            "forwards_per_answer": round(forwards / len(ok), 2) if ok else 0.0,
+            "tokens_per_forward": round(tokens / forwards, 3) if forwards else 0.0,
             **generator.describe(),
         }
     )

@@ -45,8 +45,9 @@ def run_batch(
     rows, params = [j.row for j in jobs], jobs[0].params
     try:
         t0 = _compile_and_start(runtime, jobs, compile, waiting_estimate)
-        # Per-forward events only for a client that reads them; the others get one per block.
-        gen = runtime.run(rows, params, every_forward=any(j.want_steps for j in jobs))
+        # An event per forward, whether or not a client reads them: a job cancelled meanwhile (its client
+        # gone, a newer request of its session) stops the device work within two forwards.
+        gen = runtime.run(rows, params)
     except InputError as exc:
         if len(jobs) > 1:
             # One bad row must not fail its neighbours: run each alone so only it gets the error.
@@ -58,6 +59,7 @@ def run_batch(
         return
     active = dict(enumerate(jobs))
     steps_run = 0
+    forwards = runtime.forwards
     try:
         for event in gen:
             if isinstance(event, BatchStep):
@@ -70,7 +72,8 @@ def run_batch(
                     finish_done(runtime, counters, job, event, i, len(jobs))
                 active.clear()
     finally:
-        gen.close()
+        gen.close()  # after this the device is idle: a forward queued ahead has run and been counted
+        counters.forwards += runtime.forwards - forwards
         ran(time.monotonic() - t0)
     for job in active.values():
         # The runtime ended without a BatchDone: report it rather than leave the client waiting.
@@ -148,6 +151,9 @@ def finish_done(
     stops = set(runtime.rows.tokenizer.stop_ids(chat=job.chat))
     cut = next((k for k, t in enumerate(ids) if t in stops), None)
     new_tokens = len(ids) if cut is None else cut
+    if event.answer_tokens:  # the runtime's count: a single-line answer ends at its newline
+        new_tokens = event.answer_tokens[i]
+        cut = None if new_tokens == len(ids) else new_tokens
     counters.completed += 1
     counters.generated_tokens += new_tokens
     stats = job.stats(steps=event.stats.steps, new_tokens=new_tokens, batch_size=batch_size, done=event.stats)

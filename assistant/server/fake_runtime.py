@@ -123,6 +123,7 @@ class FakeRuntime:
             raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
+        self.forwards = 0  # fake steps run (each stands for one forward)
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
         self._inflight: InFlight[CompileReport] = InFlight()
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
@@ -159,7 +160,7 @@ class FakeRuntime:
         self._check(rows)
         switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
         filters = (params.effective_top_k > 0, bool(params.alg_temp))
-        return (self._bucket(rows), *switches, *filters, params.block_length)
+        return (self._bucket(rows), *switches, *filters, params.block_length, params.window)
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         return self._program(rows, params) in self.programs
@@ -202,9 +203,8 @@ class FakeRuntime:
         params: SamplingParams,
         *,
         stream: bool = True,
-        every_forward: bool = True,
     ) -> BatchEvents:
-        """``every_forward`` changes nothing here: every fake step stands for one forward."""
+        """Every fake step stands for one forward."""
         self._check(rows)
         return self._run(rows, params, stream)
 
@@ -232,6 +232,7 @@ class FakeRuntime:
         for step in range(steps):
             t_step = time.perf_counter()
             time.sleep(self.step_delay)  # stands for one forward pass of the whole batch
+            self.forwards += 1
             unmasked = []
             for canvas, target, order in zip(canvases, targets, orders, strict=True):
                 left = [p for p in order if canvas[p] == MASK_ID]

@@ -113,9 +113,12 @@ def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParam
     """The request's sampling parameters with the daemon's defaults and limits applied."""
     sampling = dict(spec.sampling)
     if "decoder" not in sampling and spec.canvas_tokens:
-        # A request that names no decoder gets the one its model recommends (holes inside a prompt,
-        # canvas_tokens 0, always take the reference decoder: the fast one cannot fill them).
-        sampling["decoder"] = rt.info.default_decoder
+        # A request that names no decoder gets the one its model recommends, for a one-line answer the
+        # model's one-line knobs under the request's own (holes inside a prompt, canvas_tokens 0, always
+        # take the reference decoder: the fast ones cannot fill them).
+        if sampling.get("max_lines") == 1:
+            sampling = {**rt.info.one_line_defaults, **sampling}
+        sampling.setdefault("decoder", rt.info.default_decoder)
     steps = sampling.setdefault("steps", max(spec.canvas_tokens, 1))
     if steps > config.max_steps:
         raise RequestError(

@@ -229,6 +229,18 @@ class TokenShards:
         return total
 
 
+# The bundled model's pre-training filters (scripts/train_bundled.sh's --exclude): test suites, IDLE's
+# tests, codec tables.
+BUNDLED_EXCLUDES = ("test", "tests", "idle_test", "encodings")
+
+
+def bundled_sources(corpus_dir: Path) -> Iterator[tuple[str, str]]:
+    """(relative path, text) of the files of a corpus ``scripts/bundled_corpus.py`` built, filtered as the
+    bundled model's pre-training filtered them (the held-out split is ``is_heldout(path, 25)``)."""
+    files = find_source_files(corpus_dir, excludes=DEFAULT_EXCLUDES + BUNDLED_EXCLUDES)
+    return read_sources(corpus_dir, files)
+
+
 def load_meta(corpus_dir: Path) -> dict:
     path = Path(corpus_dir) / "meta.json"
     if not path.is_file():

@@ -44,8 +44,8 @@ def one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         ),
         (
             ["generate", "--prompt", "x", "--decoder", "fastt"],
-            "diffu generate: error: argument --decoder: invalid choice 'fastt' (one of reference, fast); "
-            "did you mean fast?",
+            "diffu generate: error: argument --decoder: invalid choice 'fastt' "
+            "(one of reference, fast, sliding); did you mean fast?",
         ),
         (
             ["daemon", "start", "--modle", "x"],
@@ -73,8 +73,8 @@ def test_an_unknown_value_of_eval_is_named_with_the_closest_one(capsys: pytest.C
     assert main(["eval", "humaneval-infil"]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "diffu: error: unknown benchmark 'humaneval-infil' (one of humaneval, humaneval-infill, tasks); "
-        "did you mean humaneval-infill?\n"
+        "diffu: error: unknown benchmark 'humaneval-infil' "
+        "(one of humaneval, humaneval-infill, tasks, lines); did you mean humaneval-infill?\n"
     )
     assert main(["eval", "humaneval", "--style", "instrct"]) == 2
     assert capsys.readouterr().err == (

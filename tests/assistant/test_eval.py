@@ -137,6 +137,17 @@ def test_pass_at_k_is_the_unbiased_estimator():
         assert math.isclose(runner.pass_at_k(n, c, k), expected, rel_tol=1e-9)
 
 
+def test_pass_at_1_comes_with_its_95_percent_interval():
+    # 45 of 1,033 (the reference decoder on the single-line infills): Wilson's interval, 3.3% to 5.8%.
+    low, high = runner.confidence_interval([1.0] * 45 + [0.0] * 988)
+    assert (round(low, 4), round(high, 4)) == (0.0327, 0.0578)
+    low, high = runner.confidence_interval([0.0] * 100)  # none passed: still an upper bound
+    assert low == 0.0 and 0.03 < high < 0.04
+    # Several samples per task: the normal interval of the per-task rates' mean.
+    low, high = runner.confidence_interval([0.5, 0.25, 0.75, 0.5])
+    assert low < 0.5 < high and round(high - 0.5, 4) == round(1.96 * math.sqrt(1 / 24 / 4), 4)
+
+
 def test_instruct_answers_are_extracted_from_the_fence(problems):
     p = problems[0]
     code = f"from typing import List\n\ndef {p.entry_point}(numbers, threshold):\n    return False\n"
@@ -202,7 +213,14 @@ def test_same_seed_and_settings_give_the_same_results(runtime, problems):
     second, _ = once()
     assert first == second
     assert len(first) == 6 and report.summary["samples_per_task"] == 2 and "pass@2" in report.summary
-    assert report.summary["new_tokens"] == 6 * 16 and report.summary["tokens_per_second"] > 0
+    summary = report.summary
+    # Tokens are the answers' (each cut at its end of text), forwards the reference decoder's steps.
+    answers = sum(len(r["completion"]) > 0 for r in report.results)
+    assert 0 < summary["new_tokens"] <= 6 * 16 and summary["tokens_per_second"] > 0 and answers
+    assert summary["forwards_per_answer"] == 8
+    assert summary["tokens_per_forward"] == round(summary["new_tokens"] / (6 * 8), 3)
+    low, high = summary["pass@1_ci95"]
+    assert 0 <= low <= summary["pass@1"] <= high <= 1
     # A different seed draws different answers from a random model.
     other = runner.run_benchmark(
         tasks,

@@ -51,8 +51,8 @@ def test_answers_are_asked_as_in_rollouts_and_scored_by_their_python_block(heldo
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["eval", "tasks"], "the tasks benchmark needs --tasks FILE"),
-        (["eval", "humaneval", "--tasks", "x.jsonl"], "--tasks only goes with it"),
+        (["eval", "tasks"], "the tasks and lines benchmarks need --tasks FILE"),
+        (["eval", "humaneval", "--tasks", "x.jsonl"], "--tasks only goes with them"),
     ],
 )
 def test_bad_arguments_are_one_line(args, message, capsys):

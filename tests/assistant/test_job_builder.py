@@ -43,6 +43,20 @@ def test_defaults_and_limits_are_applied_to_the_sampling_parameters() -> None:
     assert info.value.param == "steps"
 
 
+def test_a_one_line_request_that_names_no_decoder_gets_the_models_one_line_knobs() -> None:
+    rt = FakeRuntime()
+    rt.info = dataclasses.replace(rt.info, one_line_defaults={"decoder": "sliding", "window": 16})
+
+    def params(**body: object):
+        return build_job(rt, spec_of({"prompt": "def f(", **body}), Config())[0].params
+
+    p = params(max_lines=1)
+    assert (p.decoder, p.window, p.max_lines) == ("sliding", 16, 1)
+    assert params(max_lines=1, window=4).window == 4  # the request's own knobs win
+    assert params(max_lines=1, decoder="fast").decoder == "fast"
+    assert params(max_lines=2).decoder == params().decoder == rt.info.default_decoder
+
+
 def test_infill_with_other_files_keeps_the_newest_that_fit() -> None:
     rt = FakeRuntime(max_context=128)
     data = {

@@ -137,8 +137,8 @@ def _children() -> set[int]:
     return pids
 
 
-def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
-    """2,000 programs, among them ones that fork sleepers, write files and exhaust their time."""
+def test_hundreds_of_sandboxed_executions_leave_no_process_and_no_temp_file():
+    """201 programs (40 of each kind, one endless loop): ones fork sleepers, write files, run out of time."""
     procs_before, temp_before = sandbox_processes(), _sandbox_temp_entries()
     threads_before, children_before = threading.active_count(), _children()
     bodies = [
@@ -149,7 +149,7 @@ def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
         "    raise RuntimeError('no')",
     ]
     completions, tests = [], []
-    for i in range(500):
+    for i in range(200):
         completions.append(f"```python\ndef f(x):\n{bodies[i % len(bodies)]}\n```\n")
         tests.append([f"assert f({j}) == {j + 1}" for j in range(4)])
     completions.append("```python\ndef f(x):\n    while True:\n        pass\n```\n")
@@ -159,7 +159,7 @@ def test_thousands_of_sandboxed_executions_leave_no_process_and_no_temp_file():
         scores = reward(completions, test_cases=tests)
     finally:
         reward.close()
-    assert len(scores) == 501 and sum(1 for s in scores if s == 1.0) == 400 and scores[-1] == 0.0
+    assert len(scores) == 201 and sum(1 for s in scores if s == 1.0) == 160 and scores[-1] == 0.0
     assert sandbox_processes() == procs_before
     assert _sandbox_temp_entries() == temp_before
     assert threading.active_count() == threads_before

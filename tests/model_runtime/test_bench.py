@@ -84,6 +84,11 @@ def test_bench_generate_json_fields(tiny_dir, capsys):
         "environment",
     } <= set(out)
     assert out["decoder"] == "fast" and len(out["seconds"]) == 2 and out["compile_seconds"] > 0
+    assert out["stream"] is False
+    # A forward per call, as the daemon runs jobs: the same forwards (the same programs, the same keys).
+    assert main([*args, "--stream"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    assert streamed["stream"] is True and streamed["forwards"] == out["forwards"]
 
 
 def test_bench_rejects_bad_grids(tiny_dir, capsys):

@@ -349,7 +349,24 @@ def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
     model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_decoder="turbo")
     assert main(["generate", "--model", str(model), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
-    assert "generation_config.json: diffu_decoder must be one of reference, fast, got 'turbo'" in err
+    assert "generation_config.json: diffu_decoder must be one of reference, fast, sliding, got 'turbo'" in err
+
+
+def test_a_one_line_answer_gets_the_models_one_line_decoder_unless_one_is_named(tiny_dir, tmp_path, capsys):
+    one_line = {"decoder": "sliding", "window": 16}
+    model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_one_line=one_line)
+    run = ["generate", "--model", str(model), "--raw", "--prompt", "import os", "--max-new-tokens", "8",
+           "--json"]  # fmt: skip
+    assert main([*run, "--max-lines", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "sliding"
+    assert main(run) == 0  # not one line: the model's default decoder
+    assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "reference"
+    assert main([*run, "--max-lines", "1", "--decoder", "fast"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["decoder"] == "fast"
+    odd = {"decoder": "sliding", "window": 3}
+    bad = with_generation_config(tiny_dir, tmp_path / "bad", diffu_one_line=odd)
+    assert main(["generate", "--model", str(bad), "--raw", "--prompt", "x", "--max-new-tokens", "4"]) == 2
+    assert "generation_config.json: diffu_one_line: window: must be one of 2, 4, 8" in capsys.readouterr().err
 
 
 def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys):

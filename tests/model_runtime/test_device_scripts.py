@@ -55,7 +55,7 @@ def test_device_check_small_runs_every_part_and_writes_json_and_table(tmp_path: 
     assert [row["m"] for row in k] == [16, 256]  # the block step's rows and (W8A8's least) a refresh's
     assert all(row["int4_kernel_ms"] > 0 and row["int8_xla_ms"] > 0 for row in k) and "w8a8_xla_ms" in k[1]
     modeled = {(r["mode"], r["decoder"]) for r in result["cost_model"]}
-    assert modeled == {("bf16", "reference")} | {(m, "fast") for m in result["modes"]}
+    assert modeled == {("bf16", "reference"), ("bf16", "sliding")} | {(m, "fast") for m in result["modes"]}
     for r in result["cost_model"]:
         assert r["modeled_tpf1"] < r["modeled_tpf2"] < r["modeled_tpf3"] and r["measured"] > 0
     targets = {(t["figure"], t["mode"]): t for t in result["targets"]}

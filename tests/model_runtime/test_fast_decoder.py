@@ -45,6 +45,23 @@ def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
     )
 
 
+def test_a_refresh_that_asks_for_a_few_rows_gets_those_rows_of_the_full_forward(runtime):
+    """hidden_at runs the last layer's queries for the refresh's window only: same outputs, same cache."""
+    model = nnx.merge(runtime.graphdef, runtime.state)
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40)))
+    attn = np.ones((2, 40), bool)
+    attn[0, :5] = False
+    rows = jnp.asarray([[10, 11, 12], [30, 31, 39]])
+    full, caches = model.hidden(ids, jnp.asarray(attn))
+    part, part_caches = model.hidden_at(ids, jnp.asarray(attn), rows)
+    want = np.take_along_axis(np.asarray(full), np.asarray(rows)[..., None], axis=1)
+    np.testing.assert_allclose(np.asarray(part), want, rtol=1e-5, atol=1e-5)
+    for (k, v), (pk, pv) in zip(caches, part_caches, strict=True):
+        np.testing.assert_allclose(np.asarray(pk), np.asarray(k), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(pv), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
 def fast(max_new_tokens=48, **kw):
     return SamplingParams(max_new_tokens=max_new_tokens, decoder="fast", **kw)
 
@@ -52,16 +69,17 @@ def fast(max_new_tokens=48, **kw):
 def test_fast_decoder_fills_every_block_and_reports_forwards(runtime):
     ids = runtime.tokenizer.encode("def add(a, b):")
     rows = [runtime.rows.make_row(ids, 48, chat=False)]
-    events = list(runtime.run(rows, fast(block_length=16), every_forward=False))
+    events = list(runtime.run(rows, fast(block_length=16)))
     steps, done = events[:-1], events[-1]
-    assert len(steps) == 3 and [(s.block, s.blocks) for s in steps] == [(0, 3), (1, 3), (2, 3)]
+    assert list(dict.fromkeys(s.block for s in steps)) == [0, 1, 2]
+    assert {s.blocks for s in steps} == {3}
     assert runtime.tokenizer.mask_id not in done.generated[0]
-    # Block b fills positions [16b, 16b + 16) and nothing else.
-    for b, step in enumerate(steps):
-        assert all(16 * b <= p < 16 * b + 16 for p in step.unmasked[0])
-        assert len(step.unmasked[0]) == 16
+    # Block b fills positions [16b, 16b + 16) and nothing else, all of them.
+    for b in range(3):
+        filled = [p for s in steps if s.block == b for p in s.unmasked[0]]
+        assert sorted(filled) == list(range(16 * b, 16 * b + 16))
     assert 3 <= done.stats.steps <= 48  # forwards: at least one refresh per block, at most one per token
-    # A step is a forward: the last block event's step number is the forward count.
+    # A step is a forward: the last event's step number is the forward count.
     assert steps[-1].step + 1 == done.stats.steps and {s.steps for s in steps} == {48}
 
 
@@ -80,12 +98,10 @@ def test_streaming_reports_every_forward_and_commits_the_same_tokens(runtime):
     ]
     assert len(partial) >= 2
     assert all(len(s.unmasked[0]) >= 1 for s in steps)  # every forward commits at least one position
-    # The same tokens as the per-block loop and the fused run, forward for forward.
-    blocks = list(runtime.run(rows, params, every_forward=False))[-1]
+    # The same tokens as the fused run (one call per block), forward for forward.
     fused = list(runtime.run(rows, params, stream=False))
     assert len(fused) == 1
-    assert done.generated == blocks.generated == fused[0].generated
-    assert done.stats.steps == blocks.stats.steps == fused[0].stats.steps
+    assert done.generated == fused[0].generated and done.stats.steps == fused[0].stats.steps
 
 
 def test_lower_threshold_means_fewer_forwards(runtime):
@@ -111,8 +127,8 @@ def test_stops_once_every_row_has_ended_its_text(runtime, monkeypatch):
     # Make every token a stop token: after the first block every row has "ended".
     monkeypatch.setattr(runtime.tokenizer, "stop_ids", lambda chat: tuple(range(runtime.config.vocab_size)))
     rows = [runtime.rows.make_row(ids, 64, chat=False)]
-    events = list(runtime.run(rows, fast(max_new_tokens=64, block_length=16), every_forward=False))
-    assert len(events) == 2  # one block, then done
+    events = list(runtime.run(rows, fast(max_new_tokens=64, block_length=16)))
+    assert {e.block for e in events[:-1]} == {0}  # one block, then done
     rest = events[-1].generated[0][16:]
     assert rest == [runtime.config.pad_token_id] * 48
 

@@ -364,6 +364,7 @@ def _runtime_status(rt: RuntimeProtocol | None, chat_defaults: dict[str, Any]) -
         "quantize": info.quantize_mode if info else None,
         "max_context": info.max_context if info else None,
         "default_decoder": info.default_decoder if info else None,
+        "one_line_defaults": dict(info.one_line_defaults) if info else None,
         # The model's chat defaults (generation_config.json); diffu chat starts from them. Known once the
         # weights are loaded, while programs may still compile.
         "chat_defaults": chat_defaults,

@@ -1,4 +1,5 @@
-"""Sharded runtime on 8 virtual CPU devices: tp=4, tp=8 and dp=2 x tp=4 against one device."""
+"""Sharded runtime on 8 virtual CPU devices: tp=4, tp=8 (logits and placement) and dp=2 x tp=4 against one
+device."""
 
 from __future__ import annotations
 
@@ -35,7 +36,11 @@ def test_meshes_give_single_device_logits_and_generations(report):
     for mesh in report["meshes"]:
         what = f"tp={mesh['tp']} dp={mesh['dp']}"
         assert mesh["max_rel_err"] < 1e-5, what
+        if mesh["tp"] == 8:
+            assert "greedy_equal" not in mesh, what  # placement and logits only
+            continue
         assert mesh["greedy_equal"] and mesh["fused_equal"] and mesh["fast_equal"], what
+        assert mesh["sliding_equal"], what
     dp2 = next(m for m in report["meshes"] if m["dp"] == 2)
     assert dp2["device"].endswith("x8") and all(b % 2 == 0 for b in dp2["batch_buckets"])
 

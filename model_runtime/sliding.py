@@ -1,0 +1,247 @@
+"""The sliding decoder: a window of queries that follows each row's first mask, on one device loop.
+
+The fast decoder (``fast.py``, Fast-dLLM's DualCache) cuts the region into fixed blocks and pays a full
+refresh forward per block, which commits one token; a block's forwards ask queries for all of its
+positions until the last one is filled. This decoder keeps the cache of DualCache and moves the block:
+
+- **Sliding window** (dInfer's vicinity refresh, Elastic-Cache's window over the leftmost masks): each
+  forward asks queries for ``window`` positions starting just before the row's first mask, writes their
+  fresh keys/values into the cache and commits among the window's masks. A position is predicted by the
+  output just before it (Dream's shift), so the window's first position is the decoded token that
+  predicts the first mask. Each row has its own window, so rows whose regions lie in different columns
+  (infill rows with different suffix lengths) share a batch.
+- **Delayed caching** (dKV-Cache): a position committed in a forward still holds the keys/values of a
+  mask in the cache. The next window starts no later than the leftmost such position, so every committed
+  token is re-encoded once while the window passes over it.
+- **The refresh is a decoding step**: the first forward runs over the whole canvas (it fills the cache)
+  and commits by the same rule as every other forward, instead of committing exactly one position.
+  With ``refresh_every`` N > 0 every N-th forward is such a full forward again (dKV-Cache-Decode's
+  periodic refresh); 0 refreshes only at the start.
+- **Early stop per row** (dInfer): a row is finished once a stop token (end of text) is committed with
+  every position before it committed, or, for a request with ``max_lines``, once the positions before
+  its first mask hold that many lines; or when no mask is left. Its text cannot change after that, so
+  the loop stops when every row is finished; the row's masks left after the stop become padding.
+- **Commit rules**, branch-free: the threshold rule or the factor rule (``fast.commit_mask``), or
+  dInfer's credit rule, which adds ``0.7 * log(1 + credit)`` to the logits, ``credit`` being a decaying
+  (0.8 per forward) sum of ``p_top1 ** 0.2`` at each position's proposed token: a proposal that stays
+  the same over forwards passes the threshold sooner.
+
+After the first forward (its own program, ``prefill``), everything is one ``lax.while_loop`` (``steps``;
+a ``lax.cond`` picks the full or the window forward), so a call runs any number of forwards without a
+host sync; ``limit`` bounds a call and the carry resumes it, which
+is how streaming and cancellation see every forward: forward ``i`` draws from ``fold_in(key, i)``
+whichever call runs it, so one call or one call per forward commit the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model_runtime.fast import commit_mask, no_mask
+from model_runtime.model import KV, DreamModel, read_block
+from model_runtime.params import SamplingParams
+from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
+
+# dInfer's CreditThresholdParallelDecoder defaults: credit weight, boost exponent, decay per forward.
+CREDIT_ALPHA, CREDIT_GAMMA, CREDIT_DECAY = 0.7, 0.2, 0.8
+
+
+@dataclass(frozen=True)
+class SlidingSpec:
+    """Static switches of the sliding decoder's programs."""
+
+    sampler: SamplerSpec  # how a proposal and its confidence are drawn (max-probability confidence)
+    window: int = 8  # query positions per forward
+    rule: str = "threshold"  # threshold, factor or credit
+
+
+def spec_of(params: SamplingParams) -> SlidingSpec:
+    """The programs' static switches for a request."""
+    rule = params.commit_rule
+    if rule == "threshold" and params.factor is not None:
+        rule = "factor"
+    return SlidingSpec(
+        sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
+        window=params.window,
+        rule=rule,
+    )
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SlidingInputs:
+    """What every forward reads besides the carry."""
+
+    attn: jax.Array  # [B, L] bool: real tokens (False: left padding)
+    fill: jax.Array  # [B, L] bool: the positions to decode (the region's masks at the start)
+    stops: jax.Array  # [B, V] bool: tokens that end a row's text
+    newlines: jax.Array  # [V] i32: newlines per token (zeros when lines are not counted)
+    max_lines: jax.Array  # i32: a row's text ends with this many lines (0: no limit)
+    key: jax.Array  # [B] PRNG key per row; forward i draws from fold_in(key, i)
+    temperature: jax.Array  # f32
+    top_p: jax.Array  # f32
+    top_k: jax.Array  # i32
+    threshold: jax.Array  # f32
+    factor: jax.Array  # f32
+    refresh_every: jax.Array  # i32: a full forward every this many forwards (0: only the first)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Front:
+    """The small part of the loop's state; the host reads it after each call (never donated)."""
+
+    x: jax.Array  # [B, L] i32 canvas
+    pending: jax.Array  # [B] i32: leftmost position committed by the last forward (L: none)
+    start: jax.Array  # [B] i32: the last forward's window start (the credit follows it)
+    forwards: jax.Array  # i32: forwards run so far
+    finished: jax.Array  # [B] bool
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Cache:
+    """The large part of the loop's state, updated in place (donated to each call)."""
+
+    kv: list[KV]  # every layer's keys/values, [B, K, L, E] each
+    credit: jax.Array  # [B, window, V] f32 under the credit rule, aligned with the window; else [B, 1, 1]
+
+
+def frontier(x: jax.Array, inputs: SlidingInputs, mask_id: int) -> tuple[jax.Array, jax.Array]:
+    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or the
+    positions before its first mask hold a stop token or ``max_lines`` lines."""
+    n = x.shape[1]
+    pos = jnp.arange(n, dtype=jnp.int32)
+    first = jnp.min(jnp.where((x == mask_id) & inputs.fill, pos, n), axis=-1)  # [B]
+    decoded = inputs.fill & (pos < first[:, None])  # [B, L]
+    stopped = jnp.any(jnp.take_along_axis(inputs.stops, x, axis=1) & decoded, axis=-1)
+    lines = jnp.sum(jnp.where(decoded, inputs.newlines[x], 0), axis=-1)
+    stopped |= (inputs.max_lines > 0) & (lines >= inputs.max_lines)
+    return first, stopped | (first == n)
+
+
+def _write(x: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
+    """``x[b, start[b] : start[b] + W] = block[b]`` for ``[B, L]`` canvases."""
+    return jax.vmap(lambda row, new, s: jax.lax.dynamic_update_slice_in_dim(row, new, s, axis=0))(
+        x, block, start
+    )
+
+
+def _forward(
+    model: DreamModel,
+    front: Front,
+    cache: Cache,
+    inputs: SlidingInputs,
+    full: bool,
+    spec: SlidingSpec,
+    mask_id: int,
+) -> tuple[Front, Cache]:
+    """One forward (the whole canvas when ``full``, else the window over the cache) and its commits."""
+    x = front.x
+    n = x.shape[1]
+    w = spec.window
+    first, finished = frontier(x, inputs, mask_id)
+    # Just before the first mask (its predictor), and no later than last forward's leftmost commit.
+    start = jnp.clip(jnp.minimum(first - 1, front.pending), 0, n - w)  # [B]
+    block = read_block(x, start, w)  # [B, W]
+    pos = start[:, None] + jnp.arange(w, dtype=jnp.int32)  # [B, W]
+    if full:
+        hidden, kv = model.hidden_at(x, inputs.attn, pos)  # [B, W, D]
+    else:
+        hidden, kv = model.hidden(block, inputs.attn, caches=cache.kv, start=start)  # [B, W, D]
+    logits = no_mask(model.head(hidden), mask_id)
+    # Position j of the window is predicted by output j - 1; the window's first position by nothing here.
+    logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)  # [B, W, V]
+    can = (block == mask_id) & read_block(inputs.fill, start, w) & (pos > start[:, None])
+    can &= ~finished[:, None]
+    credit = cache.credit
+    if spec.rule == "credit":
+        credit, logits = _credit(credit, logits, can, start - front.start)
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, front.forwards))(inputs.key)
+    keys = position_keys(keys, n - 1 - pos)  # a position's draws do not depend on padding or bucket
+    conf, x0 = sample_tokens(logits, keys, spec.sampler, inputs.temperature, inputs.top_p, inputs.top_k)
+    conf = jnp.where(can, conf.astype(jnp.float32), -jnp.inf)
+    chosen = commit_mask(conf, inputs.threshold, inputs.factor, spec.rule == "factor") & can
+    x = _write(x, jnp.where(chosen, x0, block), start)
+    pending = jnp.min(jnp.where(chosen, pos, n), axis=-1)
+    _, finished = frontier(x, inputs, mask_id)
+    return Front(x, pending, start, front.forwards + 1, finished), Cache(kv, credit)
+
+
+def _credit(
+    credit: jax.Array, logits: jax.Array, can: jax.Array, moved: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """dInfer's credit fusion on the window: follow the window (``moved`` positions to the right per row),
+    decay, add ``p_top1 ** gamma`` at each open position's proposal, and return the fused logits."""
+    w = credit.shape[1]
+    src = jnp.arange(w, dtype=jnp.int32)[None, :] + moved[:, None]  # [B, W]
+    credit = jnp.take_along_axis(credit, jnp.clip(src, 0, w - 1)[..., None], axis=1)
+    credit = jnp.where((src < w)[..., None], credit, 0.0) * CREDIT_DECAY
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top = jnp.argmax(probs, axis=-1)  # [B, W]
+    boost = jnp.where(can, jnp.max(probs, axis=-1) ** CREDIT_GAMMA, 0.0)
+    credit = credit + jax.nn.one_hot(top, credit.shape[-1], dtype=jnp.float32) * boost[..., None]
+    fused = logits.astype(jnp.float32) + CREDIT_ALPHA * jnp.log1p(credit)
+    return credit, fused.astype(logits.dtype)
+
+
+def prefill(
+    state: nnx.State,
+    x: jax.Array,
+    inputs: SlidingInputs,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SlidingSpec,
+    mask_id: int,
+) -> tuple[Front, Cache]:
+    """Forward 0: the whole canvas, which fills every layer's cache, and the first window's commits."""
+    model = nnx.merge(graphdef, state)
+    b, n = x.shape
+    credit = (b, spec.window, model.cfg.vocab_size) if spec.rule == "credit" else (b, 1, 1)
+    front = Front(
+        x=x,
+        pending=jnp.full((b,), n, jnp.int32),
+        start=jnp.zeros((b,), jnp.int32),
+        forwards=jnp.int32(0),
+        finished=jnp.zeros((b,), bool),
+    )
+    # A full forward reads no cache: the empty one only stands in for it.
+    return _forward(model, front, Cache([], jnp.zeros(credit, jnp.float32)), inputs, True, spec, mask_id)
+
+
+def steps(
+    state: nnx.State,
+    front: Front,
+    cache: Cache,
+    inputs: SlidingInputs,
+    limit: jax.Array,
+    bound: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SlidingSpec,
+    mask_id: int,
+) -> tuple[Front, Cache]:
+    """At most ``limit`` more forwards (``bound`` in all), until every row is finished."""
+    model = nnx.merge(graphdef, state)
+    stop = jnp.minimum(front.forwards + limit, bound)
+
+    def cond(carry: tuple[Front, Cache]) -> jax.Array:
+        front = carry[0]
+        return jnp.any(~front.finished) & (front.forwards < stop)
+
+    def body(carry: tuple[Front, Cache]) -> tuple[Front, Cache]:
+        every = inputs.refresh_every
+        full = (every > 0) & (carry[0].forwards % jnp.maximum(every, 1) == 0)
+        return jax.lax.cond(
+            full,
+            lambda c: _forward(model, c[0], c[1], inputs, True, spec, mask_id),
+            lambda c: _forward(model, c[0], c[1], inputs, False, spec, mask_id),
+            carry,
+        )
+
+    return jax.lax.while_loop(cond, body, (front, cache))

@@ -1,0 +1,48 @@
+"""Build the held-out single-line infill tasks that decoder settings are chosen on.
+
+    python scripts/heldout_lines.py CORPUS OUT.jsonl [--tasks 2000] [--seed 0]
+
+CORPUS is what ``scripts/bundled_corpus.py`` builds. Its files are filtered and split exactly as
+``scripts/train_bundled.sh`` does for pre-training (test suites, codec tables and files over 300 kB left
+out; ``--heldout-permille 25`` by a hash of the path), and the tasks come from the held-out files only,
+which the bundled model never saw (``assistant/evals/lines.py`` says how a task is made). Score them with
+``diffu eval lines --tasks OUT.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from assistant.evals import lines
+from model_runtime.bundled import bundled_model_dir
+from model_runtime.tokenizer import load_tokenizer
+from model_runtime.train import corpus as corpus_lib
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("corpus", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heldout-permille", type=int, default=25)
+    args = parser.parse_args()
+
+    tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
+    held = [
+        (path, text)
+        for path, text in corpus_lib.bundled_sources(args.corpus)
+        if corpus_lib.is_heldout(path, args.heldout_permille)
+    ]
+    tasks = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
+    lines.write(tasks, args.out)
+    print(f"{len(tasks)} tasks from {len(held)} held-out files -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

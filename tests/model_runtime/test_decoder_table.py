@@ -1,0 +1,48 @@
+"""``scripts/decoder_table.py`` in a tiny run: the tiny checkpoint, two held-out lines, the reference and
+the sliding decoder. The figures of a random model mean nothing; the test checks that every setting
+answered every task, the table pairs them with the reference, and a second run resumes (measures nothing
+again) instead of starting over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from assistant.evals import lines
+from scripts import decoder_table
+
+
+def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path, tmp_path: Path) -> None:
+    tasks = [
+        lines.LineTask("a.py:L2", "def f(x):\n", "    return x\n", "\nprint(f(1))\n"),
+        lines.LineTask("b.py:L2", "import os\n", "import sys\n", "\nprint(os.sep)\n"),
+    ]
+    lines.write(tasks, tmp_path / "lines.jsonl")
+    out = tmp_path / "table"
+    argv = [
+        str(out),
+        "--model",
+        str(tiny_dir),
+        "--benchmarks",
+        "lines",
+        "--lines",
+        str(tmp_path / "lines.jsonl"),
+    ]
+    argv += ["--settings", "reference,sliding"]
+    assert decoder_table.main(argv) == 0
+    results = (out / "results.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in results]
+    assert sorted(r["setting"] for r in rows) == ["reference", "sliding"]
+    for row in rows:
+        assert [t["task_id"] for t in row["tasks"]] == ["a.py:L2", "b.py:L2"]
+        assert all(t["forwards"] >= 1 and t["seconds"] > 0 for t in row["tasks"])
+        assert row["params"]["max_lines"] == 1 and row["params"]["decoder"] == row["setting"]
+    table = json.loads((out / "table.json").read_text())["benchmarks"]["lines"]
+    assert list(table) == ["reference", "sliding"]  # the reference first, as asked
+    assert table["reference"]["minus_reference"] == [0.0, 0.0, 0.0]
+    assert table["sliding"]["tasks"] == 2 and table["sliding"]["reference_time_over_this"] > 0
+    md = (out / "table.md").read_text()
+    assert "| lines (2) | reference |" in md and "| lines (2) | sliding |" in md
+    # Run again: everything is measured already, so nothing is added.
+    assert decoder_table.main(argv) == 0
+    assert (out / "results.jsonl").read_text().splitlines() == results
