@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 class CachedRuns:
-    """``Runtime``'s fast and sliding decoder runs (the attributes below are the Runtime's)."""
+    """``Runtime``'s fast and sliding decoder runs and the BatchDone every decoder ends with (the
+    attributes below are the Runtime's)."""
 
     config: DreamConfig
     tokenizer: DreamTokenizer
@@ -50,7 +51,20 @@ class CachedRuns:
         t_start: float,
         built: CompileReport,
     ) -> BatchDone:
-        raise NotImplementedError  # Runtime's
+        """The batch's BatchDone: the answers in ``final`` after ``steps`` forwards, timed from
+        ``t_start``; ``built`` is what getting the programs cost."""
+        return batch.done_event(
+            final,
+            self.tokenizer,
+            pad_id=self.config.pad_token_id,
+            steps=steps,
+            elapsed=time.perf_counter() - t_start,
+            compile_s=built.seconds,
+            compiled=built.compiled,
+            hits=built.cache_hits,
+            decoder=params.decoder,
+            max_lines=params.max_lines,
+        )
 
     # -- the fast decoder ------------------------------------------------------------------------
     def fast_calls(self, rows: Sequence[CanvasRow], params: SamplingParams) -> fast.FastCalls:

@@ -25,7 +25,6 @@ from model_runtime.cached_runs import CachedRuns
 from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.interface import (
-    BatchDone,
     BatchEvents,
     CanvasRow,
     CompileReport,
@@ -342,30 +341,6 @@ class Runtime(CachedRuns):
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
         yield self._done(batch, prev, params, params.steps, t_start, CompileReport(compile_s, compiled, hits))
-
-    def _done(
-        self,
-        batch: PlacedBatch,
-        final: np.ndarray,
-        params: SamplingParams,
-        steps: int,
-        t_start: float,
-        built: CompileReport,
-    ) -> BatchDone:
-        """The batch's BatchDone: the answers in ``final`` after ``steps`` forwards, timed from
-        ``t_start``; ``built`` is what getting the programs cost."""
-        return batch.done_event(
-            final,
-            self.tokenizer,
-            pad_id=self.config.pad_token_id,
-            steps=steps,
-            elapsed=time.perf_counter() - t_start,
-            compile_s=built.seconds,
-            compiled=built.compiled,
-            hits=built.cache_hits,
-            decoder=params.decoder,
-            max_lines=params.max_lines,
-        )
 
 
 if TYPE_CHECKING:
