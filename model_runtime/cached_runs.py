@@ -41,6 +41,7 @@ class CachedRuns:
     state: nnx.State
     forwards: int
     _programs: ProgramCache
+    _line_tables: dict[bool, np.ndarray]  # _newline_table's two tables, built on first use
 
     def _done(
         self,
@@ -114,7 +115,7 @@ class CachedRuns:
         calls = self._fast_calls(rows, params, shape)
         batch, lo, hi, size = calls.batch, calls.lo, calls.hi, calls.size
         x = jnp.asarray(batch.x)
-        stops = [set(np.flatnonzero(t)) for t in self._stop_table(rows, len(rows))]
+        stops = [set(self.tokenizer.stop_ids(chat=r.chat)) for r in rows]
         newlines = self._newline_table(params)
         run = _FastRun(calls, self.config.mask_token_id)
         t_start = time.perf_counter()
@@ -156,12 +157,17 @@ class CachedRuns:
         return table
 
     def _newline_table(self, params: SamplingParams) -> np.ndarray:
-        """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros."""
-        table = np.zeros(self.config.vocab_size, np.int32)
-        if params.max_lines:
-            counts = self.tokenizer.newlines()[: self.config.vocab_size]
-            table[: len(counts)] = counts
-        return table
+        """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros. Built once
+        per kind and kept (read-only): every editor's one-line request needs it."""
+        counted = bool(params.max_lines)
+        if counted not in self._line_tables:
+            table = np.zeros(self.config.vocab_size, np.int32)
+            if counted:
+                counts = self.tokenizer.newlines()[: self.config.vocab_size]
+                table[: len(counts)] = counts
+            table.flags.writeable = False
+            self._line_tables[counted] = table
+        return self._line_tables[counted]
 
     # -- the sliding decoder ---------------------------------------------------------------------
     def _sliding_inputs(

@@ -118,6 +118,7 @@ class Runtime(CachedRuns):
         # Forwards of the model run since start, every decoder's (a queued forward that ran after its
         # consumer stopped reading included): the daemon's counters report it.
         self.forwards = 0
+        self._line_tables = {}
 
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
