@@ -102,6 +102,9 @@ async def test_a_model_that_fails_to_load_is_reported_inline(
         app = make_app(DaemonBackend(daemon_config(daemon)))
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.query(ErrorNotice), timeout=20)
+            # The notice is in the DOM before it is painted: wait for the screen to show it (a fresh-clone CI
+            # run on a busy machine read the screen in between).
+            await until(pilot, lambda: "could not load its model" in screen_text(app), timeout=10)
             shown = screen_text(app)
             assert "could not load its model: max_context: must be >= 2" in shown and "Retry" in shown
             assert not app.connected and "Traceback" not in shown
