@@ -2,6 +2,7 @@
 
     python scripts/decoder_table.py OUT_DIR --lines LINES.jsonl --chat HELDOUT.jsonl [--model DIR]
         [--benchmarks humaneval,lines,chat] [--settings reference,fast,...] [--limit N] [--report]
+        [--exclude TASKS.jsonl]
 
 The decision set (issue #37):
 
@@ -226,9 +227,14 @@ def paired(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float
     return mean, max(-1.0, mean - half), min(1.0, mean + half)
 
 
-def report(out: Path, benchmarks: Sequence[str], settings: Sequence[str]) -> dict[str, Any]:
+def report(
+    out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Write the table of what is measured; tasks named in ``exclude`` (the set the settings were chosen
+    on, say) are left out of it."""
     rows = read_results(out / "results.jsonl")
     table: dict[str, Any] = {"benchmarks": {}, "settings": {s: asdict(SETTINGS[s]) for s in settings}}
+    table["excluded_tasks"] = len(exclude)
     loads = [r["load_average"] for r in rows.values()]
     table["load_average"] = {
         "mean": round(sum(loads) / len(loads), 2) if loads else None,
@@ -243,7 +249,7 @@ def report(out: Path, benchmarks: Sequence[str], settings: Sequence[str]) -> dic
         if not per:
             continue
         # Only tasks every setting has answered: the comparison is paired.
-        common = sorted(set.intersection(*(set(v) for v in per.values())))
+        common = sorted(set.intersection(*(set(v) for v in per.values())) - exclude)
         entries: dict[str, Any] = {}
         for s in [s for s in settings if s in per]:  # in the order asked for: the reference first
             by_id = per[s]
@@ -302,6 +308,8 @@ def markdown(table: dict[str, Any]) -> str:
     load = table["load_average"]
     lines.append("")
     lines.append(f"Device: {table['device']}; load average {load['mean']} on average, {load['max']} at most.")
+    if table.get("excluded_tasks"):
+        lines.append(f"Left out: the {table['excluded_tasks']} tasks of the --exclude file.")
     return "\n".join(lines) + "\n"
 
 
@@ -320,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch", type=int, default=None, help="rows per batch, every setting (default: each its own)"
     )
     parser.add_argument("--report", action="store_true", help="only write the table from what is measured")
+    parser.add_argument(
+        "--exclude",
+        type=Path,
+        default=None,
+        help="a tasks file (JSON lines with task_id) whose tasks the table leaves out, e.g. the choosing set",
+    )
     args = parser.parse_args(argv)
     benchmarks = [b for b in args.benchmarks.split(",") if b]
     settings = [s for s in args.settings.split(",") if s]
@@ -335,7 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         measure(args, args.out, benchmarks, settings)
-    report(args.out, benchmarks, settings)
+    exclude = frozenset()
+    if args.exclude is not None:
+        with args.exclude.open(encoding="utf-8") as f:
+            exclude = frozenset(json.loads(line)["task_id"] for line in f if line.strip())
+    report(args.out, benchmarks, settings, exclude)
     print((args.out / "table.md").read_text(encoding="utf-8"), end="")
     return 0
 

@@ -1,7 +1,7 @@
 """``scripts/decoder_table.py`` in a tiny run: the tiny checkpoint, two held-out lines, the reference and
 the sliding decoder. The figures of a random model mean nothing; the test checks that every setting
-answered every task, the table pairs them with the reference, and a second run resumes (measures nothing
-again) instead of starting over."""
+answered every task, the table pairs them with the reference, a second run resumes (measures nothing
+again) instead of starting over, and ``--exclude`` leaves a set of tasks out of the table."""
 
 from __future__ import annotations
 
@@ -46,3 +46,11 @@ def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path,
     # Run again: everything is measured already, so nothing is added.
     assert decoder_table.main(argv) == 0
     assert (out / "results.jsonl").read_text().splitlines() == results
+    # The table without the tasks the settings were chosen on: the same results, one task fewer.
+    lines.write(tasks[1:], tmp_path / "chosen_on.jsonl")
+    assert decoder_table.main(argv + ["--report", "--exclude", str(tmp_path / "chosen_on.jsonl")]) == 0
+    assert (out / "results.jsonl").read_text().splitlines() == results
+    smaller = json.loads((out / "table.json").read_text())
+    assert smaller["excluded_tasks"] == 1
+    assert {e["tasks"] for e in smaller["benchmarks"]["lines"].values()} == {1}
+    assert "| lines (1) | sliding |" in (out / "table.md").read_text()
