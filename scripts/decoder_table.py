@@ -21,10 +21,10 @@ alike. Each (benchmark, setting, chunk) result is appended to ``OUT_DIR/results.
 done, with the load average at that moment; run the same command again to go on where it stopped. At
 the end (and with ``--report`` alone) it writes ``OUT_DIR/table.json`` and ``OUT_DIR/table.md``: per
 benchmark and setting the quality with its 95% interval, the paired difference from the reference
-decoder with its 95% interval, generation seconds (compiling excluded) and the reference's time over it,
-tokens per second, tokens per forward and forwards per answer. Tokens are the answers' own (each cut at
-its end of text, or its line's end), so a decoder that stops early is not credited with tokens it never
-decoded; time decides.
+decoder with its 95% interval, generation seconds (compiling excluded) and the reference's time over it
+(with the 95% interval of the chunks' paired ratios), tokens per second, tokens per forward and
+forwards per answer. Tokens are the answers' own (each cut at its end of text, or its line's end), so
+a decoder that stops early is not credited with tokens it never decoded; time decides.
 
 The settings are frozen here: they were chosen on the last 200 held-out lines before this table was run
 (docs/performance.md says how), never on HumanEval.
@@ -227,6 +227,20 @@ def paired(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float
     return mean, max(-1.0, mean - half), min(1.0, mean + half)
 
 
+def time_ratio(chunks: Sequence[tuple[float, float]], z: float = 1.96) -> tuple[float, float, float] | None:
+    """The reference's generation time over a setting's, from per-chunk pairs (reference seconds, the
+    setting's seconds): the geometric mean of the chunks' ratios and its normal 95% interval on the log
+    scale (each chunk ran every setting back to back, so its ratio is one paired sample of the speed-up).
+    None with fewer than two chunks."""
+    logs = [math.log(r / t) for r, t in chunks if r > 0 and t > 0]
+    n = len(logs)
+    if n < 2:
+        return None
+    mean = sum(logs) / n
+    half = z * math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1) / n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def report(
     out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
@@ -243,9 +257,11 @@ def report(
     table["device"] = next((r["device"] for r in rows.values()), None)
     for bench in benchmarks:
         per: dict[str, dict[str, dict[str, Any]]] = {}
-        for (b, s, _), row in sorted(rows.items()):
+        chunk_of: dict[str, int] = {}
+        for (b, s, c), row in sorted(rows.items()):
             if b == bench and s in settings:
                 per.setdefault(s, {}).update({t["task_id"]: t for t in row["tasks"]})
+                chunk_of.update({t["task_id"]: c for t in row["tasks"]})
         if not per:
             continue
         # Only tasks every setting has answered: the comparison is paired.
@@ -282,17 +298,33 @@ def report(
                 entry["reference_time_over_this"] = (
                     round(base / entry["generate_seconds"], 2) if entry["generate_seconds"] else None
                 )
+                pairs: dict[int, list[float]] = {}
+                for t in common:
+                    pair = pairs.setdefault(chunk_of[t], [0.0, 0.0])
+                    pair[0] += per["reference"][t]["seconds"]
+                    pair[1] += per[s][t]["seconds"]
+                ratio = time_ratio([(r, x) for r, x in pairs.values()])
+                entry["reference_time_over_this_ci95"] = (
+                    [round(ratio[1], 2), round(ratio[2], 2)] if ratio and s != "reference" else None
+                )
         table["benchmarks"][bench] = entries
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     (out / "table.md").write_text(markdown(table), encoding="utf-8")
     return table
 
 
+def speedup(entry: dict[str, Any]) -> str:
+    """The reference's time over this setting's, with the interval of the per-chunk ratios."""
+    value = entry.get("reference_time_over_this")
+    ci = entry.get("reference_time_over_this_ci95")
+    return "-" if not value else f"{value} ({ci[0]}-{ci[1]})" if ci else f"{value}"
+
+
 def markdown(table: dict[str, Any]) -> str:
     pct: Callable[[float], str] = lambda v: f"{100 * v:.1f}"  # noqa: E731
     lines = [
         "| benchmark | setting | right | 95% CI | minus reference (95% CI), points | generation s "
-        "| reference time / this | tokens/s | tokens/forward | forwards/answer |",
+        "| reference time / this (95% CI) | tokens/s | tokens/forward | forwards/answer |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for bench, entries in table["benchmarks"].items():
@@ -302,7 +334,7 @@ def markdown(table: dict[str, Any]) -> str:
                 f"| {bench} ({e['tasks']}) | {s} | {pct(e['quality'])}% ({e['right']}) "
                 f"| {pct(e['quality_ci95'][0])}-{pct(e['quality_ci95'][1])}% "
                 f"| {f'{pct(diff[0])} ({pct(diff[1])} to {pct(diff[2])})' if diff else '-'} "
-                f"| {e['generate_seconds']} | {e.get('reference_time_over_this') or '-'} "
+                f"| {e['generate_seconds']} | {speedup(e)} "
                 f"| {e['tokens_per_second']} | {e['tokens_per_forward']} | {e['forwards_per_answer']} |"
             )
     load = table["load_average"]
