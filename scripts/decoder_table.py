@@ -381,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         measure(args, args.out, benchmarks, settings)
-    exclude = frozenset()
+    exclude: frozenset[str] = frozenset()
     if args.exclude is not None:
         with args.exclude.open(encoding="utf-8") as f:
             exclude = frozenset(json.loads(line)["task_id"] for line in f if line.strip())
