@@ -229,16 +229,17 @@ def paired(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float
 
 def time_ratio(chunks: Sequence[tuple[float, float]], z: float = 1.96) -> tuple[float, float, float] | None:
     """The reference's generation time over a setting's, from per-chunk pairs (reference seconds, the
-    setting's seconds): the geometric mean of the chunks' ratios and its normal 95% interval on the log
-    scale (each chunk ran every setting back to back, so its ratio is one paired sample of the speed-up).
+    setting's seconds): the ratio of the totals and its normal 95% interval by the ratio estimator's
+    variance over the chunks (each chunk ran every setting back to back, so it is one paired sample).
     None with fewer than two chunks."""
-    logs = [math.log(r / t) for r, t in chunks if r > 0 and t > 0]
-    n = len(logs)
-    if n < 2:
+    n = len(chunks)
+    total = sum(t for _, t in chunks)
+    if n < 2 or total <= 0:
         return None
-    mean = sum(logs) / n
-    half = z * math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1) / n)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    ratio = sum(r for r, _ in chunks) / total
+    spread = sum((r - ratio * t) ** 2 for r, t in chunks) / (n - 1)
+    half = z * math.sqrt(spread / n) / (total / n)
+    return ratio, ratio - half, ratio + half
 
 
 def report(
