@@ -242,6 +242,17 @@ def time_ratio(chunks: Sequence[tuple[float, float]], z: float = 1.96) -> tuple[
     return ratio, ratio - half, ratio + half
 
 
+def chunk_seconds(
+    tasks: Sequence[str], chunk_of: dict[str, int], ref: dict[str, Any], this: dict[str, Any]
+) -> list[tuple[float, float]]:
+    """Per chunk, the reference's and this setting's generation seconds over ``tasks`` (by task id)."""
+    sums: dict[int, tuple[float, float]] = {}
+    for t in tasks:
+        r, x = sums.get(chunk_of[t], (0.0, 0.0))
+        sums[chunk_of[t]] = (r + ref[t]["seconds"], x + this[t]["seconds"])
+    return list(sums.values())
+
+
 def report(
     out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
@@ -299,14 +310,11 @@ def report(
                 entry["reference_time_over_this"] = (
                     round(base / entry["generate_seconds"], 2) if entry["generate_seconds"] else None
                 )
-                pairs: dict[int, list[float]] = {}
-                for t in common:
-                    pair = pairs.setdefault(chunk_of[t], [0.0, 0.0])
-                    pair[0] += per["reference"][t]["seconds"]
-                    pair[1] += per[s][t]["seconds"]
-                ratio = time_ratio([(r, x) for r, x in pairs.values()])
+                ratio = None
+                if s != "reference":
+                    ratio = time_ratio(chunk_seconds(common, chunk_of, per["reference"], per[s]))
                 entry["reference_time_over_this_ci95"] = (
-                    [round(ratio[1], 2), round(ratio[2], 2)] if ratio and s != "reference" else None
+                    [round(ratio[1], 2), round(ratio[2], 2)] if ratio else None
                 )
         table["benchmarks"][bench] = entries
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
