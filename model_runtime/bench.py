@@ -7,8 +7,8 @@ full-canvas forward), so "GFLOP/s" can be set against the machine's own dense ma
 The accelerator scripts (``scripts/device_check.py``, ``bench_7b_shapes.py``, ``quant_gpu_check.py``)
 build on the public pieces here and on runtimes with random weights (``random_weights.py``): the
 fast decoder's refresh and block step timed through the runtime's own calls (``fast_parts``), the table
-of decoder settings every decoder benchmark measures (``DECODERS``) and the cost models that predict
-their speed from those timings (``COST_MODELS``). Their tiny modes run in the test suite, so a change
+of decoder settings every decoder benchmark measures (``DECODERS``), whose decoders' cost models
+(``Decoder.cost``) predict their speed from those timings. Their tiny modes run in the test suite, so a change
 here or in the runtime that breaks them breaks a test.
 """
 
@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from model_runtime import decoders
 from model_runtime.config import DreamConfig
+from model_runtime.decoders.fast import FAST
 from model_runtime.params import SamplingParams
 from model_runtime.runtime import Runtime
 from model_runtime.weights import by_path
@@ -190,7 +192,7 @@ def generation(
         "seconds_per_forward": median / max(done.stats.steps, 1),
         "generated": done.generated,
     }
-    if params.decoder == "reference":
+    if decoders.get(params.decoder).full_forwards:
         length = done.stats.bucket[1]
         out["gflops_per_second"] = (
             params.steps * forward_flops(rt.config, done.stats.bucket[0], length) / median / 1e9
@@ -230,14 +232,14 @@ def suite(
     result["generation"] = []
     result["compile"] = []
     for new, steps in generate:
-        for decoder in ("reference", "fast"):
-            params = SamplingParams(max_new_tokens=new, steps=steps, decoder=decoder)
-            tick(f"generate {new} tokens / {steps} steps, {decoder} decoder")
+        for name in ("reference", "fast"):  # the decoders `diffu bench` has always reported
+            params = SamplingParams(max_new_tokens=new, steps=steps, decoder=name)
+            tick(f"generate {new} tokens / {steps} steps, {name} decoder")
             g = generation(rt, [prompt], params, repeat=repeat)
             g.pop("generated")
             result["generation"].append(g)
             result["compile"].append(
-                {"bucket": g["bucket"], "decoder": decoder, "seconds": g["compile_seconds"]}
+                {"bucket": g["bucket"], "decoder": name, "seconds": g["compile_seconds"]}
             )
     result["batch_scaling"] = []
     new, steps = generate[0]
@@ -253,11 +255,11 @@ def fast_parts(
     rt: Runtime, prompts: Sequence[Sequence[int]], params: SamplingParams, repeat: int = 5
 ) -> dict[str, Any]:
     """Median milliseconds of the fast decoder's first refresh and of its first block (the whole loop,
-    one call) for ``prompts``, through the runtime's own calls (``Runtime.fast_calls``); the block step
+    one call) for ``prompts``, through the decoder's own calls (``decoders.fast.FAST.calls``); the block step
     is the block's time over its forwards. Both programs donate their inputs: every call gets copies,
     made outside the timed region."""
     rows = [rt.rows.make_row(p, params.max_new_tokens, chat=False) for p in prompts]
-    calls = rt.fast_calls(rows, params)
+    calls = FAST.calls(rt, rows, params, rt.checked_shape(rows, params))
 
     def timed(make: Callable[[], tuple[Any, ...]], run: Callable[..., Any]) -> tuple[float, Any]:
         times, out = [], None
@@ -269,7 +271,7 @@ def fast_parts(
                 times.append(time.perf_counter() - t0)
         return statistics.median(times), out
 
-    t_refresh, (x, caches) = timed(lambda: (jnp.asarray(calls.batch.x),), lambda x: calls.refresh(x, 0))
+    t_refresh, (x, caches) = timed(lambda: (calls.canvas(),), lambda x: calls.refresh(x, 0))
     t_block, out = timed(
         lambda: (jnp.copy(x), jax.tree.map(jnp.copy, caches)),
         lambda x, c: calls.block(x, c, 0, 0, calls.size),
@@ -291,7 +293,8 @@ def fast_program_texts(
 ) -> dict[str, str]:
     """The optimized HLO of the fast decoder's refresh and block programs for ``prompts`` (compiled
     if they are not yet), for reading what XLA made of them (``hlo.fusion_verdict``)."""
-    calls = rt.fast_calls([rt.rows.make_row(p, params.max_new_tokens, chat=False) for p in prompts], params)
+    rows = [rt.rows.make_row(p, params.max_new_tokens, chat=False) for p in prompts]
+    calls = FAST.calls(rt, rows, params, rt.checked_shape(rows, params))
     programs: dict[str, Any] = {"refresh": calls.refresh_program, "block": calls.block_program}
     # On a mesh the program is wrapped (placement.Placed); its compiled form is the one XLA wrote.
     return {kind: getattr(p, "compiled", p).as_text() for kind, p in programs.items()}
@@ -308,62 +311,35 @@ def quantized_shapes(rt: Runtime) -> set[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class DecoderCase:
-    """One decoder setting the benchmarks measure: its name in the tables, the ``SamplingParams`` fields
-    that make it (beyond ``max_new_tokens``; ``steps`` defaults to one token per step), and the cost
-    model (a key of ``COST_MODELS``) that predicts its tokens/s from the measured forward times."""
+    """One decoder setting the benchmarks measure: its name in the tables and the ``SamplingParams`` fields
+    that make it (beyond ``max_new_tokens``; ``steps`` defaults to one token per step). Its decoder's cost
+    model (``Decoder.cost``) predicts its tokens/s from the measured forward times."""
 
     name: str
     settings: Mapping[str, Any] = field(default_factory=dict)
-    cost: str = "dualcache"
 
     def params(self, new_tokens: int) -> SamplingParams:
         return SamplingParams(**{"max_new_tokens": new_tokens, "steps": new_tokens, **self.settings})
 
+    @property
+    def decoder(self) -> decoders.Decoder:
+        return decoders.get(self.params(1).decoder)
+
 
 # Every decoder the device check and the accelerator benchmarks measure, by the same code: a new decoder
-# is one more row (and, if its forwards differ in kind, one more cost model).
+# is one more row.
 DECODERS: tuple[DecoderCase, ...] = (
-    DecoderCase("reference", {"decoder": "reference"}, cost="full"),
-    DecoderCase("fast", {"decoder": "fast"}, cost="dualcache"),
-    DecoderCase("sliding", {"decoder": "sliding", "window": 8}, cost="window"),
+    DecoderCase("reference", {"decoder": "reference"}),
+    DecoderCase("fast", {"decoder": "fast"}),
+    DecoderCase("sliding", {"decoder": "sliding", "window": 8}),
 )
-
-
-# Cost models: seconds per generated token from the measured forward times (``parts``: ``forward_ms``,
-# ``refresh_ms``, ``block_step_ms``), the block length, and ``tpf``, tokens per forward: generated
-# tokens over all the forwards the decoder ran (what a generation measures).
-
-
-def _full_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
-    """A decoder that runs one full forward per step."""
-    return parts["forward_ms"] / 1e3 / tpf
-
-
-def _dualcache_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
-    """The DualCache decoder: a block of ``block`` tokens takes ``block / tpf`` forwards, one of them the
-    refresh (a full forward keeping K/V), the others block steps over the cache."""
-    forwards = max(block / tpf, 1.0)
-    return (parts["refresh_ms"] + (forwards - 1.0) * parts["block_step_ms"]) / 1e3 / block
-
-
-def _window_cost(parts: Mapping[str, float], block: int, tpf: float) -> float:
-    """The sliding decoder: each forward after its first asks queries for its window (8) over the cache,
-    at most what a block step of the fast decoder costs (``block_step_ms``); its one full forward is
-    counted once per ``block`` tokens, an upper bound for a region longer than a block."""
-    return (parts["refresh_ms"] / block + parts["block_step_ms"] / tpf) / 1e3
-
-
-COST_MODELS: dict[str, Callable[[Mapping[str, float], int, float], float]] = {
-    "full": _full_cost,
-    "dualcache": _dualcache_cost,
-    "window": _window_cost,
-}
 
 
 def modeled_tokens_per_second(case: DecoderCase, parts: Mapping[str, float], block: int, tpf: float) -> float:
     """Tokens/s ``case``'s cost model predicts from the forward times in ``parts`` (``forward_ms``,
-    ``refresh_ms``, ``block_step_ms``) at ``tpf`` tokens per forward."""
-    return 1.0 / COST_MODELS[case.cost](parts, block, tpf)
+    ``refresh_ms``, ``block_step_ms``: seconds per generated token from them, the block length and
+    ``tpf``, tokens per forward: generated tokens over all the forwards the decoder ran)."""
+    return 1.0 / case.decoder.cost(parts, block, tpf)
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -22,30 +22,25 @@ and speed of both).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from model_runtime.batch import PlacedBatch
-from model_runtime.interface import CanvasRow, CompileReport
-from model_runtime.kernels import step_keys
+from model_runtime.interface import CompileReport
+from model_runtime.kernels import Knobs, row_keys, step_keys
 from model_runtime.model import KV
-from model_runtime.params import SamplingParams, fast_block_size
-from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
+from model_runtime.params import SamplingParams
+from model_runtime.placement import output_shardings
+from model_runtime.sampling import position_keys, sample_tokens
+from model_runtime.specs import FastSpec
 
-
-@dataclass(frozen=True)
-class FastSpec:
-    """Static switches of the fast decoder's programs."""
-
-    sampler: SamplerSpec  # how a proposal and its confidence are drawn (max-probability confidence)
-    block_length: int = 32
-    use_factor: bool = False  # the factor rule instead of the plain threshold
+if TYPE_CHECKING:
+    from model_runtime.programs import Jitted, ProgramCache
 
 
 def refresh(
@@ -85,26 +80,6 @@ def no_mask(logits: jax.Array, mask_id: int) -> jax.Array:
     """Never propose ``<|mask|>`` itself: committing it would leave the position masked and stall the
     block loop (dInfer excludes it the same way). The reference decoder keeps the reference's behaviour."""
     return logits.at[..., mask_id].set(jnp.finfo(logits.dtype).min)
-
-
-def commit_mask(
-    confidence: jax.Array, threshold: jax.Array, factor: jax.Array, use_factor: bool
-) -> jax.Array:
-    """Which positions to commit, branch-free; ``confidence`` is ``-inf`` where nothing may be committed.
-
-    Threshold rule (dInfer): commit ``conf >= min(max(conf) - 1e-5, threshold)``, which always includes
-    the row's most confident position. Factor rule (Fast-dLLM): with confidences sorted descending,
-    commit the longest prefix where ``c_(i) >= 1 - factor / (i + 1)``, at least one.
-    """
-    if use_factor:
-        ranked = -jnp.sort(-confidence, axis=-1)  # [B, N], descending
-        i = jnp.arange(1, ranked.shape[-1] + 1, dtype=jnp.float32)
-        ok = ranked >= 1.0 - factor / (i + 1.0)
-        n = jnp.maximum(jnp.sum(jnp.cumprod(ok, axis=-1), axis=-1), 1)  # [B]
-        thr = jnp.take_along_axis(ranked, (n - 1)[:, None], axis=-1)
-    else:
-        thr = jnp.minimum(jnp.max(confidence, axis=-1, keepdims=True) - 1e-5, threshold)
-    return (confidence >= thr) & (confidence > -jnp.inf)
 
 
 def block_loop(
@@ -157,36 +132,18 @@ def block_loop(
         conf, x0 = sample_tokens(logits, keys, spec.sampler, temperature, top_p, top_k)
         is_mask = block == mask_id
         conf = jnp.where(is_mask, conf.astype(jnp.float32), -jnp.inf)
-        chosen = commit_mask(conf, threshold, factor, spec.use_factor) & is_mask
+        chosen = spec.rule.select(jnp, conf, threshold, factor) & is_mask
         return jnp.where(chosen, x0, block), caches, it + 1
 
     block, caches, forwards = jax.lax.while_loop(cond, body, (block, caches, done))
     return jax.lax.dynamic_update_slice_in_dim(x, block, window, axis=1), caches, forwards
 
 
-def layout(
-    rows: Sequence[CanvasRow], params: SamplingParams, shape: tuple[int, int]
-) -> tuple[int, int, int, FastSpec]:
-    """Where the fast decoder works in the bucket: the region's columns [lo, hi), the block size, and
-    the programs' static switches. Every row's region sits in the same columns (the runtime checks)."""
-    n = shape[1]
-    r = rows[0]
-    lo = n - len(r.ids) + r.region[0]  # rows are left-padded: a row starts at n - len(ids)
-    hi = n - len(r.ids) + r.region[1]
-    size = fast_block_size(params.block_length, hi - lo, n - 1)
-    fspec = FastSpec(
-        sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
-        block_length=size,
-        use_factor=params.factor is not None,
-    )
-    return lo, hi, size, fspec
-
-
 @dataclass(frozen=True)
 class FastCalls:
     """The fast decoder's two compiled programs bound to one run's fixed inputs: the one way they are
-    called, by ``Runtime`` (generation) and by the benchmarks (``Runtime.fast_calls``,
-    ``bench.fast_parts``), so a change to the programs' arguments cannot leave a caller behind.
+    called, by the fast decoder's run (``decoders/fast.py``) and by the benchmarks (``bench.fast_parts``),
+    so a change to the programs' arguments cannot leave a caller behind.
 
     Both programs donate what they are given: ``refresh`` its canvas, ``block`` its canvas and caches.
     A caller that needs them again passes copies.
@@ -205,6 +162,39 @@ class FastCalls:
     hi: int
     size: int  # block length
     compiled: CompileReport  # what getting the programs ready cost
+
+    @classmethod
+    def bind(
+        cls,
+        programs: Sequence[Callable[..., Any]],
+        state: nnx.State,
+        batch: PlacedBatch,
+        params: SamplingParams,
+        region: tuple[int, int, int],
+        compiled: CompileReport,
+    ) -> FastCalls:
+        """``programs`` (refresh, block) bound to a run of ``batch`` under ``params``; ``region`` is
+        (lo, hi, block size)."""
+        lo, hi, size = region
+        return cls(
+            refresh_program=programs[0],
+            block_program=programs[1],
+            state=state,
+            batch=batch,
+            attn=jnp.asarray(batch.attn),
+            keys=row_keys([r.seed_for(params) for r in batch.rows], batch.shape[0]),
+            sampling=Knobs.of(params).sampling(),
+            threshold=jnp.float32(params.threshold),
+            factor=jnp.float32(params.factor or 1.0),
+            lo=lo,
+            hi=hi,
+            size=size,
+            compiled=compiled,
+        )
+
+    def canvas(self) -> jax.Array:
+        """The starting canvas on the device (a fresh copy: the refresh donates what it is given)."""
+        return jnp.asarray(self.batch.x)
 
     @property
     def starts(self) -> list[int]:
@@ -240,3 +230,37 @@ class FastCalls:
             jnp.int32(done),
             jnp.int32(limit),
         )
+
+
+# -- the programs, as the fast decoder (model_runtime/decoders/fast.py) builds them ---------------------
+_STATIC = ("graphdef", "spec", "mask_id")
+
+
+def jitted(cache: ProgramCache) -> dict[str, Jitted]:
+    """The refresh and block programs' jitted functions. The cache goes in and comes out of the block
+    program: a streamed block resumes with it. The canvas is not donated there, so the host can read one
+    call's canvas while the next call runs."""
+    return {
+        "refresh": jax.jit(refresh, static_argnames=_STATIC, donate_argnames=("x",)),
+        "block": jax.jit(block_loop, static_argnames=_STATIC, donate_argnames=("caches",)),
+    }
+
+
+def abstract_args(
+    cache: ProgramCache, kind: str, shape: tuple[int, int], built: Sequence[Callable[..., Any]]
+) -> tuple[Any, ...]:
+    """The abstract arguments of ``kind``; the block program's caches are laid out as the refresh program
+    (``built[0]``) lays them out."""
+    b, n = shape
+    cfg = cache.cfg
+    x, attn = cache.abstract(shape, jnp.int32), cache.abstract(shape, jnp.bool_)
+    f32, i32, rng = cache.scalar(jnp.float32), cache.scalar(jnp.int32), cache.abstract_keys(b)
+    if kind == "refresh":
+        return (x, attn, i32, rng, f32, f32, i32)
+    kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
+    layouts: Any = output_shardings(built[0])
+    caches = [
+        tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(cache.dtype), sharding=lay) for lay in layer)
+        for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
+    ]
+    return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)

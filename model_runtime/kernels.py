@@ -2,7 +2,7 @@
 
 They are pure functions of (graphdef, state, canvas, inputs): ``graphdef``, the sampler switches and the
 hooks are static (each distinct value is another program), everything that changes per call is traced,
-``top_k`` included (the program is compiled for a width that holds it, ``sampling.top_k_width``).
+``top_k`` included (the program is compiled for a width that holds it, ``specs.top_k_width``).
 The traced inputs travel as one registered dataclass (:class:`StepInputs`, :class:`LoopInputs`), so the
 programs, their abstract signatures and their callers name each input once.
 """
@@ -11,24 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from model_runtime.commit import COMMITS
 from model_runtime.model import DreamModel, shift_logits
 from model_runtime.params import SamplingParams
-from model_runtime.sampling import (
-    SamplerSpec,
-    commit_by_confidence,
-    commit_origin,
-    position_keys,
-    sample_tokens,
-    split_rows,
-    transfer_counts,
-)
+from model_runtime.sampling import position_keys, sample_tokens, split_rows, transfer_ratios
+from model_runtime.specs import SamplerSpec
+
+if TYPE_CHECKING:
+    from model_runtime.programs import Jitted, ProgramCache
 
 Hook = Callable[[jax.Array | None, jax.Array, jax.Array | None], jax.Array]
 
@@ -100,11 +97,6 @@ class LoopInputs:
         )
 
 
-def ratio_bucket(steps: int) -> int:
-    """Length of the schedule array the fused program takes: a power of two, so steps share programs."""
-    return max(64, 1 << (steps - 1).bit_length())
-
-
 def denoise_step(
     state: nnx.State,
     x: jax.Array,
@@ -149,13 +141,12 @@ def denoise_step(
             logits = logits_hook(inputs.index, x, logits)
         keys = position_keys(k_sample, dist)
         confidence, x0 = sample_tokens(logits, keys, spec, knobs.temperature, knobs.top_p, knobs.top_k)
-    if spec.alg == "origin":
-        new = commit_origin(x, mask_index, x0, inputs.ratio, position_keys(k_commit, dist))
-    else:
-        counts = transfer_counts(jnp.sum(mask_index, axis=-1), inputs.ratio, inputs.is_last)
-        # Only sampled commits (alg_temp) draw: greedy ones never build the per-position keys.
-        commit_keys = position_keys(k_commit, dist) if spec.use_alg_temp else k_commit
-        new = commit_by_confidence(x, mask_index, x0, confidence, counts, commit_keys, spec, knobs.alg_temp)
+    alg = COMMITS[spec.alg]
+    # Only commits that draw (origin, or sampled by alg_temp) build the per-position keys.
+    commit_keys = position_keys(k_commit, dist) if alg.keyed(spec) else k_commit
+    new = alg.commit(
+        x, mask_index, x0, confidence, inputs.ratio, inputs.is_last, commit_keys, spec, knobs.alg_temp
+    )
     if tokens_hook is not None:
         new = tokens_hook(inputs.index, new, logits)
     return new if head is None else jnp.concatenate([head, new], axis=1)
@@ -243,3 +234,83 @@ def _sample_masked(
     most = jnp.max(jnp.sum(mask_index, axis=-1))
     pick = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), most.astype(jnp.int32))  # first size >= most
     return jax.lax.switch(pick, [branch(m) for m in sizes], order, *trunk)
+
+
+# -- the programs, as the reference decoder (model_runtime/decoders/reference.py) builds and calls them ----
+_STATIC = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
+
+
+def jitted(cache: ProgramCache) -> dict[str, Jitted]:
+    """The two programs' jitted functions for ``cache``'s device or mesh."""
+    return {
+        # One denoising step per call: for streaming, where every canvas goes to the host anyway.
+        "step": jax.jit(denoise_step, static_argnames=_STATIC, donate_argnames=("x",), **cache.rows_out()),
+        # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
+        "all": jax.jit(denoise_all, static_argnames=_STATIC, donate_argnames=("x",), **cache.rows_out()),
+    }
+
+
+def abstract_args(cache: ProgramCache, kind: str, shape: tuple[int, int], n_ratios: int) -> tuple[Any, ...]:
+    """Abstract (canvas, inputs) of ``kind`` "step" or "all" (its schedule padded to ``n_ratios``)."""
+    f32, i32 = cache.scalar(jnp.float32), cache.scalar(jnp.int32)
+    common: dict[str, Any] = dict(
+        attn=cache.abstract(shape, jnp.bool_),
+        key=cache.abstract_keys(shape[0]),
+        knobs=Knobs(f32, f32, f32, i32),
+    )
+    inputs: StepInputs | LoopInputs
+    if kind == "step":
+        inputs = StepInputs(ratio=f32, is_last=cache.scalar(jnp.bool_), index=i32, **common)
+    else:
+        inputs = LoopInputs(ratios=cache.abstract((n_ratios,), jnp.float32), steps=i32, **common)
+    return (cache.abstract(shape, jnp.int32), inputs)
+
+
+@dataclass(frozen=True)
+class ReferenceCalls:
+    """A reference-decoder run's program bound to its fixed inputs: ``step(x, i)`` runs step ``i`` (the
+    "step" program), ``loop(x)`` every step (the "all" program, its schedule padded to ``n_ratios``)."""
+
+    program: Callable[..., Any]
+    state: nnx.State
+    attn: jax.Array  # [B, L]
+    keys: jax.Array  # [B], one per row
+    knobs: Knobs
+    ratios: np.ndarray  # the schedule, one entry per step
+
+    @classmethod
+    def bind(
+        cls,
+        program: Callable[..., Any],
+        state: nnx.State,
+        attn: np.ndarray,
+        seeds: Sequence[int],
+        params: SamplingParams,
+    ) -> ReferenceCalls:
+        keys = row_keys(seeds, attn.shape[0])  # [B]: a row draws from its own seed
+        ratios = transfer_ratios(params.steps, params.eps)
+        return cls(program, state, jnp.asarray(attn), keys, Knobs.of(params), ratios)
+
+    @staticmethod
+    def canvas(x: np.ndarray) -> jax.Array:
+        """A host canvas on the device (a fresh copy: the programs donate their canvas)."""
+        return jnp.asarray(x)
+
+    def step(self, x: jax.Array, i: int) -> jax.Array:
+        inputs = StepInputs(
+            attn=self.attn,
+            ratio=jnp.float32(self.ratios[i]),
+            is_last=jnp.bool_(i == len(self.ratios) - 1),
+            key=step_keys(self.keys, i),
+            index=jnp.int32(i),
+            knobs=self.knobs,
+        )
+        return self.program(self.state, x, inputs)
+
+    def loop(self, x: jax.Array, n_ratios: int) -> jax.Array:
+        padded = np.ones(n_ratios, np.float32)
+        padded[: len(self.ratios)] = self.ratios
+        steps = jnp.int32(len(self.ratios))
+        return self.program(
+            self.state, x, LoopInputs(self.attn, jnp.asarray(padded), steps, self.keys, self.knobs)
+        )

@@ -27,7 +27,7 @@ COMMIT_RULES = ("threshold", "credit")
 DEFAULT_TOP_K = 50
 
 # Values that would otherwise compile a program each (issue #17): top_k is a traced value up to this bound
-# (a program ranks one of TOP_K_WIDTHS + 1 candidates whatever k is, sampling.top_k_width: two widths, so
+# (a program ranks one of TOP_K_WIDTHS + 1 candidates whatever k is, specs.top_k_width: two widths, so
 # the default k = 50 does not pay for ranking 129), and the fast decoder's block length is one of these.
 # Anything else is refused with a message naming the allowed values (a top_k above MAX_TOP_K by the daemon,
 # which knows the vocabulary: job_builder; a local run compiles it a program of its own).

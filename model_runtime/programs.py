@@ -1,10 +1,10 @@
 """The runtime's compiled programs: lowered and compiled ahead of time per shape bucket, kept in memory.
 
-A program is keyed by what makes it a different XLA program: its kind (one reference step, the fused
-reference loop, or the fast decoder's refresh and block programs), the (batch, length) bucket, the
-sampler's static switches, the hooks and the logits window. Compiling is timed and counted against
-JAX's persistent compilation cache (``compile_cache``), so a restart reports which programs it found
-there.
+The cache knows no decoder: each decoder (``model_runtime/decoders/``) keys its programs by what makes
+them a different XLA program (their kind, the (batch, length) bucket, its static spec) and hands over the
+jitted kernels and the abstract arguments to build them with (``programs``). Compiling is timed and
+counted against JAX's persistent compilation cache (``compile_cache``), so a restart reports which
+programs it found there.
 
 The cache is bounded. Request values never reach a key directly: what would change a shape is traced
 (``top_k``, ``alg_temp``, ``temperature``, ...) or drawn from a small fixed set (buckets, top-k widths,
@@ -29,24 +29,23 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, ItemsView
+from collections.abc import Callable, ItemsView, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from model_runtime import compile_cache, fast, sliding
+from model_runtime import compile_cache
 from model_runtime.config import DreamConfig
 from model_runtime.inflight import InFlight
-from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, denoise_all, denoise_step
+from model_runtime.interface import CompileReport
 from model_runtime.memory import resident_bytes
 from model_runtime.params import DEFAULT_MAX_PROGRAMS
-from model_runtime.placement import Placed, output_shardings
-from model_runtime.sampling import SamplerSpec
+from model_runtime.placement import Placed
 
 Program = Callable[..., Any]
+Jitted = Any  # a ``jax.jit`` of a decoder's kernel: ``.lower(...)`` makes its program for abstract arguments
 
 
 class Built(NamedTuple):
@@ -57,21 +56,6 @@ class Built(NamedTuple):
     seconds: float
     compiled: int
     hits: int
-
-
-class ReferenceProgram(NamedTuple):
-    """What makes a reference-decoder program (the arguments of :meth:`ProgramCache.reference`):
-    ``kind`` "step" (one denoising step) or "all" (the whole loop, its schedule padded to ``n_ratios``
-    entries), the (batch, length) bucket, the sampler's static switches, the hooks, and the logits
-    ``window`` (0: the whole canvas)."""
-
-    kind: str
-    shape: tuple[int, int]
-    spec: SamplerSpec
-    logits_hook: Hook | None = None
-    tokens_hook: Hook | None = None
-    n_ratios: int = 0
-    window: int = 0
 
 
 class ProgramCache:
@@ -112,33 +96,8 @@ class ProgramCache:
         self._programs: OrderedDict[tuple[Any, ...], Program] = OrderedDict()  # least recently used first
         # The device thread and the daemon's warm-up thread may ask for the same program at once.
         self._inflight: InFlight[Built] = InFlight()
-        static = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
-        # The canvas comes out with the sharding it goes in with, so a step's output feeds the next step.
-        rows_out: dict[str, Any] = {} if self._rows is None else {"out_shardings": self._rows}
-        self._jitted = {
-            # One denoising step per call: for streaming, where every canvas goes to the host anyway.
-            "step": jax.jit(denoise_step, static_argnames=static, donate_argnames=("x",), **rows_out),
-            # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
-            "all": jax.jit(denoise_all, static_argnames=static, donate_argnames=("x",), **rows_out),
-            # The fast decoder's two fixed-shape programs.
-            "refresh": jax.jit(
-                fast.refresh, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("x",)
-            ),
-            # The cache goes in and comes out of the block program: a streamed block resumes with it. The
-            # canvas is not donated, so the host can read one call's canvas while the next call runs.
-            "block": jax.jit(
-                fast.block_loop,
-                static_argnames=("graphdef", "spec", "mask_id"),
-                donate_argnames=("caches",),
-            ),
-            # The sliding decoder's two programs: forward 0 over the whole canvas, then the loop. The loop
-            # updates the caches in place; the canvas and the rest stay readable after the call, so the
-            # host can read one call's canvas while the next call runs.
-            "prefill": jax.jit(sliding.prefill, static_argnames=("graphdef", "spec", "mask_id")),
-            "steps": jax.jit(
-                sliding.steps, static_argnames=("graphdef", "spec", "mask_id"), donate_argnames=("cache",)
-            ),
-        }
+        # Each decoder's jitted functions, made once per cache (their shardings follow its mesh).
+        self._families: dict[str, dict[str, Jitted]] = {}
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -200,7 +159,7 @@ class ProgramCache:
             return program
 
     # -- abstract arguments ----------------------------------------------------------------------
-    def _abstract(self, shape: tuple[int, ...], dtype: Any) -> Any:
+    def abstract(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """An abstract argument (a ShapeDtypeStruct standing in for an array); on a mesh, ``[B, L]``
         canvases are split over dp, the rest replicated."""
         if self.mesh is None:
@@ -209,52 +168,28 @@ class ProgramCache:
             shape, dtype, sharding=self._rows if len(shape) == 2 else self._replicated
         )
 
-    def _keys(self, batch: int) -> Any:
+    def abstract_keys(self, batch: int) -> Any:
         """``[batch]`` PRNG keys, one per row (replicated on a mesh: they are tiny)."""
         rng = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), batch))
         if self.mesh is not None:
             rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self._replicated)
         return rng
 
-    def _scalar(self, dtype: Any) -> Any:
-        return self._abstract((), dtype)
+    def scalar(self, dtype: Any) -> Any:
+        return self.abstract((), dtype)
 
-    def _knobs(self) -> Knobs:
-        f32: Any = self._scalar(jnp.float32)
-        return Knobs(f32, f32, f32, self._scalar(jnp.int32))
+    def rows_out(self) -> dict[str, Any]:
+        """``jax.jit`` options for a program whose output is a ``[B, L]`` canvas: it comes out with the
+        sharding it goes in with, so one step's output feeds the next step."""
+        return {} if self._rows is None else {"out_shardings": self._rows}
 
-    # -- the reference decoder -------------------------------------------------------------------
-    def reference(
-        self,
-        kind: str,
-        shape: tuple[int, int],
-        spec: SamplerSpec,
-        logits_hook: Hook | None = None,
-        tokens_hook: Hook | None = None,
-        n_ratios: int = 0,
-        window: int = 0,
-    ) -> Built:
-        """A compiled program for a bucket: ``kind`` "step" (one step) or "all" (the whole loop, with the
-        schedule padded to ``n_ratios`` entries)."""
-        key = self.reference_key(kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
-
-        def build() -> Built:
-            # Abstract leaves (ShapeDtypeStruct) in the inputs' places: the program is compiled for them.
-            common: dict[str, Any] = dict(
-                attn=self._abstract(shape, jnp.bool_), key=self._keys(shape[0]), knobs=self._knobs()
-            )
-            inputs: StepInputs | LoopInputs
-            if kind == "step":
-                f32, flag, i32 = self._scalar(jnp.float32), self._scalar(jnp.bool_), self._scalar(jnp.int32)
-                inputs = StepInputs(ratio=f32, is_last=flag, index=i32, **common)
-            else:
-                ratios, i32 = self._abstract((n_ratios,), jnp.float32), self._scalar(jnp.int32)
-                inputs = LoopInputs(ratios=ratios, steps=i32, **common)
-            hooks = dict(logits_hook=logits_hook, tokens_hook=tokens_hook)
-            statics = dict(mask_id=self.cfg.mask_token_id, window=window, **hooks)
-            return self._compile(key, kind, (self._abstract(shape, jnp.int32), inputs), spec, statics)
-
-        return self._held_or_built(key, build)
+    # -- building --------------------------------------------------------------------------------
+    def family(self, name: str, make: Callable[[ProgramCache], dict[str, Jitted]]) -> dict[str, Jitted]:
+        """A decoder's jitted functions by program kind, ``make(self)``'s, made once per cache."""
+        with self._lock:
+            if name not in self._families:
+                self._families[name] = make(self)
+            return self._families[name]
 
     def _held_or_built(self, key: tuple[Any, ...], build: Callable[[], Built]) -> Built:
         """The program under ``key`` if it is held, else ``build()``'s; when another thread is building
@@ -267,129 +202,45 @@ class ProgramCache:
         built, waited = self._inflight.get(key, held, build)
         return built if waited is None else built._replace(seconds=built.seconds + waited)
 
-    @staticmethod
-    def reference_key(
-        kind: str,
-        shape: tuple[int, int],
-        spec: SamplerSpec,
-        logits_hook: Hook | None = None,
-        tokens_hook: Hook | None = None,
-        n_ratios: int = 0,
-        window: int = 0,
-    ) -> tuple[Any, ...]:
-        """The cache key of :meth:`reference`'s program for these arguments."""
-        return (kind, shape, spec, logits_hook, tokens_hook, n_ratios, window)
-
-    @staticmethod
-    def fast_keys(shape: tuple[int, int], fspec: fast.FastSpec) -> list[tuple[Any, ...]]:
-        """The cache keys of :meth:`fast`'s two programs."""
-        return [(kind, shape, fspec) for kind in ("refresh", "block")]
-
-    # -- the fast decoder ------------------------------------------------------------------------
-    def fast(self, shape: tuple[int, int], fspec: fast.FastSpec) -> tuple[list[Program], float, int, int]:
-        """The fast decoder's (refresh, block) programs for a bucket, plus compile seconds/counts."""
-        return self._pair(
-            self.fast_keys(shape, fspec), fspec, lambda kind, out: self._fast_args(kind, shape, out)
-        )
-
-    def _fast_args(self, kind: str, shape: tuple[int, int], built: list[Program]) -> tuple[Any, ...]:
-        """The fast decoder's abstract arguments for ``kind``; the block program's caches are laid out
-        as the refresh program (``built[0]``) lays them out."""
-        b, n = shape
-        cfg = self.cfg
-        x, attn = self._abstract(shape, jnp.int32), self._abstract(shape, jnp.bool_)
-        f32, i32, rng = self._scalar(jnp.float32), self._scalar(jnp.int32), self._keys(b)
-        if kind == "refresh":
-            return (x, attn, i32, rng, f32, f32, i32)
-        kv_shape = (b, cfg.num_key_value_heads, n, cfg.head_dim)
-        layouts: Any = output_shardings(built[0])
-        caches = [
-            tuple(jax.ShapeDtypeStruct(kv_shape, jnp.dtype(self.dtype), sharding=lay) for lay in layer)
-            for layer in (layouts[1] if layouts else [(None, None)] * cfg.num_hidden_layers)
-        ]
-        return (x, attn, caches, i32, rng, f32, f32, i32, f32, f32, i32, i32)
-
-    # -- the sliding decoder ---------------------------------------------------------------------
-    @staticmethod
-    def sliding_keys(shape: tuple[int, int], spec: sliding.SlidingSpec) -> list[tuple[Any, ...]]:
-        """The cache keys of :meth:`sliding`'s two programs."""
-        return [(kind, shape, spec) for kind in ("prefill", "steps")]
-
-    def sliding(
-        self, shape: tuple[int, int], spec: sliding.SlidingSpec
-    ) -> tuple[list[Program], float, int, int]:
-        """The sliding decoder's (prefill, steps) programs for a bucket, plus compile seconds/counts."""
-        b, n = shape
-        x = self._abstract(shape, jnp.int32)
-        f32, i32 = self._scalar(jnp.float32), self._scalar(jnp.int32)
-        inputs = sliding.SlidingInputs(
-            attn=self._abstract(shape, jnp.bool_),
-            fill=self._abstract(shape, jnp.bool_),
-            stops=self._abstract((b, self.cfg.vocab_size), jnp.bool_),
-            newlines=self._abstract((self.cfg.vocab_size,), jnp.int32),
-            max_lines=i32,
-            key=self._keys(b),
-            temperature=f32,
-            top_p=f32,
-            top_k=i32,
-            threshold=f32,
-            factor=f32,
-            refresh_every=i32,
-        )
-
-        def args(kind: str, built: list[Program]) -> tuple[Any, ...]:
-            if kind == "prefill":
-                return (x, inputs)
-            # The loop takes the state exactly as the prefill program lays it out.
-            front, cache = jax.eval_shape(
-                lambda x, i: sliding.prefill(
-                    self.state, x, i, graphdef=self.graphdef, spec=spec, mask_id=self.cfg.mask_token_id
-                ),
-                x,
-                inputs,
-            )
-            layouts: Any = output_shardings(built[0])
-            if layouts:
-                front, cache = jax.tree.map(
-                    lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
-                    (front, cache),
-                    tuple(layouts),
-                )
-            return (front, cache, inputs, i32, i32)
-
-        return self._pair(self.sliding_keys(shape, spec), spec, args)
-
-    def _pair(
+    def programs(
         self,
-        keys: list[tuple[Any, ...]],
-        spec: object,
+        keys: Sequence[tuple[Any, ...]],
+        jitted: Mapping[str, Jitted],
         args: Callable[[str, list[Program]], tuple[Any, ...]],
-    ) -> tuple[list[Program], float, int, int]:
-        """A decoder's two programs under ``keys`` (each key starts with its kind), held or compiled once
-        for the abstract arguments ``args(kind, the programs before it)`` gives (the second program takes
-        what the first lays out); plus the compile seconds, fresh compiles and persistent-cache hits."""
-        statics = {"mask_id": self.cfg.mask_token_id}
+        spec: object,
+        statics: Mapping[str, Any] | None = None,
+    ) -> tuple[list[Program], CompileReport]:
+        """A decoder's programs under ``keys`` (each key starts with its kind, a key of ``jitted``), held
+        or compiled once for the abstract arguments ``args(kind, the programs before it)`` gives (a
+        second program takes what the first lays out), with ``spec`` and ``statics`` (the mask id
+        added) as static arguments; plus what getting them cost."""
+        statics = {"mask_id": self.cfg.mask_token_id, **(statics or {})}
         out: list[Program] = []
         seconds, compiled, hits = 0.0, 0, 0
         for key in keys:
 
             def build(key: tuple[Any, ...] = key) -> Built:
-                return self._compile(key, key[0], args(key[0], out), spec, statics)
+                return self._compile(key, jitted[key[0]], args(key[0], out), spec, statics)
 
             built = self._held_or_built(key, build)
             out.append(built.program)
             seconds, compiled, hits = seconds + built.seconds, compiled + built.compiled, hits + built.hits
-        return out, seconds, compiled, hits
+        return out, CompileReport(seconds, compiled, hits)
 
     def _compile(
-        self, key: tuple[Any, ...], kind: str, args: tuple[Any, ...], spec: object, statics: dict[str, Any]
+        self,
+        key: tuple[Any, ...],
+        jitted: Jitted,
+        args: tuple[Any, ...],
+        spec: object,
+        statics: Mapping[str, Any],
     ) -> Built:
-        """Lower and compile ``self._jitted[kind]`` for abstract ``args``, timed and counted; the least
-        recently used programs make room for it."""
+        """Lower and compile ``jitted`` for abstract ``args``, timed and counted; the least recently used
+        programs make room for it."""
         requests0, hits0 = compile_cache.counters()
         rss0 = resident_bytes()
         t0 = time.perf_counter()
-        lowered = self._jitted[kind].lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
+        lowered = jitted.lower(self.state, *args, graphdef=self.graphdef, spec=spec, **statics)
         compiled = lowered.compile()
         seconds = time.perf_counter() - t0
         requests1, hits1 = compile_cache.counters()

@@ -2,13 +2,14 @@
 
 Shapes are bucketed: a batch is left-padded to a (batch, length) bucket (``batch.py``), which leaves
 every real row's result unchanged, so another prompt length inside a bucket reuses the compiled program
-(``programs.py``). Each denoising step is one jitted pure function (``kernels.py``); the fast decoder's
-programs are in ``fast.py``. ``loader.load`` builds a Runtime from a checkpoint.
+(``programs.py``). The runtime holds no decoder logic of its own: each request's decoder
+(``model_runtime/decoders/``, found by ``params.decoder``) keys, builds and runs its programs on what the
+runtime lends it (the model's state, the program cache, the tokenizer; ``decoders.Device``).
+``loader.load`` builds a Runtime from a checkpoint.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import fast, processes, quant, sharding
-from model_runtime.batch import PlacedBatch
-from model_runtime.cached_runs import CachedRuns
+from model_runtime import decoders, processes, quant, sharding
 from model_runtime.config import DreamConfig
+from model_runtime.decoders.reference import REFERENCE
 from model_runtime.errors import InputError
 from model_runtime.interface import (
     BatchEvents,
@@ -31,12 +31,10 @@ from model_runtime.interface import (
     RuntimeInfo,
     RuntimeProtocol,
 )
-from model_runtime.kernels import Hook, Knobs, LoopInputs, StepInputs, ratio_bucket, row_keys, step_keys
+from model_runtime.kernels import Hook
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
-from model_runtime.programs import ProgramCache, ReferenceProgram
+from model_runtime.programs import ProgramCache
 from model_runtime.rows import CanvasBuilder
-from model_runtime.sampling import SamplerSpec, transfer_ratios
-from model_runtime.sliding import spec_of as sliding_spec
 from model_runtime.tokenizer import DreamTokenizer
 
 # Canvas lengths: fine steps where canvases are common (a 64-token step costs at most ~25% extra
@@ -52,7 +50,7 @@ def _pick(buckets: Sequence[int], n: int) -> int | None:
     return next((b for b in sorted(buckets) if b >= n), None)
 
 
-class Runtime(CachedRuns):
+class Runtime:
     """A loaded model: config, tokenizer, parameters on the device, and compiled step programs."""
 
     def __init__(
@@ -114,15 +112,38 @@ class Runtime(CachedRuns):
             concurrent_compile=devices[0].platform == "cpu",
         )
         self.rows = CanvasBuilder(tokenizer, context)
-        self._programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
+        self.programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)
         # Forwards of the model run since start, every decoder's (a queued forward that ran after its
         # consumer stopped reading included): the daemon's counters report it.
         self.forwards = 0
-        self._line_tables = {}
+        self._line_tables: dict[bool, np.ndarray] = {}  # newline_table's two tables, built on first use
 
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
-        return self._programs.info()
+        return self.programs.info()
+
+    # -- what a decoder's run borrows (decoders.Device) -------------------------------------------
+    @property
+    def mask_id(self) -> int:
+        return self.config.mask_token_id
+
+    def host(self, x: Any) -> np.ndarray:
+        return processes.host(x)
+
+    def count(self, forwards: int) -> None:
+        self.forwards += forwards
+
+    def newline_table(self, counted: bool) -> np.ndarray:
+        """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros. Built once
+        per kind and kept (read-only): every editor's one-line request needs it."""
+        if counted not in self._line_tables:
+            table = np.zeros(self.config.vocab_size, np.int32)
+            if counted:
+                counts = self.tokenizer.newlines()[: self.config.vocab_size]
+                table[: len(counts)] = counts
+            table.flags.writeable = False
+            self._line_tables[counted] = table
+        return self._line_tables[counted]
 
     # -- library use: prompts in, events out ------------------------------------------------------
     def generate(
@@ -162,7 +183,9 @@ class Runtime(CachedRuns):
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> bool:
         """Whether ``run(rows, params, stream=stream)`` would start without compiling."""
-        return all(key in self._programs for key in self._program_keys(rows, params, stream))
+        shape = self.checked_shape(rows, params)
+        keys = decoders.get(params.decoder).keys(self, rows, params, shape, stream)
+        return all(key in self.programs for key in keys)
 
     def compile(
         self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True
@@ -172,24 +195,8 @@ class Runtime(CachedRuns):
         Only the rows' shape counts (their bucket, where their region lies), not their tokens: the daemon
         warms programs up with made-up rows of the shapes its clients send.
         """
-        shape = self._checked_shape(rows, params)
-        if params.decoder == "fast":
-            _, _, _, fspec = fast.layout(rows, params, shape)
-            _, seconds, compiled, hits = self._programs.fast(shape, fspec)
-            return CompileReport(seconds, compiled, hits)
-        if params.decoder == "sliding":
-            _, seconds, compiled, hits = self._programs.sliding(shape, sliding_spec(params))
-            return CompileReport(seconds, compiled, hits)
-        built = self._programs.reference(*self._reference_args(rows, params, shape, stream))
-        return CompileReport(built.seconds, built.compiled, built.hits)
-
-    def _program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> list[tuple]:
-        shape = self._checked_shape(rows, params)
-        if params.decoder == "fast":
-            return self._programs.fast_keys(shape, fast.layout(rows, params, shape)[3])
-        if params.decoder == "sliding":
-            return self._programs.sliding_keys(shape, sliding_spec(params))
-        return [self._programs.reference_key(*self._reference_args(rows, params, shape, stream))]
+        shape = self.checked_shape(rows, params)
+        return decoders.get(params.decoder).compile(self, rows, params, shape, stream)
 
     # -- running --------------------------------------------------------------------------------
     def step_canvas(
@@ -200,19 +207,7 @@ class Runtime(CachedRuns):
         The same compiled program ``run`` uses, at the canvas's exact shape; for parity checks that feed
         a reference's canvas in and compare what each side commits.
         """
-        x = np.asarray(x, np.int32)
-        attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
-        shape = (int(x.shape[0]), int(x.shape[1]))
-        program = self._programs.reference("step", shape, SamplerSpec.from_params(params)).program
-        inputs = StepInputs(
-            attn=jnp.asarray(attn),
-            ratio=jnp.float32(transfer_ratios(params.steps, params.eps)[step]),
-            is_last=jnp.bool_(step == params.steps - 1),
-            key=step_keys(row_keys([params.seed] * shape[0], shape[0]), step),
-            index=jnp.int32(step),
-            knobs=Knobs.of(params),
-        )
-        return processes.host(program(self.state, jnp.asarray(x), inputs))
+        return REFERENCE.step_canvas(self, x, attn, step, params)
 
     def run(
         self,
@@ -230,118 +225,30 @@ class Runtime(CachedRuns):
         it the whole loop runs as one compiled program (the fast decoder: one per block) and only the
         BatchDone comes back (same result, no per-step host sync).
         """
-        shape = self._checked_shape(rows, params)
-        if params.decoder != "reference" and (logits_hook is not None or tokens_hook is not None):
-            raise InputError("hooks are supported by the reference decoder only")
-        if params.decoder == "fast":
-            return self._run_fast(list(rows), params, shape, stream)
-        if params.decoder == "sliding":
-            return self._run_sliding(list(rows), params, shape, stream)
-        return self._run(list(rows), params, shape, stream, logits_hook, tokens_hook)
+        decoder = decoders.get(params.decoder)
+        shape = self.checked_shape(rows, params)
+        hooks = (logits_hook, tokens_hook)
+        if hooks != (None, None) and not decoder.accepts_hooks:
+            raise InputError(f"hooks are not supported by the {decoder.name} decoder")
+        return decoder.run(self, list(rows), params, shape, stream=stream, hooks=hooks)
 
-    def _checked_shape(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[int, int]:
+    def checked_shape(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[int, int]:
         """The (batch, length) bucket of ``rows``; InputError for rows ``run`` cannot take."""
         if not rows:
             raise InputError("no rows to generate")
-        longest = max(len(r.ids) for r in rows)
-        if params.decoder == "sliding":
-            # The window must fit the canvas; a larger bucket keeps it whole (the window's size is the
-            # request's, whichever rows share the batch).
-            longest = max(longest, sliding_spec(params).window + 1)
+        decoder = decoders.get(params.decoder)
+        longest = max(max(len(r.ids) for r in rows), decoder.min_length(params))
         shape = self.bucket_for(len(rows), longest)
         for r in rows:
             if r.region[1] <= r.region[0]:
                 raise InputError("a row has an empty generation region")
-        if params.decoder == "fast":
-            layouts = {(len(r.ids) - r.region[0], len(r.ids) - r.region[1]) for r in rows}
-            if len(layouts) > 1:
-                raise InputError(
-                    "the fast decoder needs every row's region in the same columns (same "
-                    "length and the same number of tokens after it); run them separately"
-                )
+        decoder.check(rows)
         return shape
-
-    def _reference_args(
-        self,
-        rows: Sequence[CanvasRow],
-        params: SamplingParams,
-        shape: tuple[int, int],
-        stream: bool,
-        logits_hook: Hook | None = None,
-        tokens_hook: Hook | None = None,
-    ) -> ReferenceProgram:
-        """The program a reference-decoder run of ``rows`` uses."""
-        return ReferenceProgram(
-            kind="step" if stream else "all",
-            shape=shape,
-            spec=SamplerSpec.from_params(params),
-            logits_hook=logits_hook,
-            tokens_hook=tokens_hook,
-            n_ratios=0 if stream else ratio_bucket(params.steps),
-            window=0 if logits_hook or tokens_hook else self._window(list(rows), shape[1]),
-        )
-
-    def _window(self, rows: list[CanvasRow], n: int) -> int:
-        """For plain generation (masks only in an appended region), the length bucket holding the region.
-
-        Infill rows (masks between prefix and suffix) or masks inside a prompt use the whole canvas
-        (0): their extent varies request by request, and every distinct window is another program.
-        """
-        mask_id = self.config.mask_token_id
-        if any(r.region[1] != len(r.ids) or mask_id in r.ids[: r.region[0]] for r in rows):
-            return 0
-        return self.window_for(max(r.region[1] - r.region[0] for r in rows), n)
 
     def window_for(self, new_tokens: int, n: int) -> int:
         """The logits window plain generation of ``new_tokens`` uses on an ``n``-token canvas (0: all)."""
         window = _pick(self.length_buckets, new_tokens)
         return 0 if window is None or window >= n else window
-
-    def _run(
-        self,
-        rows: list[CanvasRow],
-        params: SamplingParams,
-        shape: tuple[int, int],
-        stream: bool,
-        logits_hook: Hook | None,
-        tokens_hook: Hook | None,
-    ) -> BatchEvents:
-        which = self._reference_args(rows, params, shape, stream, logits_hook, tokens_hook)
-        program, compile_s, compiled, hits = self._programs.reference(*which)
-        n_ratios = which.n_ratios
-        batch = PlacedBatch.of(rows, shape, self.config.pad_token_id)
-        x, attn = jnp.asarray(batch.x), jnp.asarray(batch.attn)
-        if tokens_hook is not None:
-            x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
-        ratios = transfer_ratios(params.steps, params.eps)
-        keys = row_keys([r.seed_for(params) for r in rows], shape[0])  # [B]: a row draws from its own seed
-        knobs = Knobs.of(params)
-        mask_id = self.config.mask_token_id
-        t_start = time.perf_counter()
-        if not stream:
-            padded = np.ones(n_ratios, np.float32)
-            padded[: params.steps] = ratios
-            loop = LoopInputs(attn, jnp.asarray(padded), jnp.int32(params.steps), keys, knobs)
-            prev = processes.host(program(self.state, x, loop))
-            self.forwards += params.steps
-        else:
-            prev = processes.host(x)
-            for i in range(params.steps):
-                t0 = time.perf_counter()
-                inputs = StepInputs(
-                    attn=attn,
-                    ratio=jnp.float32(ratios[i]),
-                    is_last=jnp.bool_(i == params.steps - 1),
-                    key=step_keys(keys, i),
-                    index=jnp.int32(i),
-                    knobs=knobs,
-                )
-                x = program(self.state, x, inputs)
-                cur = processes.host(x)  # the one host transfer per step that streaming needs
-                self.forwards += 1
-                yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
-                prev = cur
-        yield self._done(batch, prev, params, params.steps, t_start, CompileReport(compile_s, compiled, hits))
 
 
 if TYPE_CHECKING:

@@ -14,13 +14,12 @@ gathered layout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model_runtime.params import TOP_K_WIDTHS
+from model_runtime.specs import SamplerSpec
 
 # -- the schedule ---------------------------------------------------------------------------------------
 
@@ -141,44 +140,6 @@ def top2_margin(probs: jax.Array) -> jax.Array:
     return first - jnp.max(others, axis=-1)
 
 
-def top_k_width(k: int) -> int:
-    """The static width a program is compiled for, top-k ``k`` being a traced value: the smallest of
-    ``TOP_K_WIDTHS`` that holds k, so every k up to ``MAX_TOP_K`` runs on one of two programs and a
-    request's top_k never compiles one of its own (the daemon refuses more). 0: filtering off; a larger k
-    (a local run) is its own width."""
-    if k == 0:
-        return 0
-    return next((w for w in TOP_K_WIDTHS if w >= k), k)
-
-
-@dataclass(frozen=True)
-class SamplerSpec:
-    """The static part of a sampling configuration: what changes the compiled program.
-
-    Values that can vary without recompiling (temperature, top_p, top_k, alg_temp, the step's ratio) are
-    traced arguments; the switches that pick code paths live here. ``top_k`` is the filter's k when
-    ``sample_tokens`` gets no traced k, else the width (an upper bound on k) the program is compiled for.
-    """
-
-    alg: str = "entropy"
-    do_sample: bool = False  # temperature > 0
-    use_top_p: bool = False  # top_p is set and < 1
-    top_k: int = 50  # 0 = off
-    use_alg_temp: bool = False  # alg_temp is set and > 0
-
-    @classmethod
-    def from_params(cls, params) -> SamplerSpec:  # params: model_runtime.params.SamplingParams
-        """The spec a runtime compiles for ``params``: ``top_k`` is the width holding the request's k,
-        which the program then reads as a traced value (``kernels.Knobs.top_k``)."""
-        return cls(
-            alg=params.alg,
-            do_sample=params.temperature > 0,
-            use_top_p=params.effective_top_p < 1.0,
-            top_k=top_k_width(params.effective_top_k),
-            use_alg_temp=bool(params.alg_temp),
-        )
-
-
 def draw(sampler: Callable[..., jax.Array], key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """``sampler(key, shape)`` (e.g. ``jax.random.gumbel``) where ``key`` is one key, or an array of keys
     whose shape is a prefix of ``shape``: each key then draws its own trailing block, so an entry's
@@ -245,11 +206,7 @@ def sample_tokens(
     else:
         x0 = jnp.argmax(probs, axis=-1)
         confidence = jnp.max(probs, axis=-1)
-    if spec.alg == "topk_margin":
-        confidence = top2_margin(probs)
-    elif spec.alg == "entropy":
-        confidence = _neg_entropy(probs)
-    return confidence, x0.astype(jnp.int32)
+    return CONFIDENCE[spec.alg](probs, confidence, None), x0.astype(jnp.int32)
 
 
 def _neg_entropy(probs: jax.Array, extra: jax.Array | None = None) -> jax.Array:
@@ -312,11 +269,7 @@ def _sample_top_k(
         pick = jnp.argmax(probs, axis=-1)  # never a tied token past the candidates: the best is one
         x0 = jnp.take_along_axis(idx, pick[..., None], axis=-1)[..., 0]
     confidence = jnp.take_along_axis(probs, pick[..., None], axis=-1)[..., 0]
-    if spec.alg == "topk_margin":
-        confidence = top2_margin(probs)
-    elif spec.alg == "entropy":
-        confidence = _neg_entropy(probs, extra)
-    return confidence, x0.astype(jnp.int32)
+    return CONFIDENCE[spec.alg](probs, confidence, extra), x0.astype(jnp.int32)
 
 
 def _sample_kept(
@@ -398,39 +351,27 @@ def _token_priority(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jax.random.uniform(jax.random.fold_in(key, 1), shape)
 
 
-# -- committing ------------------------------------------------------------------------------------------
+# -- the reference's algorithms: how each scores a proposal --------------------------------------------
 
 
-def commit_by_confidence(
-    x: jax.Array,
-    mask_index: jax.Array,
-    x0: jax.Array,
-    confidence: jax.Array,
-    counts: jax.Array,
-    key: jax.Array,
-    spec: SamplerSpec,
-    alg_temp: jax.Array,
-) -> jax.Array:
-    """Commit, per row, the ``counts[b]`` masked positions with the highest confidence (maskgit_plus,
-    topk_margin, entropy), or a sample of them without replacement from ``softmax(conf / alg_temp)``.
-    ``key``: one key, or one per position (``[B, L]``)."""
-    score = jnp.where(mask_index, confidence.astype(jnp.float32), -jnp.inf)  # [B, L]
-    if spec.use_alg_temp:
-        # Sampling k positions without replacement from softmax(score / alg_temp) is the top-k of the
-        # Gumbel-perturbed log-probabilities (the Gumbel-top-k trick); -inf stays -inf.
-        logp = jax.nn.log_softmax(score / alg_temp, axis=-1)
-        score = logp + draw(jax.random.gumbel, key, score.shape)
-    # Rank positions by score, ties to the lower index (as lax.top_k); commit ranks < count.
-    order = jnp.argsort(-score, axis=-1, stable=True)
-    ranks = jnp.argsort(order, axis=-1)
-    chosen = (ranks < counts[:, None]) & mask_index
-    return jnp.where(chosen, x0, x)
+def _drawn(probs: jax.Array, picked: jax.Array, extra: jax.Array | None) -> jax.Array:
+    """The proposal's own probability (``origin``, ``maskgit_plus``)."""
+    return picked
 
 
-def commit_origin(
-    x: jax.Array, mask_index: jax.Array, x0: jax.Array, ratio: jax.Array, key: jax.Array
-) -> jax.Array:
-    """``origin``: every masked position is revealed independently with probability ``1 - s/t``; ``key``:
-    one key, or one per position (``[B, L]``)."""
-    chosen = (draw(jax.random.uniform, key, x.shape) < ratio) & mask_index
-    return jnp.where(chosen, x0, x)
+def _margin(probs: jax.Array, picked: jax.Array, extra: jax.Array | None) -> jax.Array:
+    return top2_margin(probs)
+
+
+def _entropy(probs: jax.Array, picked: jax.Array, extra: jax.Array | None) -> jax.Array:
+    return _neg_entropy(probs, extra)
+
+
+# A proposal's confidence per ``alg``, from the kept tokens' probabilities ``[..., K]``, the proposal's own
+# probability and the count of tied tokens past the ranked ones (``commit.COMMITS`` has how each commits).
+CONFIDENCE: dict[str, Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]] = {
+    "origin": _drawn,
+    "maskgit_plus": _drawn,
+    "topk_margin": _margin,
+    "entropy": _entropy,
+}

@@ -21,10 +21,10 @@ positions until the last one is filled. This decoder keeps the cache of DualCach
   every position before it committed, or, for a request with ``max_lines``, once the positions before
   its first mask hold that many lines; or when no mask is left. Its text cannot change after that, so
   the loop stops when every row is finished; the row's masks left after the stop become padding.
-- **Commit rules**, branch-free: the threshold rule or the factor rule (``fast.commit_mask``), or
-  dInfer's credit rule, which adds ``0.7 * log(1 + credit)`` to the logits, ``credit`` being a decaying
-  (0.8 per forward) sum of ``p_top1 ** 0.2`` at each position's proposed token: a proposal that stays
-  the same over forwards passes the threshold sooner.
+- **Commit rules and early stops** are the spec's strategy values (``model_runtime/strategies.py``): the
+  threshold or the factor rule, or dInfer's credit rule, which adds ``0.7 * log(1 + credit)`` to the
+  logits, ``credit`` being a decaying (0.8 per forward) sum of ``p_top1 ** 0.2`` at each position's
+  proposed token: a proposal that stays the same over forwards passes the threshold sooner.
 
 After the first forward (its own program, ``prefill``), everything is one ``lax.while_loop`` (``steps``;
 a ``lax.cond`` picks the full or the window forward), so a call runs any number of forwards without a
@@ -35,41 +35,26 @@ whichever call runs it, so one call or one call per forward commit the same toke
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from model_runtime.fast import commit_mask, no_mask
+from model_runtime.fast import no_mask
+from model_runtime.kernels import Knobs, row_keys
 from model_runtime.model import KV, DreamModel, read_block
 from model_runtime.params import SamplingParams
-from model_runtime.sampling import SamplerSpec, position_keys, sample_tokens
+from model_runtime.placement import output_shardings
+from model_runtime.sampling import position_keys, sample_tokens
+from model_runtime.specs import SlidingSpec
+from model_runtime.strategies import ended
 
-# dInfer's CreditThresholdParallelDecoder defaults: credit weight, boost exponent, decay per forward.
-CREDIT_ALPHA, CREDIT_GAMMA, CREDIT_DECAY = 0.7, 0.2, 0.8
-
-
-@dataclass(frozen=True)
-class SlidingSpec:
-    """Static switches of the sliding decoder's programs."""
-
-    sampler: SamplerSpec  # how a proposal and its confidence are drawn (max-probability confidence)
-    window: int = 8  # query positions per forward
-    rule: str = "threshold"  # threshold, factor or credit
-
-
-def spec_of(params: SamplingParams) -> SlidingSpec:
-    """The programs' static switches for a request."""
-    rule = params.commit_rule
-    if rule == "threshold" and params.factor is not None:
-        rule = "factor"
-    return SlidingSpec(
-        sampler=dataclasses.replace(SamplerSpec.from_params(params), alg="maskgit_plus", use_alg_temp=False),
-        window=params.window,
-        rule=rule,
-    )
+if TYPE_CHECKING:
+    from model_runtime.programs import Jitted, ProgramCache
 
 
 @jax.tree_util.register_dataclass
@@ -112,17 +97,16 @@ class Cache:
     credit: jax.Array  # [B, window, V] f32 under the credit rule, aligned with the window; else [B, 1, 1]
 
 
-def frontier(x: jax.Array, inputs: SlidingInputs, mask_id: int) -> tuple[jax.Array, jax.Array]:
-    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or the
-    positions before its first mask hold a stop token or ``max_lines`` lines."""
+def frontier(
+    x: jax.Array, inputs: SlidingInputs, spec: SlidingSpec, mask_id: int
+) -> tuple[jax.Array, jax.Array]:
+    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or one of
+    the spec's early stops ends the text before its first mask."""
     n = x.shape[1]
     pos = jnp.arange(n, dtype=jnp.int32)
     first = jnp.min(jnp.where((x == mask_id) & inputs.fill, pos, n), axis=-1)  # [B]
     decoded = inputs.fill & (pos < first[:, None])  # [B, L]
-    stopped = jnp.any(jnp.take_along_axis(inputs.stops, x, axis=1) & decoded, axis=-1)
-    lines = jnp.sum(jnp.where(decoded, inputs.newlines[x], 0), axis=-1)
-    stopped |= (inputs.max_lines > 0) & (lines >= inputs.max_lines)
-    return first, stopped | (first == n)
+    return first, ended(spec.stops, jnp, x, decoded, inputs) | (first == n)
 
 
 def _write(x: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
@@ -145,7 +129,7 @@ def _forward(
     x = front.x
     n = x.shape[1]
     w = spec.window
-    first, finished = frontier(x, inputs, mask_id)
+    first, finished = frontier(x, inputs, spec, mask_id)
     # Just before the first mask (its predictor), and no later than last forward's leftmost commit.
     start = jnp.clip(jnp.minimum(first - 1, front.pending), 0, n - w)  # [B]
     block = read_block(x, start, w)  # [B, W]
@@ -159,35 +143,16 @@ def _forward(
     logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)  # [B, W, V]
     can = (block == mask_id) & read_block(inputs.fill, start, w) & (pos > start[:, None])
     can &= ~finished[:, None]
-    credit = cache.credit
-    if spec.rule == "credit":
-        credit, logits = _credit(credit, logits, can, start - front.start)
+    credit, logits = spec.rule.fuse(jnp, cache.credit, logits, can, start - front.start)
     keys = jax.vmap(lambda k: jax.random.fold_in(k, front.forwards))(inputs.key)
     keys = position_keys(keys, n - 1 - pos)  # a position's draws do not depend on padding or bucket
     conf, x0 = sample_tokens(logits, keys, spec.sampler, inputs.temperature, inputs.top_p, inputs.top_k)
     conf = jnp.where(can, conf.astype(jnp.float32), -jnp.inf)
-    chosen = commit_mask(conf, inputs.threshold, inputs.factor, spec.rule == "factor") & can
+    chosen = spec.rule.select(jnp, conf, inputs.threshold, inputs.factor) & can
     x = _write(x, jnp.where(chosen, x0, block), start)
     pending = jnp.min(jnp.where(chosen, pos, n), axis=-1)
-    _, finished = frontier(x, inputs, mask_id)
+    _, finished = frontier(x, inputs, spec, mask_id)
     return Front(x, pending, start, front.forwards + 1, finished), Cache(kv, credit)
-
-
-def _credit(
-    credit: jax.Array, logits: jax.Array, can: jax.Array, moved: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """dInfer's credit fusion on the window: follow the window (``moved`` positions to the right per row),
-    decay, add ``p_top1 ** gamma`` at each open position's proposal, and return the fused logits."""
-    w = credit.shape[1]
-    src = jnp.arange(w, dtype=jnp.int32)[None, :] + moved[:, None]  # [B, W]
-    credit = jnp.take_along_axis(credit, jnp.clip(src, 0, w - 1)[..., None], axis=1)
-    credit = jnp.where((src < w)[..., None], credit, 0.0) * CREDIT_DECAY
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top = jnp.argmax(probs, axis=-1)  # [B, W]
-    boost = jnp.where(can, jnp.max(probs, axis=-1) ** CREDIT_GAMMA, 0.0)
-    credit = credit + jax.nn.one_hot(top, credit.shape[-1], dtype=jnp.float32) * boost[..., None]
-    fused = logits.astype(jnp.float32) + CREDIT_ALPHA * jnp.log1p(credit)
-    return credit, fused.astype(logits.dtype)
 
 
 def prefill(
@@ -202,7 +167,7 @@ def prefill(
     """Forward 0: the whole canvas, which fills every layer's cache, and the first window's commits."""
     model = nnx.merge(graphdef, state)
     b, n = x.shape
-    credit = (b, spec.window, model.cfg.vocab_size) if spec.rule == "credit" else (b, 1, 1)
+    credit = spec.rule.state_shape(b, spec.window, model.cfg.vocab_size)
     front = Front(
         x=x,
         pending=jnp.full((b,), n, jnp.int32),
@@ -245,3 +210,117 @@ def steps(
         )
 
     return jax.lax.while_loop(cond, body, (front, cache))
+
+
+# -- the programs, as the sliding decoder (model_runtime/decoders/sliding.py) builds and calls them ------
+_STATIC = ("graphdef", "spec", "mask_id")
+
+
+def jitted(cache: ProgramCache) -> dict[str, Jitted]:
+    """Forward 0 over the whole canvas, then the loop. The loop updates the caches in place; the canvas and
+    the rest stay readable after the call, so the host can read one call's canvas while the next runs."""
+    return {
+        "prefill": jax.jit(prefill, static_argnames=_STATIC),
+        "steps": jax.jit(steps, static_argnames=_STATIC, donate_argnames=("cache",)),
+    }
+
+
+def _abstract_inputs(cache: ProgramCache, shape: tuple[int, int]) -> SlidingInputs:
+    b, _ = shape
+    f32, i32 = cache.scalar(jnp.float32), cache.scalar(jnp.int32)
+    return SlidingInputs(
+        attn=cache.abstract(shape, jnp.bool_),
+        fill=cache.abstract(shape, jnp.bool_),
+        stops=cache.abstract((b, cache.cfg.vocab_size), jnp.bool_),
+        newlines=cache.abstract((cache.cfg.vocab_size,), jnp.int32),
+        max_lines=i32,
+        key=cache.abstract_keys(b),
+        temperature=f32,
+        top_p=f32,
+        top_k=i32,
+        threshold=f32,
+        factor=f32,
+        refresh_every=i32,
+    )
+
+
+def abstract_args(
+    cache: ProgramCache,
+    kind: str,
+    shape: tuple[int, int],
+    spec: SlidingSpec,
+    built: Sequence[Callable[..., Any]],
+) -> tuple[Any, ...]:
+    """The abstract arguments of ``kind``; the loop takes the state exactly as the prefill program
+    (``built[0]``) lays it out."""
+    x, inputs = cache.abstract(shape, jnp.int32), _abstract_inputs(cache, shape)
+    if kind == "prefill":
+        return (x, inputs)
+    graphdef, mask_id = cache.graphdef, cache.cfg.mask_token_id
+    front, state = jax.eval_shape(
+        lambda x, i: prefill(cache.state, x, i, graphdef=graphdef, spec=spec, mask_id=mask_id), x, inputs
+    )
+    layouts: Any = output_shardings(built[0])
+    if layouts:
+        front, state = jax.tree.map(
+            lambda a, lay: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=lay),
+            (front, state),
+            tuple(layouts),
+        )
+    i32 = cache.scalar(jnp.int32)
+    return (front, state, inputs, i32, i32)
+
+
+@dataclass(frozen=True)
+class SlidingCalls:
+    """The sliding decoder's two programs bound to one run's inputs: ``prefill()`` runs forward 0,
+    ``steps(front, cache, limit)`` at most ``limit`` more forwards (``bound`` in all)."""
+
+    prefill_program: Callable[..., Any]
+    steps_program: Callable[..., Any]
+    state: nnx.State
+    x: np.ndarray  # [B, L] the starting canvas, on the host
+    inputs: SlidingInputs
+    bound: int  # forwards at most: every forward commits at least one position of every unfinished row
+
+    @classmethod
+    def bind(
+        cls,
+        programs: Sequence[Callable[..., Any]],
+        state: nnx.State,
+        x: np.ndarray,
+        attn: np.ndarray,
+        fill: np.ndarray,
+        tables: tuple[np.ndarray, np.ndarray],
+        seeds: Sequence[int],
+        params: SamplingParams,
+    ) -> SlidingCalls:
+        """``fill``: the positions to decode; ``tables``: the stop tokens ``[B, V]`` and the newlines per
+        token ``[V]`` the early stops read."""
+        knobs = Knobs.of(params)
+        inputs = SlidingInputs(
+            attn=jnp.asarray(attn),
+            fill=jnp.asarray(fill),
+            stops=jnp.asarray(tables[0]),
+            newlines=jnp.asarray(tables[1]),
+            max_lines=jnp.int32(params.max_lines or 0),
+            key=row_keys(seeds, x.shape[0]),
+            temperature=knobs.temperature,
+            top_p=knobs.top_p,
+            top_k=knobs.top_k,
+            threshold=jnp.float32(params.threshold),
+            factor=jnp.float32(params.factor or 1.0),
+            refresh_every=jnp.int32(params.refresh_every),
+        )
+        bound = int(fill.sum(axis=1).max(initial=0))
+        return cls(programs[0], programs[1], state, x, inputs, bound)
+
+    def prefill(self) -> tuple[Front, Cache]:
+        return self.prefill_program(self.state, jnp.asarray(self.x), self.inputs)
+
+    def steps(self, front: Front, cache: Cache, limit: int | None = None) -> tuple[Front, Cache]:
+        """At most ``limit`` more forwards (None: until every row is finished)."""
+        bound = jnp.int32(max(self.bound, 1))
+        return self.steps_program(
+            self.state, front, cache, self.inputs, bound if limit is None else jnp.int32(limit), bound
+        )

@@ -12,7 +12,8 @@ It measures the device's own ceilings (a bf16 matmul and a device-to-device copy
 - generation tokens/s at batch 1 for every decoder of ``bench.DECODERS`` (256-token prompt, 256 new
   tokens; reference: 256 steps, its fused loop). On random weights almost nothing is confident, so the
   fast decoder commits about one token per forward: its tokens/s here is the TPF = 1 worst case; the
-  DualCache cost model (``bench.COST_MODELS``) gives it at TPF 1, 2 and 3 from the measured times.
+  DualCache cost model (the fast decoder's ``Decoder.cost``) gives it at TPF 1, 2 and 3 from the
+  measured times.
 
 ``--quantize int8|int4`` quantizes the random weights on the device (``loader.quantize_state``, the
 loader's rounding and layout; the Pallas kernels on one GPU) before timing; the bandwidth floor then
@@ -122,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     result["generation"] = []
     for case in bench.DECODERS:
         p = case.params(new_tokens)
-        stream = args.check and p.decoder == "reference"
+        # A decoder of full forwards runs its one-step program in the check (its fused loop of every step
+        # is one more long compile the check does not need).
+        stream = args.check and case.decoder.full_forwards
         g = bench.generation(
             rt, [prompt], p, repeat=1 if args.check else 3, stream=stream, compile_first=args.check
         )

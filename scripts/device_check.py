@@ -27,7 +27,7 @@ quantized there with the loader's rounding (``random_weights.random_runtime``). 
 7. ``batch``: the fast decoder's tokens/s at batch 8 and 32 (batch 1 is in ``generation``).
 8. ``kernels``: each distinct 7B projection alone at the block step's 32 rows and the refresh's 512:
    bf16, and int8 / int4 through XLA's path and through the kernel (and W8A8 at 512 rows).
-9. ``cost_model``: per mode and decoder, the tokens/s each decoder's cost model (``bench.COST_MODELS``)
+9. ``cost_model``: per mode and decoder, the tokens/s each decoder's cost model (``Decoder.cost``)
    predicts from the measured forward times at the measured tokens per forward, and at 1, 2 and 3.
 
 ``--small`` runs the same code on a 1-layer, 64-wide model with the bundled vocabulary (canvas 32,
@@ -283,9 +283,10 @@ def generation(check: Check, mode: str, case: Any, batch: int, *, keep: bool = T
     """Tokens/s of one decoder at ``batch``; ``keep``: with the generated tokens."""
     rt, s = check.runtimes[mode], check.setup
     params = case.params(s.new_tokens)
-    g = bench.generation(
-        rt, prompts(rt, s, batch), params, repeat=1, stream=params.decoder == "reference", compile_first=True
-    )
+    # A decoder of full forwards streams: its one-step program, not the fused loop of every step (one more
+    # long compile, for the same forwards).
+    stream = case.decoder.full_forwards
+    g = bench.generation(rt, prompts(rt, s, batch), params, repeat=1, stream=stream, compile_first=True)
     g["tokens_per_forward"] = s.new_tokens / max(g["forwards"], 1)
     if not keep:
         g.pop("generated")
@@ -370,7 +371,7 @@ def cost_model(result: dict[str, Any]) -> list[dict[str, Any]]:
             g = r.get("generation", {}).get(case.name)
             if p is None or g is None:
                 continue
-            row = {"mode": mode, "decoder": case.name, "cost": case.cost, "measured": g["tokens_per_second"]}
+            row = {"mode": mode, "decoder": case.name, "measured": g["tokens_per_second"]}
             row["tokens_per_forward"] = tpf = g["tokens_per_forward"]
             row["modeled"] = bench.modeled_tokens_per_second(case, p, block, tpf)
             for t in (1, 2, 3):

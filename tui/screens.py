@@ -18,9 +18,10 @@ from textual.timer import Timer
 from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
+from model_runtime import decoders
 from tui import keys
 from tui.render import Trace
-from tui.settings import FIELDS, ChatSettings, SettingsError, format_field, parse_field
+from tui.settings import FIELDS, ChatSettings, SettingsError, decoder_knobs, format_field, parse_field
 from tui.store import ConversationInfo
 from tui.widgets import AnswerView, DenoiseView
 
@@ -235,11 +236,12 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
 
     @on(Select.Changed, "#field-decoder")
     def _sync_decoder(self) -> None:
-        reference = self.query_one("#field-decoder", Select).value == "reference"
-        # The fast decoders' knobs, kept for "model" (it may pick a fast one).
-        for name in ("block_length", "threshold", "factor", "window", "commit_rule", "refresh_every"):
+        choice = self.query_one("#field-decoder", Select).value
+        # What the chosen decoder reads; for "model", every decoder's (it may pick any).
+        reads = decoder_knobs(str(choice))
+        for name in decoders.knobs():
             if self.query(f"#field-{name}"):
-                self.query_one(f"#field-{name}").disabled = reference
+                self.query_one(f"#field-{name}").disabled = name not in reads
 
     def _value(self, name: str) -> Any:
         widget = self.query_one(f"#field-{name}")

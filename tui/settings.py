@@ -31,6 +31,7 @@ from typing import Any
 from assistant.code_blocks import unparsed_code
 from assistant.errors import UsageError
 from assistant.wire import SamplingOptions
+from model_runtime import decoders
 from model_runtime.generation_config import retry_block_problem, retry_request
 from model_runtime.options import Flat, Option, OptionError, like, option, options, validate
 from model_runtime.params import DECODERS, ParamError, SamplingParams
@@ -47,6 +48,19 @@ class SettingsError(UsageError):
 
 # "model": no decoder in the request; the daemon uses its model's (Runtime.default_decoder).
 MODEL_DECODER = "model"
+
+
+def requested_decoder(choice: str) -> str | None:
+    """The decoder a request names for the chat's ``decoder`` setting: none for "model" (the daemon picks
+    its model's), else the one chosen."""
+    return None if choice == MODEL_DECODER else choice
+
+
+def decoder_knobs(choice: str) -> frozenset[str]:
+    """The sampling options the decoder of a ``decoder`` setting reads beyond the common ones; for
+    "model", every decoder's (the daemon may pick any)."""
+    named = requested_decoder(choice)
+    return decoders.knobs() if named is None else decoders.get(named).knobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +127,8 @@ class ChatSettings:
             top_k=self.top_k,
             alg=self.alg,
             alg_temp=self.alg_temp,
-            decoder="reference" if self.decoder == MODEL_DECODER else self.decoder,
+            # "model" is checked as the reference decoder: the daemon's choice is not known here.
+            decoder=requested_decoder(self.decoder) or "reference",
             block_length=self.block_length,
             threshold=self.threshold,
         )
@@ -141,7 +156,7 @@ class ChatSettings:
 
     def request_sampling(self) -> SamplingOptions:
         """The knobs a request sends; unset ones are left to the daemon's defaults."""
-        fast_only = self.decoder != "reference"  # the reference decoder ignores the fast decoder's knobs
+        reads = decoder_knobs(self.decoder)  # a knob the decoder ignores is left unset
         return dataclasses.replace(
             self.sampling,
             steps=self.steps,
@@ -151,9 +166,9 @@ class ChatSettings:
             alg=self.alg,
             alg_temp=self.alg_temp,
             # "model": the daemon picks the decoder its model recommends.
-            decoder=None if self.decoder == MODEL_DECODER else self.decoder,
-            block_length=self.block_length if fast_only else None,
-            threshold=self.threshold if fast_only else None,
+            decoder=requested_decoder(self.decoder),
+            block_length=self.block_length if "block_length" in reads else None,
+            threshold=self.threshold if "threshold" in reads else None,
         )
 
     def request_params(self) -> dict[str, Any]:

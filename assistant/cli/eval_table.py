@@ -4,7 +4,9 @@ statuses mean, and where each task's details are."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+from model_runtime import decoders
+from model_runtime.params import SamplingParams
 
 
 def print_table(name: str, reports: list, labels: list[str], *, json_out: bool) -> None:
@@ -104,15 +106,8 @@ def _legend(reports: list, *, json_out: bool) -> list[str]:
     return lines
 
 
-def setting_label(params: Any, model_default: bool) -> str:
+def setting_label(params: SamplingParams, model_default: bool) -> str:
     """A setting's row name: the decoder and what sets it apart."""
     if model_default:
         return "model's default decoder"
-    if params.decoder == "reference":
-        return "reference"
-    rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"
-    if params.decoder == "sliding":
-        extra = "" if params.commit_rule == "threshold" else f", {params.commit_rule}"
-        extra += f", refresh every {params.refresh_every}" if params.refresh_every else ""
-        return f"sliding, window {params.window}, {rule}{extra}"
-    return f"fast, block {params.block_length}, {rule}"
+    return decoders.get(params.decoder).label(params)

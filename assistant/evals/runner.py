@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
 from assistant.evals.sandbox import Limits, Outcome, Sandbox
+from model_runtime import decoders
 
 Advance = Callable[[int], None]
 
@@ -97,7 +98,9 @@ class LocalGenerator:
                 )
                 advance(1)
                 continue
-            after = len(row.ids) - row.region[1] if self.params.decoder == "fast" else 0
+            # A decoder that runs a batch's regions in the same columns batches rows with as many tokens after
+            # theirs (infill suffixes) only.
+            after = len(row.ids) - row.region[1] if decoders.get(self.params.decoder).aligned_rows else 0
             groups.setdefault((job.seed, job.tokens, after), []).append((i, row))
         for (seed, tokens, _), members in groups.items():
             # Similar lengths together: less padding, and fewer distinct shapes to compile.

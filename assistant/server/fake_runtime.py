@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from model_runtime import decoders
 from model_runtime.errors import InputError, ModelError
 from model_runtime.inflight import InFlight
 from model_runtime.interface import (
@@ -127,6 +128,7 @@ class FakeRuntime:
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
         self._inflight: InFlight[CompileReport] = InFlight()
         lengths = sorted({n for n in self.length_buckets if n <= self.max_context} | {self.max_context})
+        self._lengths = tuple(lengths)
         self.info = RuntimeInfo(
             model_name=self.model_name,
             device="cpu (fake runtime, no JAX)",
@@ -154,30 +156,39 @@ class FakeRuntime:
             default=(len(rows), longest),
         )
 
-    def _program(self, rows: Sequence[CanvasRow], params: SamplingParams) -> tuple[Any, ...]:
-        """What makes a different program in the real runtime: the bucket and the sampler's switches (top-k
-        and alg_temp on or off: their values are traced)."""
+    @property
+    def mask_id(self) -> int:
+        return MASK_ID
+
+    def window_for(self, new_tokens: int, n: int) -> int:
+        """The real runtime's logits window, over these length buckets (a program key holds it)."""
+        window = min((b for b in self._lengths if b >= new_tokens), default=None)
+        return 0 if window is None or window >= n else window
+
+    def _programs(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> tuple[Any, ...]:
+        """The keys of the programs the real runtime would build for this request: the decoder's own
+        (``decoders.Decoder.keys``) over this runtime's buckets."""
         self._check(rows)
-        switches = (params.decoder, params.alg, params.temperature > 0, params.effective_top_p < 1)
-        filters = (params.effective_top_k > 0, bool(params.alg_temp))
-        return (self._bucket(rows), *switches, *filters, params.block_length, params.window)
+        return tuple(decoders.get(params.decoder).keys(self, rows, params, self._bucket(rows), stream))
 
-    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
-        return self._program(rows, params) in self.programs
+    def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> bool:
+        return all(k in self.programs for k in self._programs(rows, params, stream))
 
-    def compile(self, rows: Sequence[CanvasRow], params: SamplingParams) -> CompileReport:
-        key = self._program(rows, params)
+    def compile(
+        self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True
+    ) -> CompileReport:
+        keys = self._programs(rows, params, stream)
 
         def build() -> CompileReport:
             t0 = time.perf_counter()
-            time.sleep(self.warmup_delay)  # stands for compiling one program
-            self.programs.add(key)
+            time.sleep(self.warmup_delay)  # stands for compiling one request's programs
+            self.programs.update(keys)
             return CompileReport(time.perf_counter() - t0, compiled=1)
 
         def held() -> CompileReport | None:
-            return CompileReport() if key in self.programs else None
+            return CompileReport() if all(k in self.programs for k in keys) else None
 
-        report, waited = self._inflight.get(key, held, build)
+        report, waited = self._inflight.get(keys, held, build)
         # Waiting for another thread's compile of it costs time but compiles nothing here, as in programs.py.
         return report if waited is None else CompileReport(waited + report.seconds, report.compiled)
 
@@ -218,7 +229,7 @@ class FakeRuntime:
                 raise InputError(f"row {i}: {len(row.ids)} tokens exceed the context of {self.max_context}")
 
     def _run(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> BatchEvents:
-        built = self.compile(rows, params)  # on demand, as the real runtime compiles inside run
+        built = self.compile(rows, params, stream=stream)  # on demand, as the real runtime compiles in run
         self.runs.append(len(rows))
         t0 = time.perf_counter()
         targets = [self.answer(r, params) for r in rows]

@@ -19,6 +19,7 @@ from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
 from assistant.server.warmup import Shape, WarmTask, shape_rows
 from assistant.wire import ErrorCode
+from model_runtime import decoders
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import MAX_TOP_K, ParamError, SamplingParams
@@ -161,7 +162,7 @@ def _prompt_row(
     if spec.canvas_tokens:
         return rt.rows.make_row(prompt_ids, spec.canvas_tokens, chat=False), params
     row, masks = rt.rows.make_holes_row(prompt_ids)
-    if params.decoder != "reference":
+    if not decoders.get(params.decoder).fills_prompt_holes:
         raise RequestError(
             "decoder: holes inside the prompt need the reference decoder (the fast decoder "
             "only unmasks the canvas after the prompt)",

@@ -10,22 +10,27 @@ from flax import nnx
 
 from model_runtime import SamplingParams
 from model_runtime.errors import InputError
-from model_runtime.fast import commit_mask
+from model_runtime.strategies import Factor, Threshold
 
 NEG = -np.inf
 
 
 def test_threshold_rule_commits_everything_above_and_always_the_best():
     conf = jnp.array([[0.95, 0.2, 0.91, NEG], [0.3, 0.1, 0.29, 0.05], [NEG, NEG, NEG, NEG]], jnp.float32)
-    chosen = np.asarray(commit_mask(conf, jnp.float32(0.9), jnp.float32(1.0), use_factor=False))
+    chosen = np.asarray(Threshold().select(jnp, conf, jnp.float32(0.9), jnp.float32(1.0)))
     assert chosen.tolist() == [[True, False, True, False], [True, False, False, False], [False] * 4]
+    # The same value on the host (numpy) as on the device.
+    on_host = Threshold().select(np, np.asarray(conf), np.float32(0.9), np.float32(1.0))
+    assert on_host.tolist() == chosen.tolist()
 
 
 def test_factor_rule_commits_the_longest_confident_prefix():
     # Sorted: 0.9 >= 1 - 1/2, 0.8 >= 1 - 1/3, 0.7 < 1 - 1/4 -> two positions.
     conf = jnp.array([[0.7, 0.9, 0.8, NEG], [0.1, 0.2, NEG, NEG]], jnp.float32)
-    chosen = np.asarray(commit_mask(conf, jnp.float32(0.9), jnp.float32(1.0), use_factor=True))
+    chosen = np.asarray(Factor().select(jnp, conf, jnp.float32(0.9), jnp.float32(1.0)))
     assert chosen.tolist() == [[False, True, True, False], [False, True, False, False]]
+    on_host = Factor().select(np, np.asarray(conf), np.float32(0.9), np.float32(1.0))
+    assert on_host.tolist() == chosen.tolist()
 
 
 def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):

@@ -10,11 +10,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from model_runtime.decoders.reference import REFERENCE
 from model_runtime.interface import BatchDone
 from model_runtime.kernels import Knobs, StepInputs, row_keys, step_keys
 from model_runtime.params import SamplingParams
 from model_runtime.programs import ProgramCache
-from model_runtime.sampling import SamplerSpec
+from model_runtime.specs import SamplerSpec
+
+
+class _On:
+    """The runtime's device with another program cache: a decoder builds its programs in ``cache``."""
+
+    def __init__(self, runtime, cache: ProgramCache) -> None:  # type: ignore[no-untyped-def]
+        self._runtime, self.programs = runtime, cache
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._runtime, name)
+
+
+def step_program(runtime, cache: ProgramCache, shape: tuple[int, int], spec: SamplerSpec):  # type: ignore[no-untyped-def]
+    """The reference decoder's one-step program for ``shape`` and ``spec``, built in ``cache``."""
+    program, report = REFERENCE.program(_On(runtime, cache), REFERENCE.key("step", shape, spec))
+    return program, report
 
 
 def one_step(runtime, program) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -36,14 +53,14 @@ def test_the_cache_keeps_its_bound_and_evicts_the_least_recently_used(runtime) -
         runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None, max_programs=2
     )
     entropy, maskgit, margin = (SamplerSpec(alg=a) for a in ("entropy", "maskgit_plus", "topk_margin"))
-    kept = cache.reference("step", (1, 32), entropy).program
-    cache.reference("step", (1, 32), maskgit)
-    assert cache.reference("step", (1, 32), entropy).compiled == 0  # in memory: now the most recent
-    cache.reference("step", (1, 32), margin)  # the third: maskgit, least recently used, makes room
+    kept, _ = step_program(runtime, cache, (1, 32), entropy)
+    step_program(runtime, cache, (1, 32), maskgit)
+    assert step_program(runtime, cache, (1, 32), entropy)[1].compiled == 0  # in memory: now the most recent
+    step_program(runtime, cache, (1, 32), margin)  # the third: maskgit, least recently used, makes room
     assert [key[2] for key, _ in cache.items()] == [entropy, margin]
     info = cache.info()
     assert (info["held"], info["max_programs"], info["compiled"], info["evicted"]) == (2, 2, 3, 1)
-    assert cache.reference("step", (1, 32), entropy).program is kept
+    assert step_program(runtime, cache, (1, 32), entropy)[0] is kept
     # A kept program still runs after the eviction cleared JAX's own caches.
     assert one_step(runtime, kept).shape == (1, 32)
     with pytest.raises(ValueError, match="max_programs: must be >= 2"):
@@ -129,11 +146,11 @@ def test_two_threads_asking_for_one_program_compile_it_once_and_one_runs_meanwhi
     it, the other waits and takes it. A program of another shape runs while a compile is under way."""
     cache = ProgramCache(runtime.config, runtime.graphdef, runtime.state, runtime.info.dtype, None)
     spec = SamplerSpec(alg="entropy")
-    held = cache.reference("step", (1, 32), spec).program
+    held, _ = step_program(runtime, cache, (1, 32), spec)
     with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda _: cache.reference("step", (2, 64), spec), range(2)))
+        both = list(pool.map(lambda _: step_program(runtime, cache, (2, 64), spec), range(2)))
         # Meanwhile (or after, on a quick machine) the held program runs on this thread.
         assert one_step(runtime, held).shape == (1, 32)
-    assert both[0].program is both[1].program
-    assert sorted(b.compiled + b.hits for b in both) == [0, 1]  # built once; the other waited for it
+    assert both[0][0] is both[1][0]
+    assert sorted(b.compiled + b.cache_hits for _, b in both) == [0, 1]  # built once; the other waited
     assert cache.info()["compiled"] == 2

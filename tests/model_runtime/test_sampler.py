@@ -89,7 +89,7 @@ def test_stochastic_commit_counts_follow_the_schedule(runtime):
 
 def test_alg_temp_picks_positions_in_proportion_to_softmax_confidence():
     """Gumbel-top-k with k=1 equals one multinomial draw from softmax(confidence / alg_temp)."""
-    from model_runtime.sampling import commit_by_confidence
+    from model_runtime.commit import commit_by_confidence
 
     conf = jnp.array([[0.9, 0.5, 0.2, 0.1, 0.7]], jnp.float32)
     mask = jnp.array([[True, True, True, False, True]])
@@ -186,13 +186,13 @@ def test_hooks_ban_tokens_and_force_text(runtime):
 def test_prompt_lengths_inside_a_bucket_share_one_program(runtime):
     rt = runtime
     params = SamplingParams(max_new_tokens=8, steps=2)
-    before = len(rt._programs)
+    before = len(rt.programs)
     results = {}
     for text in ("a", "def f():", "class A(object):\n    pass"):
         ids = rt.tokenizer.encode(text)
         results[text] = list(rt.generate([ids], params, chat=False))[-1]
         assert results[text].stats.bucket == (1, 32)
-    assert len(rt._programs) - before <= 1, "another prompt length in the same bucket recompiled"
+    assert len(rt.programs) - before <= 1, "another prompt length in the same bucket recompiled"
     assert sum(r.stats.compiled_programs for r in results.values()) <= 1
     # Padding to the bucket does not change a row's result: run the same prompt at an exact-shape canvas.
     ids = rt.tokenizer.encode("def f():")
@@ -249,9 +249,9 @@ def test_fused_loop_gives_the_streamed_result(runtime, extra):
     assert len(fused) == 1 and len(streamed) == 9
     assert fused[0].sequences == streamed[-1].sequences
     # Another step count in the same schedule bucket reuses the fused program.
-    before = len(rt._programs)
+    before = len(rt.programs)
     list(rt.generate(prompts, SamplingParams(max_new_tokens=16, steps=12, **extra), chat=False, stream=False))
-    assert len(rt._programs) == before
+    assert len(rt.programs) == before
 
 
 @pytest.mark.parametrize("vocab", [152064, 8192, 4096, 40003])

@@ -1,0 +1,189 @@
+"""The reference decoder: the published ``diffusion_generate`` sampler, one full forward per step, exact
+to the reference (docs/reference.md). Its kernels are in ``model_runtime/kernels.py``: one denoising step
+per program call (streaming) or every step in one ``fori_loop`` program.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from model_runtime.batch import PlacedBatch
+from model_runtime.decoders.base import Device, Layout, ProgramKey, finish, row_seeds
+from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
+from model_runtime.params import SamplingParams
+from model_runtime.specs import SamplerSpec
+
+if TYPE_CHECKING:
+    from model_runtime.kernels import Hook
+    from model_runtime.programs import Program
+
+
+def ratio_bucket(steps: int) -> int:
+    """Length of the schedule array the fused program takes: a power of two, so steps share programs."""
+    return max(64, 1 << (steps - 1).bit_length())
+
+
+def logits_window(layout: Layout, rows: Sequence[CanvasRow], n: int) -> int:
+    """For plain generation (masks only in an appended region), the length bucket holding the region.
+
+    Infill rows (masks between prefix and suffix) or masks inside a prompt use the whole canvas (0): their
+    extent varies request by request, and every distinct window is another program.
+    """
+    mask_id = layout.mask_id
+    if any(r.region[1] != len(r.ids) or mask_id in r.ids[: r.region[0]] for r in rows):
+        return 0
+    return layout.window_for(max(r.region[1] - r.region[0] for r in rows), n)
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str = "reference"
+    knobs: frozenset[str] = frozenset()
+    fills_prompt_holes: bool = True
+    aligned_rows: bool = False
+    accepts_hooks: bool = True
+    full_forwards: bool = True
+
+    def label(self, params: SamplingParams) -> str:
+        return "reference"
+
+    def min_length(self, params: SamplingParams) -> int:
+        return 1
+
+    def check(self, rows: Sequence[CanvasRow]) -> None:
+        return None
+
+    # -- programs ----------------------------------------------------------------------------------
+    def key(
+        self,
+        kind: str,
+        shape: tuple[int, int],
+        spec: SamplerSpec,
+        hooks: tuple[Hook | None, Hook | None] = (None, None),
+        n_ratios: int = 0,
+        window: int = 0,
+    ) -> ProgramKey:
+        """The key of one program: ``kind`` "step" (one step) or "all" (every step, the schedule padded to
+        ``n_ratios`` entries), the bucket, the sampler's switches, the hooks and the logits ``window``."""
+        return (kind, shape, spec, *hooks, n_ratios, window)
+
+    def _key_of(
+        self,
+        layout: Layout,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+        hooks: tuple[Hook | None, Hook | None] = (None, None),
+    ) -> ProgramKey:
+        hooked = hooks != (None, None)
+        return self.key(
+            "step" if stream else "all",
+            shape,
+            SamplerSpec.from_params(params),
+            hooks,
+            n_ratios=0 if stream else ratio_bucket(params.steps),
+            window=0 if hooked else logits_window(layout, rows, shape[1]),
+        )
+
+    def keys(
+        self,
+        layout: Layout,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+    ) -> list[ProgramKey]:
+        return [self._key_of(layout, rows, params, shape, stream)]
+
+    def program(self, device: Device, key: ProgramKey) -> tuple[Program, CompileReport]:
+        """The program under ``key`` (:meth:`key`), held or built."""
+        from model_runtime import kernels
+
+        kind, shape, spec, logits_hook, tokens_hook, n_ratios, window = key
+        statics = {"logits_hook": logits_hook, "tokens_hook": tokens_hook, "window": window}
+        (program,), report = device.programs.programs(
+            [key],
+            device.programs.family(self.name, kernels.jitted),
+            lambda kind, built: kernels.abstract_args(device.programs, kind, shape, n_ratios),
+            spec,
+            statics,
+        )
+        return program, report
+
+    def compile(
+        self,
+        device: Device,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        stream: bool,
+    ) -> CompileReport:
+        return self.program(device, self._key_of(device, rows, params, shape, stream))[1]
+
+    # -- running -----------------------------------------------------------------------------------
+    def run(
+        self,
+        device: Device,
+        rows: Sequence[CanvasRow],
+        params: SamplingParams,
+        shape: tuple[int, int],
+        *,
+        stream: bool,
+        hooks: tuple[Hook | None, Hook | None] = (None, None),
+    ) -> BatchEvents:
+        """Every step a full forward; streaming, one program call and one BatchStep per step."""
+        from model_runtime import kernels
+
+        key = self._key_of(device, rows, params, shape, stream, hooks)
+        program, built = self.program(device, key)
+        batch = PlacedBatch.of(rows, shape, device.config.pad_token_id)
+        calls = kernels.ReferenceCalls.bind(
+            program, device.state, batch.attn, row_seeds(rows, params), params
+        )
+        x: Any = calls.canvas(batch.x)
+        logits_hook, tokens_hook = hooks
+        if tokens_hook is not None:
+            x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
+        mask_id = device.mask_id
+        t_start = time.perf_counter()
+        if not stream:
+            prev = device.host(calls.loop(x, key[5]))
+            device.count(params.steps)
+        else:
+            prev = device.host(x)
+            for i in range(params.steps):
+                t0 = time.perf_counter()
+                x = calls.step(x, i)
+                cur = device.host(x)  # the one host transfer per step that streaming needs
+                device.count(1)
+                yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
+                prev = cur
+        yield finish(device, batch, prev, params, params.steps, t_start, built)
+
+    def step_canvas(
+        self, device: Device, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams
+    ) -> np.ndarray:
+        """Denoising step ``step`` of ``params.steps`` on an arbitrary ``[B, L]`` canvas, through the same
+        compiled program ``run`` uses at the canvas's exact shape: for parity checks that feed a
+        reference's canvas in and compare what each side commits."""
+        from model_runtime import kernels
+
+        x = np.asarray(x, np.int32)
+        attn = np.ones(x.shape, bool) if attn is None else np.asarray(attn, bool)
+        shape = (int(x.shape[0]), int(x.shape[1]))
+        program, _ = self.program(device, self.key("step", shape, SamplerSpec.from_params(params)))
+        calls = kernels.ReferenceCalls.bind(program, device.state, attn, [params.seed] * shape[0], params)
+        return device.host(calls.step(calls.canvas(x), step))
+
+    def cost(self, parts: Mapping[str, float], block: int, tpf: float) -> float:
+        """One full forward per step."""
+        return parts["forward_ms"] / 1e3 / tpf
+
+
+REFERENCE = Reference()
