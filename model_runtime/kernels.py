@@ -23,6 +23,7 @@ from model_runtime.model import DreamModel, shift_logits
 from model_runtime.params import SamplingParams
 from model_runtime.sampling import position_keys, sample_tokens, split_rows, transfer_ratios
 from model_runtime.specs import SamplerSpec
+from model_runtime.strategies import EarlyStop, finished
 
 if TYPE_CHECKING:
     from model_runtime.programs import Jitted, ProgramCache
@@ -180,6 +181,49 @@ def denoise_all(
     return jax.lax.fori_loop(0, inputs.steps, body, x)
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class StopInputs:
+    """What the early stops of :func:`denoise_until` read (``strategies.StopTables``), and where each
+    row's text is."""
+
+    fill: jax.Array  # [B, L] bool: the positions the run decodes (each row's region)
+    stops: jax.Array  # [B, V] bool: tokens that end a row's text
+    newlines: jax.Array  # [V] i32: newlines per token
+    max_lines: jax.Array  # i32: a row's text ends with this many lines (0: no limit)
+
+
+def denoise_until(
+    state: nnx.State,
+    x: jax.Array,
+    inputs: LoopInputs,
+    stop: StopInputs,
+    *,
+    graphdef: nnx.GraphDef,
+    spec: SamplerSpec,
+    mask_id: int,
+    stops: tuple[EarlyStop, ...],
+    window: int = 0,
+) -> tuple[jax.Array, jax.Array]:
+    """The fused loop, until every row is finished (``strategies.finished`` with ``stops``: its text has
+    ended before its first mask) or the schedule ends; returns (x, the steps run). The steps it runs are
+    :func:`denoise_all`'s, so a row's text up to its end is the same; what lies after it stays masked."""
+    statics: dict[str, Any] = dict(
+        graphdef=graphdef, spec=spec, mask_id=mask_id, logits_hook=None, tokens_hook=None, window=window
+    )
+
+    def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
+        x, i = carry
+        _, done = finished(stops, jnp, x, stop.fill, stop, mask_id)
+        return (i < inputs.steps) & ~jnp.all(done)
+
+    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        x, i = carry
+        return denoise_step(state, x, inputs.step(i), **statics), i + 1
+
+    return jax.lax.while_loop(cond, body, (x, jnp.int32(0)))
+
+
 # Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
 _ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
 
@@ -247,6 +291,12 @@ def jitted(cache: ProgramCache) -> dict[str, Jitted]:
         "step": jax.jit(denoise_step, static_argnames=_STATIC, donate_argnames=("x",), **cache.rows_out()),
         # The whole loop in one program (lax.fori_loop): no dispatch or host sync between steps.
         "all": jax.jit(denoise_all, static_argnames=_STATIC, donate_argnames=("x",), **cache.rows_out()),
+        # The same loop ending once every row's text has (a request with ``max_lines``).
+        "until": jax.jit(
+            denoise_until,
+            static_argnames=("graphdef", "spec", "mask_id", "stops", "window"),
+            donate_argnames=("x",),
+        ),
     }
 
 
@@ -263,7 +313,13 @@ def abstract_args(cache: ProgramCache, kind: str, shape: tuple[int, int], n_rati
         inputs = StepInputs(ratio=f32, is_last=cache.scalar(jnp.bool_), index=i32, **common)
     else:
         inputs = LoopInputs(ratios=cache.abstract((n_ratios,), jnp.float32), steps=i32, **common)
-    return (cache.abstract(shape, jnp.int32), inputs)
+    x = cache.abstract(shape, jnp.int32)
+    if kind != "until":
+        return (x, inputs)
+    b, v = shape[0], cache.cfg.vocab_size
+    bools = cache.abstract(shape, jnp.bool_)
+    stop = StopInputs(bools, cache.abstract((b, v), jnp.bool_), cache.abstract((v,), jnp.int32), i32)
+    return (x, inputs, stop)
 
 
 @dataclass(frozen=True)
@@ -307,10 +363,27 @@ class ReferenceCalls:
         )
         return self.program(self.state, x, inputs)
 
-    def loop(self, x: jax.Array, n_ratios: int) -> jax.Array:
+    def _loop_inputs(self, n_ratios: int) -> LoopInputs:
         padded = np.ones(n_ratios, np.float32)
         padded[: len(self.ratios)] = self.ratios
         steps = jnp.int32(len(self.ratios))
-        return self.program(
-            self.state, x, LoopInputs(self.attn, jnp.asarray(padded), steps, self.keys, self.knobs)
+        return LoopInputs(self.attn, jnp.asarray(padded), steps, self.keys, self.knobs)
+
+    def loop(self, x: jax.Array, n_ratios: int) -> jax.Array:
+        """Every step (the "all" program)."""
+        return self.program(self.state, x, self._loop_inputs(n_ratios))
+
+    def until(
+        self,
+        x: jax.Array,
+        n_ratios: int,
+        fill: np.ndarray,
+        tables: tuple[np.ndarray, np.ndarray],
+        max_lines: int,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Every step until every row is finished (the "until" program); (x, steps run). ``fill``: the
+        rows' regions; ``tables``: the stop tokens ``[B, V]`` and the newlines per token ``[V]``."""
+        stop = StopInputs(
+            jnp.asarray(fill), jnp.asarray(tables[0]), jnp.asarray(tables[1]), jnp.int32(max_lines)
         )
+        return self.program(self.state, x, self._loop_inputs(n_ratios), stop)

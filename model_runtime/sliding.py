@@ -51,7 +51,7 @@ from model_runtime.params import SamplingParams
 from model_runtime.placement import output_shardings
 from model_runtime.sampling import position_keys, sample_tokens
 from model_runtime.specs import SlidingSpec
-from model_runtime.strategies import ended
+from model_runtime.strategies import finished
 
 if TYPE_CHECKING:
     from model_runtime.programs import Jitted, ProgramCache
@@ -100,13 +100,9 @@ class Cache:
 def frontier(
     x: jax.Array, inputs: SlidingInputs, spec: SlidingSpec, mask_id: int
 ) -> tuple[jax.Array, jax.Array]:
-    """Each row's first mask (``L`` when none) and whether the row is finished: no mask left, or one of
-    the spec's early stops ends the text before its first mask."""
-    n = x.shape[1]
-    pos = jnp.arange(n, dtype=jnp.int32)
-    first = jnp.min(jnp.where((x == mask_id) & inputs.fill, pos, n), axis=-1)  # [B]
-    decoded = inputs.fill & (pos < first[:, None])  # [B, L]
-    return first, ended(spec.stops, jnp, x, decoded, inputs) | (first == n)
+    """Each row's first mask (``L`` when none) and whether the row is finished (``strategies.finished``:
+    no mask left, or one of the spec's early stops ends the text before its first mask)."""
+    return finished(spec.stops, jnp, x, inputs.fill, inputs, mask_id)
 
 
 def _write(x: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:

@@ -175,3 +175,16 @@ def ended(stops: tuple[EarlyStop, ...], xp: Any, x: Any, decoded: Any, limits: S
     for stop in stops:
         out = out | stop.ended(xp, x, decoded, limits)
     return out
+
+
+def finished(
+    stops: tuple[EarlyStop, ...], xp: Any, x: Any, fill: Any, limits: StopTables, mask_id: int
+) -> tuple[Any, Any]:
+    """Each row's first mask among ``fill`` (``[B, L]`` bool: the positions its run decodes; ``L`` when
+    none is left) and whether the row is finished: no mask left, or one of ``stops`` ends the text before
+    its first mask. ``[B]`` each; the same on the host (numpy) and on the device."""
+    n = x.shape[1]
+    pos = xp.arange(n, dtype=xp.int32)
+    first = xp.min(xp.where((x == mask_id) & fill, pos, n), axis=-1)  # [B]
+    decoded = fill & (pos < first[:, None])  # [B, L]
+    return first, ended(stops, xp, x, decoded, limits) | (first == n)

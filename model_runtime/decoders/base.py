@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -184,6 +185,24 @@ def stop_table(device: Device, rows: Sequence[CanvasRow], batch: int) -> np.ndar
     for j, r in enumerate(rows):
         table[j, list(device.tokenizer.stop_ids(chat=r.chat))] = True
     return table
+
+
+@dataclass(frozen=True)
+class HostTables:
+    """The early stops' tables on the host (``strategies.StopTables``)."""
+
+    stops: np.ndarray  # [B, V] bool
+    newlines: np.ndarray  # [V] i32
+    max_lines: int
+
+
+def region_mask(batch: PlacedBatch, mask_id: int) -> np.ndarray:
+    """``[B, L]`` bool: the masks of each row's region in the bucket, the positions its run decodes."""
+    fill = np.zeros(batch.shape, bool)
+    for j, r in enumerate(batch.rows):
+        lo, hi = batch.offsets[j] + r.region[0], batch.offsets[j] + r.region[1]
+        fill[j, lo:hi] = batch.x[j, lo:hi] == mask_id
+    return fill
 
 
 def row_seeds(rows: Sequence[CanvasRow], params: SamplingParams) -> list[int]:

@@ -14,26 +14,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from model_runtime.batch import PlacedBatch
-from model_runtime.decoders.base import Device, Layout, ProgramKey, finish, stop_table
+from model_runtime.decoders.base import (
+    Device,
+    HostTables,
+    Layout,
+    ProgramKey,
+    finish,
+    region_mask,
+    stop_table,
+)
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport
 from model_runtime.params import SamplingParams, fast_block_size
 from model_runtime.specs import FastSpec, SamplerSpec
-from model_runtime.strategies import EARLY_STOPS, EarlyStop, commit_rule, ended
+from model_runtime.strategies import EARLY_STOPS, EarlyStop, commit_rule, finished
 
 if TYPE_CHECKING:
     from model_runtime.fast import FastCalls
     from model_runtime.kernels import Hook
     from model_runtime.programs import Program
-
-
-@dataclass(frozen=True)
-class HostTables:
-    """The early stops' tables on the host (``strategies.StopTables``)."""
-
-    stops: np.ndarray  # [B, V] bool
-    newlines: np.ndarray  # [V] i32
-    max_lines: int
 
 
 @dataclass(frozen=True)
@@ -148,12 +147,13 @@ class Fast:
         of the events agree; ``steps`` on an event is the bound (one forward per position of the region).
         """
         calls = self.calls(device, rows, params, shape)
-        batch, lo, size = calls.batch, calls.lo, calls.size
+        batch, size = calls.batch, calls.size
         tables = HostTables(
             stop_table(device, rows, shape[0]),
             device.newline_table(bool(params.max_lines)),
             params.max_lines or 0,
         )
+        fill = region_mask(batch, device.mask_id)
         x = calls.canvas()
         run = _FastRun(calls, device)
         t_start = time.perf_counter()
@@ -169,10 +169,8 @@ class Fast:
                     cur = np.array(device.host(x))  # one host sync per block: the end-of-text check
                     run.forwards += int(device.host(iters))
                 # Every block so far is decoded whole: a row has ended once its text so far ends it.
-                decoded = cur[:, lo : start + size]
-                done = bool(
-                    np.all(ended(self.stops, np, decoded, np.ones(decoded.shape, bool), tables)[: len(rows)])
-                )
+                _, ended = finished(self.stops, np, cur, fill, tables, device.mask_id)
+                done = bool(np.all(ended[: len(rows)]))
                 if done and b < len(calls.starts) - 1:
                     # Every row has ended its text: the rest of the canvas would be padding. Fill it, stop.
                     rest = cur[:, start + size : calls.hi]

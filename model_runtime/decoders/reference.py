@@ -1,6 +1,11 @@
 """The reference decoder: the published ``diffusion_generate`` sampler, one full forward per step, exact
 to the reference (docs/reference.md). Its kernels are in ``model_runtime/kernels.py``: one denoising step
 per program call (streaming) or every step in one ``fori_loop`` program.
+
+A request that asks for ``max_lines`` (a diffu extension: the published sampler has no such knob) stops
+once every row's text has ended (its lines written, or a stop token with everything before it decoded):
+the steps it runs are the published ones, so its answer is the same, and the positions after the answer,
+never decoded, are padding. Without ``max_lines`` every step runs, as published.
 """
 
 from __future__ import annotations
@@ -13,10 +18,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from model_runtime.batch import PlacedBatch
-from model_runtime.decoders.base import Device, Layout, ProgramKey, finish, row_seeds
+from model_runtime.decoders.base import (
+    Device,
+    HostTables,
+    Layout,
+    ProgramKey,
+    finish,
+    region_mask,
+    row_seeds,
+    stop_table,
+)
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
 from model_runtime.params import SamplingParams
 from model_runtime.specs import SamplerSpec
+from model_runtime.strategies import EARLY_STOPS, EarlyStop, finished
 
 if TYPE_CHECKING:
     from model_runtime.kernels import Hook
@@ -67,10 +82,17 @@ class Reference:
         hooks: tuple[Hook | None, Hook | None] = (None, None),
         n_ratios: int = 0,
         window: int = 0,
+        stops: tuple[EarlyStop, ...] = (),
     ) -> ProgramKey:
-        """The key of one program: ``kind`` "step" (one step) or "all" (every step, the schedule padded to
-        ``n_ratios`` entries), the bucket, the sampler's switches, the hooks and the logits ``window``."""
-        return (kind, shape, spec, *hooks, n_ratios, window)
+        """The key of one program: ``kind`` "step" (one step), "all" (every step, the schedule padded to
+        ``n_ratios`` entries) or "until" (every step until ``stops`` finish every row), the bucket, the
+        sampler's switches, the hooks and the logits ``window``."""
+        return (kind, shape, spec, *hooks, n_ratios, window, stops)
+
+    @staticmethod
+    def stops(params: SamplingParams, hooks: tuple[Hook | None, Hook | None]) -> tuple[EarlyStop, ...]:
+        """The early stops of a run: with ``max_lines`` (and no parity hooks), the text's end; else none."""
+        return EARLY_STOPS if params.max_lines and hooks == (None, None) else ()
 
     def _key_of(
         self,
@@ -82,13 +104,16 @@ class Reference:
         hooks: tuple[Hook | None, Hook | None] = (None, None),
     ) -> ProgramKey:
         hooked = hooks != (None, None)
+        stops = self.stops(params, hooks)
         return self.key(
-            "step" if stream else "all",
+            "step" if stream else "until" if stops else "all",
             shape,
             SamplerSpec.from_params(params),
             hooks,
             n_ratios=0 if stream else ratio_bucket(params.steps),
             window=0 if hooked else logits_window(layout, rows, shape[1]),
+            # The streamed step checks them on the host: its program is the same with or without.
+            stops=() if stream else stops,
         )
 
     def keys(
@@ -105,8 +130,11 @@ class Reference:
         """The program under ``key`` (:meth:`key`), held or built."""
         from model_runtime import kernels
 
-        kind, shape, spec, logits_hook, tokens_hook, n_ratios, window = key
-        statics = {"logits_hook": logits_hook, "tokens_hook": tokens_hook, "window": window}
+        kind, shape, spec, logits_hook, tokens_hook, n_ratios, window, stops = key
+        statics: dict[str, Any] = {"window": window}
+        statics |= (
+            {"stops": stops} if kind == "until" else {"logits_hook": logits_hook, "tokens_hook": tokens_hook}
+        )
         (program,), report = device.programs.programs(
             [key],
             device.programs.family(self.name, kernels.jitted),
@@ -137,7 +165,9 @@ class Reference:
         stream: bool,
         hooks: tuple[Hook | None, Hook | None] = (None, None),
     ) -> BatchEvents:
-        """Every step a full forward; streaming, one program call and one BatchStep per step."""
+        """Every step a full forward; streaming, one program call and one BatchStep per step. With early
+        stops (``max_lines``) it ends once every row is finished: checked on the host after each streamed
+        step, on the device in the fused loop."""
         from model_runtime import kernels
 
         key = self._key_of(device, rows, params, shape, stream, hooks)
@@ -151,20 +181,34 @@ class Reference:
         if tokens_hook is not None:
             x = tokens_hook(None, x, None)  # the reference calls the tokens hook once before the loop
         mask_id = device.mask_id
+        stops = self.stops(params, hooks)
+        fill = region_mask(batch, mask_id)
+        tables = (stop_table(device, rows, shape[0]), device.newline_table(bool(params.max_lines)))
+        limits = HostTables(*tables, params.max_lines or 0)
         t_start = time.perf_counter()
-        if not stream:
+        steps = params.steps
+        if not stream and stops:
+            out, ran = calls.until(x, key[5], fill, tables, params.max_lines or 0)
+            prev, steps = device.host(out), int(device.host(ran))
+        elif not stream:
             prev = device.host(calls.loop(x, key[5]))
-            device.count(params.steps)
         else:
             prev = device.host(x)
             for i in range(params.steps):
                 t0 = time.perf_counter()
                 x = calls.step(x, i)
                 cur = device.host(x)  # the one host transfer per step that streaming needs
-                device.count(1)
                 yield batch.step_event(prev, cur, i, params.steps, time.perf_counter() - t0, mask_id)
                 prev = cur
-        yield finish(device, batch, prev, params, params.steps, t_start, built)
+                if stops and bool(np.all(finished(stops, np, cur, fill, limits, mask_id)[1])):
+                    steps = i + 1
+                    break
+        device.count(steps)
+        if stops:
+            # What a row never decoded, after the end of its text: padding.
+            prev = np.array(prev)
+            prev[fill & (prev == mask_id)] = device.config.pad_token_id
+        yield finish(device, batch, prev, params, steps, t_start, built)
 
     def step_canvas(
         self, device: Device, x: np.ndarray, attn: np.ndarray | None, step: int, params: SamplingParams
