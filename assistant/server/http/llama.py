@@ -8,7 +8,7 @@ which never load the tokenizer themselves (the chat's files in context count aga
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -116,6 +116,12 @@ def routes(app: JobService) -> list[Route]:
                 body["content"] = ""
                 yield sse.encode(body)
 
+    return [Route("/infill", infill, methods=["POST"]), Route("/tokenize", _tokenize(app), methods=["POST"])]
+
+
+def _tokenize(app: JobService) -> Callable[[Request], Awaitable[Response]]:
+    """The ``/tokenize`` route over ``app``'s runtime."""
+
     async def tokenize(request: Request) -> Response:
         """llama.cpp's ``{"content": text, "with_pieces": false}`` -> ``{"tokens": [ids]}`` (with pieces,
         ``[{"id", "piece"}]``). The text is encoded as a prompt's text is: control-token strings in it
@@ -132,4 +138,4 @@ def routes(app: JobService) -> list[Route]:
         pieces = tokenizer.token_strings(ids)
         return JSONResponse({"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]})
 
-    return [Route("/infill", infill, methods=["POST"]), Route("/tokenize", tokenize, methods=["POST"])]
+    return tokenize
