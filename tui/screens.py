@@ -19,10 +19,11 @@ from textual.widgets import Button, Footer, Input, Label, OptionList, Select, St
 from textual.widgets.option_list import Option
 
 from tui import keys
+from tui.denoise import DenoiseView
 from tui.render import Trace
 from tui.settings import FIELDS, ChatSettings, SettingsError, format_field, parse_field
 from tui.store import ConversationInfo
-from tui.widgets import AnswerView, DenoiseView
+from tui.widgets import AnswerView
 
 REPLAY_SECONDS = 3.0  # a whole history plays in about this long, between 8 and 30 frames a second
 

@@ -26,10 +26,11 @@ from tests.tui.helpers import (
 )
 from tui import screens
 from tui.app import ChatApp
+from tui.denoise import DenoiseView
 from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
 from tui.settings import ChatSettings
 from tui.store import ChatStore
-from tui.widgets import AnswerView, ConnectPanel, DenoiseView, ErrorNotice, PromptInput, UserMessage
+from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, UserMessage
 
 pytestmark = pytest.mark.asyncio
 SIZE = (100, 34)
