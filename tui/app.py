@@ -3,14 +3,17 @@
 The app is composed of parts, each with a narrow interface, and inherits nothing but Textual's ``App``:
 the log (:class:`tui.chat_log.ChatLog`: what is shown, the selected code block), the conversation the
 model sees (:class:`tui.conversation.Conversation`), the turn runner (:class:`tui.turns.TurnRunner`: each
-answer's worker, posting what became of it). The app lays them out, connects, routes the prompt and the
-runner's messages, and opens the screens. Conversations, histories, settings and prompt history persist
+answer's worker, posting what became of it), the files in context (:class:`tui.context.ChatContext`) and
+the file commands (:class:`tui.workbench.Workbench`: ``/add``, ``/apply``, ``/undo``, ``/fill``...). The
+app lays them out, connects, routes the prompt (a command, or a turn with its files) and the runner's
+messages, and opens the screens. Conversations, histories, settings and prompt history persist
 in SQLite (:mod:`tui.store`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +24,22 @@ from textual.widgets import Footer, Header, Static
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import DaemonUnavailable
+from assistant.workspace.files import mentions, with_files
 from tui import keys
 from tui.backend import Backend
 from tui.chat_log import ChatLog
+from tui.commands import Command, CommandError, parse_command, prompt_text
+from tui.context import ChatContext, Limit
 from tui.conversation import Conversation
 from tui.errors import describe_error, is_settings_error
 from tui.render import MASK_GLYPH, SPECIAL_GLYPH, Trace
-from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
+from tui.review import ReviewScreen
+from tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from tui.settings import ChatSettings, apply_saved
 from tui.store import ChatStore
 from tui.turns import TurnRunner
 from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, UserMessage
+from tui.workbench import Workbench
 
 WELCOME = (
     f"Type a prompt and press Enter. The answer is denoised live: [dim]{MASK_GLYPH}[/] still masked, "
@@ -63,7 +71,11 @@ class ChatApp(App[None]):
         config_file: Path | None = None,
         conversation_id: str | None = None,
         cursor_blink: bool = True,
+        root: Path | None = None,
+        files: Sequence[str] = (),
     ) -> None:
+        """``root``: the working directory (paths are relative to it; Tab completes under it);
+        ``files``: paths to put in the context at the start (``diffu chat --file``)."""
         super().__init__()
         self.backend = backend
         self.store = store
@@ -77,16 +89,31 @@ class ChatApp(App[None]):
         self.turns = TurnRunner(backend, self.conversation, self.ensure_connected)
         self._open_conversation = conversation_id
         self.connected = False
+        self._connecting = asyncio.Lock()  # one connection attempt at a time (startup, a turn, a command)
         self.model = ""
-        self._answers = 0
+        self.root = root or Path.cwd()
+        self.context = ChatContext(self.root, backend.count_tokens)
+        self._chat_log = ChatLog(Static(WELCOME, classes="welcome"), id="log")
+        self.workbench = Workbench(
+            log=self._chat_log,
+            context=self.context,
+            backend=backend,
+            limit=self.limit,
+            review=self.review,
+            changed=self._set_subtitle,
+        )
+        self._initial_files = list(files)
 
     # -- layout ----------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header(icon="◌")
-        yield ChatLog(Static(WELCOME, classes="welcome"), id="log")
+        yield self._chat_log
         yield ConnectPanel()
         yield PromptInput(
-            self.store.prompts(), placeholder="Ask DiffuCoder… (Enter sends, F1 help)", id="prompt"
+            self.store.prompts(),
+            root=self.root,
+            placeholder="Ask DiffuCoder… (Enter sends, F1 help)",
+            id="prompt",
         )
         yield Footer()
         yield self.turns
@@ -102,6 +129,8 @@ class ChatApp(App[None]):
         if self._open_conversation:
             await self.open_conversation(self._open_conversation)
         self.connect()
+        if self._initial_files:
+            self.run_command(Command("add", tuple(self._initial_files)))
 
     @property
     def log_view(self) -> ChatLog:
@@ -116,7 +145,17 @@ class ChatApp(App[None]):
         return self.log_view.selected
 
     def _set_subtitle(self) -> None:
-        self.sub_title = " · ".join(part for part in (self.model, self.conversation.title) if part)
+        files = ""
+        if self.context.files:
+            count = len(self.context.files)
+            limit = self.limit().tokens
+            tokens = f"{self.context.tokens:,}" + (f"/{limit:,}" if limit is not None else "")
+            files = f"{count} file{'s' if count != 1 else ''} · {tokens} tokens"
+        self.sub_title = " · ".join(part for part in (self.model, files, self.conversation.title) if part)
+
+    def limit(self) -> Limit:
+        """The prompt's token limit: the model's context less the answer's canvas."""
+        return Limit(self.backend.max_context, self.settings.max_new_tokens)
 
     # -- connecting ------------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -125,6 +164,10 @@ class ChatApp(App[None]):
 
     async def ensure_connected(self) -> bool:
         """Connected, or connect now (progress above the prompt; a failure inline with Retry)."""
+        async with self._connecting:
+            return await self._connect_once()
+
+    async def _connect_once(self) -> bool:
         if self.connected:
             return True
         panel = self.query_one(ConnectPanel)
@@ -156,36 +199,101 @@ class ChatApp(App[None]):
     # -- turns -----------------------------------------------------------------------------------------
     @on(PromptInput.Submitted)
     async def _submitted(self, event: PromptInput.Submitted) -> None:
-        if self.turns.live is not None:
+        text = event.text.strip()
+        try:
+            command = parse_command(text)
+        except CommandError as exc:
+            await self.log_view.say(str(exc), error=True)
+            return
+        if command is None and self.turns.live is not None:
             self.notify("Still answering: press Escape to cancel it first.", severity="warning")
             return
-        text = event.text.strip()
+        if command is not None and self.workbench_busy:
+            self.notify("A command is still running: press Escape to cancel it first.", severity="warning")
+            return
         event.prompt.remember(text)
         self.store.add_prompt(text)
-        await self.send(text)
+        if command is not None:
+            self.run_command(command)
+        elif not await self.send(prompt_text(text)):
+            event.prompt.load_text(text)  # nothing was sent: the prompt stays, to fix and send again
 
-    async def send(self, text: str) -> None:
-        """Add a user turn and start its answer."""
+    async def send(self, text: str) -> bool:
+        """Add a user turn with the files in context and start its answer; False (with one line per
+        problem in the log) when a file cannot be sent, and then nothing is."""
+        named = mentions(text, self.root)
+        if named or self.context.files:
+            if not await self.ensure_connected():
+                return False
+        if named:
+            refused = [line for line, error in await self.context.add(named, self.limit()) if error]
+            self._set_subtitle()
+            if refused:
+                for line in refused:
+                    await self.log_view.say(line, error=True)
+                return False
+        blocks = await self._file_blocks()
+        if blocks is None:
+            return False
         self.conversation.add_prompt(text)
         self._set_subtitle()
         for notice in self.query(ErrorNotice).filter(".generate-error"):
             # An earlier failed answer can no longer be retried in place: the conversation moved on.
             for button in notice.query("#retry"):
                 button.disabled = True
-        await self.log_view.mount(UserMessage(text))
-        await self._start_answer()
+        await self.log_view.mount(UserMessage(text, files=[f.name for f in self.context.files]))
+        await self._start_answer(blocks)
+        return True
 
-    async def _start_answer(self) -> None:
-        self._answers += 1
-        answer = AnswerView(total=self.settings.max_new_tokens, live=True, id=f"answer-{self._answers}")
+    async def _file_blocks(self) -> list[str] | None:
+        """The files in context, read now; None (each problem said in the log) when any cannot be sent."""
+        blocks, problems = await self.context.blocks(self.limit())
+        self._set_subtitle()
+        for line in problems:
+            await self.log_view.say(f"{line}; nothing sent", error=True)
+        return None if problems else blocks
+
+    async def _start_answer(self, blocks: list[str]) -> None:
+        answer = AnswerView(total=self.settings.max_new_tokens, live=True, id=self.log_view.new_answer_id())
         await self.log_view.mount(answer)
         self.log_view.anchor()  # a new turn brings the view back to the bottom
-        self.turns.start(answer, self.context(), self.settings)
+        self.turns.start(answer, self.context_messages(blocks), self.settings)
         self.refresh_bindings()
 
-    def context(self) -> list[dict[str, str]]:
-        """The conversation as chat messages: user turns and the answers that completed."""
-        return list(self.conversation.messages)
+    def context_messages(self, blocks: Sequence[str] = ()) -> list[dict[str, str]]:
+        """The conversation as chat messages (user turns and the answers that completed), the files'
+        ``blocks`` in front of the last prompt: each turn sends the files as they are now, once."""
+        messages = list(self.conversation.messages)
+        if blocks and messages and messages[-1]["role"] == "user":
+            messages[-1] = {"role": "user", "content": with_files(list(blocks), messages[-1]["content"])}
+        return messages
+
+    # -- commands --------------------------------------------------------------------------------------
+    def run_command(self, command: Command) -> None:
+        self.run_worker(self._command(command), group="command")
+
+    async def _command(self, command: Command) -> None:
+        # Token counts and fills need the daemon; connecting first shows its progress and errors.
+        if command.name in ("add", "fill") and not await self.ensure_connected():
+            return
+        await self.workbench.run(command)
+        self.refresh_bindings()
+
+    @property
+    def workbench_busy(self) -> bool:
+        return any(w.group == "command" and w.is_running for w in self.workers)
+
+    async def review(self, title: str, summary: str, diff: str) -> bool:
+        """Show a change to a file; whether the user chose to write it (only from a worker)."""
+        screen = ReviewScreen(title, summary, diff)
+        written = await self.push_screen_wait(screen)
+        return written is True
+
+    def action_apply_code(self) -> None:
+        if self.workbench_busy:
+            self.notify("A command is still running: press Escape to cancel it first.", severity="warning")
+            return
+        self.run_command(Command("apply"))
 
     @on(TurnRunner.Answered)
     async def _answered(self, event: TurnRunner.Answered) -> None:
@@ -218,17 +326,26 @@ class ChatApp(App[None]):
         if self.turns.live is not None:
             self.notify("Still answering: press Escape to cancel it first.", severity="warning")
             return
+        blocks = await self._file_blocks()
+        if blocks is None:
+            return
         answer = notice.parent
         if isinstance(answer, AnswerView):
             await answer.remove()
-        await self._start_answer()
+        await self._start_answer(blocks)
 
     def action_cancel(self) -> None:
-        self.turns.cancel()
+        if self.turns.live is not None:
+            self.turns.cancel()
+        elif self.workbench_busy:
+            # Closing a fill's stream cancels its job on the daemon; nothing was written.
+            self.workers.cancel_group(self, "command")
+            self.run_worker(self.log_view.say("cancelled; no file was changed"))
+        self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel":
-            return self.turns.live is not None
+            return self.turns.live is not None or self.workbench_busy
         return True
 
     # -- conversations ---------------------------------------------------------------------------------
@@ -259,50 +376,15 @@ class ChatApp(App[None]):
             return
         await self._stop_live()
         await self.log_view.clear()
-        widgets: list[Any] = []
-        for message in self.conversation.open(conversation_id):
-            if message.role == "user":
-                widgets.append(UserMessage(message.content))
-                continue
-            self._answers += 1
-            # A cancelled answer is shown as its last canvas, so its history is needed now; the others
-            # load theirs when replayed.
-            cancelled = message.finish_reason == "cancelled" and message.has_trace
-            widgets.append(
-                AnswerView(
-                    content=message.content,
-                    finish_reason=message.finish_reason,
-                    stats=message.stats,
-                    message_id=message.id,
-                    has_trace=message.has_trace,
-                    trace=self.store.trace(message.id) if cancelled else None,
-                    id=f"answer-{self._answers}",
-                )
-            )
-        await self.log_view.mount_all(widgets)
-        self.log_view.anchor()
+        await self.log_view.show(self.conversation.open(conversation_id), self.store.trace)
         self._set_subtitle()
 
-    # -- the answers on screen: replay, copy, code blocks ----------------------------------------------
-    def _replayable(self) -> list[AnswerView]:
-        return [a for a in self.log_view.answers() if a.replayable]
-
+    # -- the answers on screen: replay, copy, code blocks (the log's) ---------------------------------
     def action_replay(self) -> None:
-        answers = self._replayable()
-        if not answers:
-            self.notify("No answer to replay yet.", severity="warning")
-            return
-        target = answers[-1]
-        selected = self.log_view.selected
-        if selected is not None:
-            target = next((a for a in answers if selected in a.code_blocks()), target)
-        self.push_screen(ReplayScreen(answers, answers.index(target), self._trace_of))
+        self.log_view.replay(self._trace_of)
 
     def action_replay_answer(self, widget_id: str) -> None:
-        answers = self._replayable()
-        index = next((i for i, a in enumerate(answers) if a.id == widget_id), None)
-        if index is not None:
-            self.push_screen(ReplayScreen(answers, index, self._trace_of))
+        self.log_view.replay(self._trace_of, widget_id)
 
     def _trace_of(self, answer: AnswerView) -> Trace | None:
         if not answer.trace.frames and answer.message_id is not None:
@@ -312,31 +394,16 @@ class ChatApp(App[None]):
         return answer.trace
 
     def action_copy_message(self) -> None:
-        answers = [a for a in self.log_view.answers() if a.answered]
-        if not answers:
-            self.notify("No answer to copy yet.", severity="warning")
-            return
-        self._copy(answers[-1].content, "the answer")
+        self.log_view.copy_answer()
 
     def action_copy_code(self) -> None:
-        fence = self.log_view.code_block()
-        if fence is None:
-            self.notify("No code block to copy.", severity="warning")
-            return
-        self._copy(fence.code, "the code block")
-
-    def _copy(self, text: str, what: str) -> None:
-        self.copy_to_clipboard(text)  # OSC 52: works over SSH and in tmux with set-clipboard on
-        lines = text.count("\n") + 1
-        self.notify(f"Copied {what} ({lines} line{'s' if lines != 1 else ''}).")
+        self.log_view.copy_code()
 
     def action_next_code(self) -> None:
-        if not self.log_view.move_selection(1):
-            self.notify("No code blocks in this conversation.", severity="warning")
+        self.log_view.move_selection(1)
 
     def action_prev_code(self) -> None:
-        if not self.log_view.move_selection(-1):
-            self.notify("No code blocks in this conversation.", severity="warning")
+        self.log_view.move_selection(-1)
 
     # -- screens ---------------------------------------------------------------------------------------
     def action_settings(self) -> None:

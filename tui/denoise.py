@@ -4,8 +4,10 @@ or any frame of it (replay). Used by the answers (:class:`tui.widgets.AnswerView
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
@@ -15,6 +17,8 @@ from assistant.client import Step
 from tui.render import CanvasStyles, Trace, canvas_text, header_text
 
 MAX_REDRAWS_PER_SECOND = 30
+Draw = Callable[[Step, CanvasStyles], Text]
+"""How a step's canvas is drawn: the region alone (an answer), or inside the file it fills (``/fill``)."""
 
 
 class CanvasView(Static):
@@ -28,13 +32,17 @@ class CanvasView(Static):
     CanvasView > .canvas--special { color: $foreground 25%; }
     """
 
+    def __init__(self, draw: Draw = canvas_text) -> None:
+        super().__init__()
+        self.draw = draw
+
     def show_step(self, step: Step) -> None:
         styles = CanvasStyles(
             mask=self.get_component_rich_style("canvas--mask"),
             fresh=self.get_component_rich_style("canvas--fresh"),
             special=self.get_component_rich_style("canvas--special"),
         )
-        self.update(canvas_text(step, styles))
+        self.update(self.draw(step, styles))
 
 
 class DenoiseView(Vertical):
@@ -53,10 +61,11 @@ class DenoiseView(Vertical):
     DenoiseView Sparkline { height: 1; width: 1fr; }
     """
 
-    def __init__(self, trace: Trace, *, label: str = "", **kwargs: Any) -> None:
+    def __init__(self, trace: Trace, *, label: str = "", draw: Draw = canvas_text, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.trace = trace
         self.label = label
+        self.draw = draw
         self.index = -1
         self.redraws = 0
         self._pending = False
@@ -65,7 +74,7 @@ class DenoiseView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(header_text(self.trace, label=self.label), classes="denoise--header")
-        yield CanvasView()
+        yield CanvasView(self.draw)
         with Horizontal():
             yield Label("tokens unmasked per step ", classes="denoise--spark-label")
             yield Sparkline([], id="sparkline")

@@ -19,6 +19,7 @@ from textual.widgets import Button, Footer, Input, Label, OptionList, Select, St
 from textual.widgets.option_list import Option
 
 from tui import keys
+from tui.commands import COMMANDS
 from tui.denoise import DenoiseView
 from tui.render import Trace
 from tui.settings import FIELDS, ChatSettings, SettingsError, format_field, parse_field
@@ -382,9 +383,15 @@ class HelpScreen(ModalScreen[None]):
             ("enter", "send"),
             ("shift+enter, ctrl+j, alt+enter", "new line"),
             ("up / down", "previous / next prompt (on the first / last line)"),
+            ("tab", "complete a path after @ or in /add, /drop, /apply, /fill"),
             ("ctrl+p", "command palette: every action by name"),
         ):
             prompt.add_row(key, what)
+        commands = Table(box=None, expand=True, pad_edge=False)
+        commands.add_column("command", style="bold", no_wrap=True)
+        commands.add_column("typed in the prompt (@PATH in a prompt adds a file too)")
+        for name, (args, what) in COMMANDS.items():
+            commands.add_row(f"/{name} {args}".rstrip(), what)
         note = Text.assemble(
             "Rebind any action by its binding id in ",
             (str(self.config_file), "bold"),
@@ -398,6 +405,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table)
             yield Label("")
             yield Static(prompt)
+            yield Label("")
+            yield Static(commands)
             yield Label("")
             yield Static(note)
         yield Footer()

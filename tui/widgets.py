@@ -4,6 +4,7 @@ inline errors, connect progress."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -16,6 +17,8 @@ from textual.widgets import Button, Label, Markdown, ProgressBar, Static, TextAr
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import Done, Step, Waiting
+from assistant.workspace.files import common_prefix, complete_path
+from tui.commands import path_argument
 from tui.denoise import DenoiseView
 from tui.render import Trace, answer_stats, step_label, summary
 
@@ -27,7 +30,8 @@ _FINISH_NOTES = {
 
 
 class PromptInput(TextArea):
-    """The prompt: Enter sends, shift+Enter / ctrl+j / alt+Enter add a line, up/down recall history.
+    """The prompt: Enter sends, shift+Enter / ctrl+j / alt+Enter add a line, up/down recall history, Tab
+    completes a path after ``@`` or in a file command's arguments (under ``root``).
 
     History recall only happens on the first (up) or last (down) line, so multi-line prompts stay
     editable with the arrow keys; a half-typed prompt is kept as a draft while browsing.
@@ -46,8 +50,9 @@ class PromptInput(TextArea):
         prompt: PromptInput
         text: str
 
-    def __init__(self, history: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, history: list[str] | None = None, *, root: Path | None = None, **kwargs: Any) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, highlight_cursor_line=False, **kwargs)
+        self.root = root or Path.cwd()
         self.prompt_history: list[str] = list(history or [])
         self._index = len(self.prompt_history)  # len(history) means "the draft", not a history entry
         self._draft = ""
@@ -65,6 +70,32 @@ class PromptInput(TextArea):
             event.prevent_default()
             start, end = self.selection
             self.replace("\n", start, end, maintain_selection_offset=False)
+        elif event.key == "tab" and self.complete():
+            event.stop()
+            event.prevent_default()
+
+    def complete(self) -> bool:
+        """Complete the path at the cursor: the one match, or what all matches share (and list them);
+        False where no path is being typed (Tab then moves the focus, as it does elsewhere)."""
+        cursor = self.cursor_location
+        before = self.document.get_text_range((0, 0), cursor)
+        spot = path_argument(before, len(before))
+        if spot is None:
+            return False
+        partial = spot[1]
+        found = complete_path(partial, self.root)
+        if not found:
+            self.app.bell()
+            return True
+        insert = (
+            found[0] + ("" if found[0].endswith("/") else " ") if len(found) == 1 else common_prefix(found)
+        )
+        start = (cursor[0], cursor[1] - len(partial))
+        self.replace(insert, start, cursor, maintain_selection_offset=False)
+        if len(found) > 1:
+            shown = "  ".join(found[:24]) + ("  …" if len(found) > 24 else "")
+            self.notify(shown, title=f"{len(found)} paths match", timeout=6)
+        return True
 
     def action_cursor_up(self, select: bool = False) -> None:
         if not select and self.cursor_at_first_line and self._index > 0:
@@ -104,10 +135,14 @@ class UserMessage(Static):
     }
     """
 
-    def __init__(self, text: str) -> None:
-        # Markup off: prompts are code and often contain [brackets].
-        super().__init__(text, markup=False)
+    def __init__(self, text: str, *, files: list[str] | None = None) -> None:
+        # Prompts are code and often contain [brackets]: the text is a Text, never markup.
+        shown = Text(text)
+        if files:  # what went with it: the files in context, as they were read for this turn
+            shown.append(f"\nwith {', '.join(files)}", style="dim")
+        super().__init__(shown)
         self.text = text
+        self.files = list(files or ())
 
 
 class Notice(Static):

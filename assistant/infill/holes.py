@@ -197,6 +197,11 @@ class FillPlan:
         return self.text[self.prompt.holes[-1].end :]
 
     @property
+    def region(self) -> str:
+        """The region as the text has it, holes marked: what a live view shows before the first step."""
+        return self.text[self.prompt.holes[0].start : self.prompt.holes[-1].end]
+
+    @property
     def masks(self) -> int:
         """Mask tokens in the prompt: the daemon's steps default to one per mask."""
         return sum(h.tokens for h in self.prompt.holes)

@@ -93,15 +93,23 @@ def _lines(data: bytes) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines(keepends=True)
 
 
-def propose(path: Path, name: str, text: str) -> Change:
-    """The change that makes the file at ``path`` hold ``text`` (UTF-8), against its bytes now. The path
-    is resolved first, so a symbolic link stays a link and its target is changed."""
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
+def target(path: Path, name: str) -> Path:
+    """The file a change to ``path`` writes: the path resolved (a symbolic link stays a link and its
+    target changes), refused when it is a directory or its directory does not exist."""
+    resolved = Path(os.path.realpath(path))
+    if resolved.is_dir():
         raise FileProblem(f"{name}: is a directory")
-    if not target.parent.is_dir():
-        raise FileProblem(f"{name}: its directory {target.parent} does not exist")
-    return Change(name, Snapshot.take(target), text.encode("utf-8"))
+    if not resolved.parent.is_dir():
+        raise FileProblem(f"{name}: its directory {resolved.parent} does not exist")
+    return resolved
+
+
+def propose(path: Path, name: str, text: str, before: Snapshot | None = None) -> Change:
+    """The change that makes the file at ``path`` hold ``text`` (UTF-8), against ``before`` (the bytes
+    the text was made from; default: the file's bytes now). Take the snapshot before reading the text
+    it is made from: a change made from older bytes than its snapshot could overwrite an edit."""
+    resolved = target(path, name)
+    return Change(name, before if before is not None else Snapshot.take(resolved), text.encode("utf-8"))
 
 
 def write(change: Change) -> None:

@@ -107,27 +107,34 @@ def display_path(path: Path, root: Path) -> str:
         return str(path)
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, name: str | None = None) -> str:
     """The file's text, or a FileProblem saying in one line why it cannot be sent: missing, a
-    directory, unreadable, too large, binary, not UTF-8. Line endings are kept as they are."""
+    directory, unreadable, too large, binary, not UTF-8. Line endings are kept as they are. ``name``:
+    the path as the user wrote it, for the message (default: ``path``)."""
+    name = str(path) if name is None else name
     try:
         if path.is_dir():
-            raise FileProblem(f"{path}: is a directory (add the files in it by name)")
+            raise FileProblem(f"{name}: is a directory (add the files in it by name)")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise FileProblem(f"{path}: {size:,} bytes, beyond the {MAX_FILE_BYTES:,} bytes a file may have")
+            raise FileProblem(f"{name}: {size:,} bytes, beyond the {MAX_FILE_BYTES:,} bytes a file may have")
         data = path.read_bytes()
     except FileNotFoundError:
-        raise FileProblem(f"{path}: no such file") from None
+        raise FileProblem(f"{name}: no such file") from None
     except OSError as exc:
-        raise FileProblem(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        raise FileProblem(f"{name}: cannot read it ({exc.strerror or exc})") from None
+    return decode_text(data, name)
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """A file's bytes as text, or a FileProblem: binary (a NUL byte early on) or not UTF-8."""
     if b"\0" in data[:BINARY_SNIFF]:
-        raise FileProblem(f"{path}: a binary file, not text")
+        raise FileProblem(f"{name}: a binary file, not text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FileProblem(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+            f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
         ) from None
 
 
