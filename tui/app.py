@@ -216,7 +216,9 @@ class ChatApp(App[None]):
         if command is not None:
             self.run_command(command)
         elif not await self.send(prompt_text(text)):
-            event.prompt.load_text(text)  # nothing was sent: the prompt stays, to fix and send again
+            # Nothing was sent: the prompt stays, to fix and send again.
+            event.prompt.load_text(text)
+            event.prompt.move_cursor(event.prompt.document.end)
 
     async def send(self, text: str) -> bool:
         """Add a user turn with the files in context and start its answer; False (with one line per
