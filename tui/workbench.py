@@ -24,6 +24,7 @@ from assistant.workspace.files import (
     decode_text,
     display_path,
     language_of,
+    line_span,
     parse_ref,
     read_text,
 )
@@ -172,7 +173,7 @@ class Workbench:
         if before.data is None:
             raise FileProblem(f"{ref.path}: no such file")
         text = decode_text(before.data, name)
-        start, end = _offsets(text, ref.start, ref.end)
+        start, end = line_span(text, ref)
         plan = plan_fill(
             text, path=name, language=language_of(name), options=self.fills, start=start, end=end
         )
@@ -196,17 +197,6 @@ class Workbench:
             else:
                 return event
         raise HoleError("the daemon ended the stream without the fills")
-
-
-def _offsets(text: str, first: int | None, last: int | None) -> tuple[int, int | None]:
-    """Character offsets of lines ``first``..``last`` (1-based, inclusive) of ``text``."""
-    if first is None or last is None:
-        return 0, None
-    lines = text.splitlines(keepends=True)
-    if first > len(lines):
-        raise FileProblem(f"line {first}: the file has {len(lines)} lines")
-    start = sum(len(line) for line in lines[: first - 1])
-    return start, start + sum(len(line) for line in lines[first - 1 : last])
 
 
 def _defined(code: str) -> set[str]:

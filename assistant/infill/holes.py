@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from assistant.infill.context import Mode, classify, header_line, window
 from assistant.infill.postprocess import align_indent, postprocess
-from model_runtime.options import like, option
+from model_runtime.options import like, option, validate
 from model_runtime.params import SamplingParams
 
 MASK = "<|mask|>"
@@ -47,6 +47,9 @@ class FillOptions:
     )
     # Greedy by default, as the editors fill: a fill should be the model's most probable text.
     temperature: float = like(SamplingParams, "temperature", default=0.0, help="0 is greedy")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True)

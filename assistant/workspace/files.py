@@ -149,6 +149,18 @@ def select_lines(text: str, ref: FileRef) -> str:
     return "".join(lines[ref.start - 1 : ref.end])
 
 
+def line_span(text: str, ref: FileRef) -> tuple[int, int | None]:
+    """Character offsets ``[start, end)`` of ``ref``'s lines in ``text``; ``(0, None)``, the whole text,
+    without a range."""
+    if ref.start is None or ref.end is None:
+        return 0, None
+    lines = text.splitlines(keepends=True)
+    if ref.start > len(lines):
+        raise FileProblem(f"{ref}: the file has {len(lines)} lines")
+    start = sum(len(line) for line in lines[: ref.start - 1])
+    return start, start + sum(len(line) for line in lines[ref.start - 1 : ref.end])
+
+
 def language_of(path: str) -> str:
     """The editors' language id for a file name (what the fence is labelled with), "" when unknown."""
     return LANGUAGES.get(os.path.splitext(path)[1].lower(), "")
