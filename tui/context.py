@@ -14,9 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from assistant.client import APIError, DaemonUnavailable
 from assistant.wire import prompt_budget
 from assistant.workspace.files import FileProblem, FileRef, context_block, display_path, parse_ref, read_text
 from assistant.workspace.files import select_lines as lines_of
+from tui.errors import describe_error
 
 
 @dataclass
@@ -73,7 +75,12 @@ class ChatContext:
         block = context_block(display_path(path, self.root), text, entry.ref)
         digest = hashlib.sha256(block.encode()).hexdigest()
         if digest not in self._counts:
-            self._counts[digest] = await self._count(block)
+            try:
+                self._counts[digest] = await self._count(block)
+            except APIError as exc:
+                raise FileProblem(f"{entry.name}: cannot count its tokens ({_counting(exc)})") from None
+            except DaemonUnavailable as exc:
+                raise FileProblem(f"{entry.name}: cannot count its tokens ({exc})") from None
         entry.tokens = self._counts[digest]
         return block
 
@@ -149,3 +156,9 @@ class ChatContext:
                 "/drop one"
             )
         return blocks, problems
+
+
+def _counting(exc: APIError) -> str:
+    if exc.status == 404:  # a daemon started by an older diffu, before /tokenize
+        return "the daemon has no /tokenize: it is older than this client; restart it (diffu daemon stop)"
+    return describe_error(exc)

@@ -12,6 +12,8 @@ block changes, the diff, the atomic write, staleness, undo) and the hole logic's
 from __future__ import annotations
 
 import ast
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,7 +35,10 @@ from tui.backend import Backend
 from tui.chat_log import ChatLog
 from tui.commands import Command, help_text
 from tui.context import ChatContext, Limit
+from tui.errors import describe_error
 from tui.fill_view import FillView
+
+log = logging.getLogger("diffu.chat")
 
 Review = Callable[[str, str, str], Awaitable[bool]]
 """``review(title, summary, diff)``: show a change and answer whether to write it."""
@@ -73,6 +78,11 @@ class Workbench:
             await getattr(self, f"_{command.name}")(command)
         except (UsageError, HoleError) as exc:  # FileProblem, StaleChange, MergeError are UsageErrors
             await self.log.say(str(exc), error=True)
+        except asyncio.CancelledError:
+            raise  # escape (a fill's stream closed: the daemon cancels its job), or the app closing
+        except Exception as exc:  # the daemon's refusal or absence: one line, never a traceback
+            log.debug("/%s failed", command.name, exc_info=exc)
+            await self.log.say(f"/{command.name}: {describe_error(exc)}", error=True)
 
     async def _say_all(self, lines: list[tuple[str, bool]]) -> None:
         for text, error in lines:
@@ -179,7 +189,13 @@ class Workbench:
         )
         view = FillView(name, plan)
         await self.log.add(view)
-        done = await self._run_fill(view, plan.prompt.text)
+        try:
+            done = await self._run_fill(view, plan.prompt.text)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            await view.finish("not filled (the line below says why)")
+            raise
         fills = target_fills(text, plan.prompt, plan.targets, done.holes)
         got = sum(1 for f in fills if f)
         await view.finish(f"{got} of {len(fills)} holes filled · {done.stats.steps} steps")

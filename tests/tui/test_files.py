@@ -6,12 +6,13 @@ in place (``/fill``), against the scripted daemon. What a turn sends is read fro
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
+from assistant.client import APIError, Step
 from assistant.workspace.files import context_block
 from tests.tui.helpers import ANSWER, BROKEN, ScriptedBackend, answered, screen_text, until
 from tui.app import ChatApp
@@ -268,3 +269,46 @@ async def test_fill_resolves_the_holes_in_the_files_own_text_then_writes_on_y(
         assert await command(pilot, "/fill holes.py") == [
             "holes.py: no holes to fill (mark them with <|mask|> or ???)"
         ]
+
+
+async def test_escape_cancels_a_fill_and_daemon_errors_are_one_line(
+    make_app: Callable[..., ChatApp], work: Path
+) -> None:
+    source = "def add(a, b):\n    return ???\n"
+    (work / "holes.py").write_text(source)
+    backend = ScriptedBackend(fills=["a + b"], pause_at=3)
+    old_daemon = False  # then the daemon answers /tokenize with a 404, as one started by an older diffu
+    count = backend.count_tokens
+
+    async def tokenize(text: str) -> int:
+        if old_daemon:
+            raise APIError(404, "no route /tokenize", "not_found_error")
+        return await count(text)
+
+    backend.count_tokens = tokenize  # type: ignore[method-assign]
+    app = make_app(backend, root=work)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await until(pilot, lambda: app.connected)
+        await type_in(pilot, "/fill holes.py")
+        await until(pilot, lambda: len(app.query(FillView)) == 1 and len(app.query_one(FillView).trace) == 4)
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.workbench_busy and "cancelled" in list(app.query(Notice))[-1].text)
+        assert list(app.query(Notice))[-1].text == "cancelled; no file was changed"
+        assert (work / "holes.py").read_text() == source and not isinstance(app.screen, ReviewScreen)
+        old_daemon = True
+        assert await command(pilot, "/add geo.py") == [
+            "geo.py: cannot count its tokens (the daemon has no /tokenize: it is older than this client; "
+            "restart it (diffu daemon stop)); not added"
+        ]
+
+        async def refused(prompt: str, options: object) -> AsyncIterator[Step]:
+            raise APIError(400, "max_new_tokens: 0 asks to fill the prompt's <|mask|> holes", "invalid")
+            yield  # an async generator, as the backend's
+
+        backend.fill = refused  # type: ignore[method-assign,assignment]
+        lines = await command(pilot, "/fill holes.py")
+        assert lines == [
+            "/fill: the daemon refused the request (400): max_new_tokens: 0 asks to fill the "
+            "prompt's <|mask|> holes"
+        ]
+        assert "not filled" in screen_text(app) and app.is_running
