@@ -361,8 +361,7 @@ class ChatApp(App[None]):
     async def _stop_live(self) -> None:
         answer = self.turns.live
         if answer is not None:
-            await self.turns.stop(answer)
-            await answer.finish()
+            await self.turns.stop(answer)  # saved as cancelled; its view is cleared away next
 
     def action_conversations(self) -> None:
         def chosen(conversation_id: str | None) -> None:

@@ -202,7 +202,9 @@ def test_apply_and_undo_in_a_real_terminal(
         if "does not parse" in screen:  # a model whose block does not parse: applied only when forced
             session.keys("/apply --force", "Enter")
             screen = session.wait_for(lambda s: "Apply the code block to calc.py" in s, "the review")
-        assert "+++ b/calc.py" in screen and "y Write it" in screen
+        screen = session.wait_for(
+            lambda s: "+++ b/calc.py" in s and "y Write it" in s, "the diff and its keys"
+        )
         assert (work / "calc.py").read_bytes() == original  # nothing written before y
         session.keys("y")
         session.wait_for(lambda s: "wrote calc.py" in s and "/undo puts it back" in s, "the file written")
