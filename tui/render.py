@@ -207,6 +207,8 @@ def file_canvas(
     """
     head = before.split("\n")
     tail = after.split("\n")
+    if len(tail) > 1 and not tail[-1]:
+        tail.pop()  # the file's last newline ends its last line; it starts no line of its own
     shown_head = head[-(context_lines + 1) :]
     first_line = len(head) - len(shown_head) + 1
     text = Text("\n".join(shown_head))
