@@ -17,9 +17,9 @@ from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls.exceptions import JsonRpcInvalidParams
 
+from assistant.infill.holes import Hole, HoleError, find_holes, split_by_range
 from lsp import capabilities
 from lsp.core import DiffuLanguageServer, document_key
-from lsp.holes import Hole, HoleError, find_holes
 
 log = logging.getLogger("diffu.lsp")
 
@@ -41,11 +41,9 @@ def _holes(ls: DiffuLanguageServer, uri: str, range_: types.Range | None) -> tup
     doc = ls.document(uri)
     s = ls.settings
     holes = find_holes(doc.source, s.hole_marker, s.hole_tokens)
-    if range_ is None or range_.start == range_.end:
+    if range_ is None:
         return holes, []
-    start, end = ls.offset(doc, range_.start), ls.offset(doc, range_.end)
-    inside = [h for h in holes if h.start >= start and h.end <= end]
-    return inside, [h for h in holes if h not in inside]
+    return split_by_range(holes, ls.offset(doc, range_.start), ls.offset(doc, range_.end))
 
 
 def code_action(ls: DiffuLanguageServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:

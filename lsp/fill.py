@@ -4,7 +4,8 @@ A daemon that lists the ``holes`` feature fills every hole of the prompt in one 
 (``/v1/diffu/generate`` with the masks inside the prompt and no canvas; the typed client's ``Done.holes``
 carries one fill per hole). An older one is asked once per hole, left to right, each run seeing the fills
 before it and the other holes as masks. Either way every hole of the document, selected or not, is a
-mask the model sees; only the selection's fills are returned, each through :func:`holes.finish_fill`.
+mask the model sees; only the selection's fills are returned, each through
+:func:`assistant.infill.holes.finish_fill` (the hole logic ``diffu fill`` and the chat share).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from assistant.infill.context import header_line, window
-from lsp.holes import MASK, Hole, HoleError, HolePrompt, finish_fill, masked_prompt
+from assistant.infill.holes import MASK, Hole, HolePrompt, finish_fill, masked_prompt, target_fills
 from lsp.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,8 +45,7 @@ class Filler:
     async def fill(self, targets: list[Hole], others: list[Hole]) -> list[str]:
         """The finished fill of each target, in order ("" where the model gave nothing worth inserting)."""
         if "holes" in self.link.features:
-            raw = await self._one_run(targets, others)
-            return [finish_fill(text, self.doc.text, hole) for text, hole in zip(raw, targets, strict=True)]
+            return await self._one_run(targets, others)
         return await self._in_turn(targets, others)
 
     def _options(self, tokens: int) -> dict[str, Any]:
@@ -71,15 +71,7 @@ class Filler:
             return len(prompt.text), self.client.generate(prompt=prompt.text, max_new_tokens=0, **options)
 
         done = await self.link.fitting(build)
-        holes = prompts[-1].holes
-        if done.holes is None or len(done.holes) != len(holes):
-            got = "none" if done.holes is None else str(len(done.holes))
-            raise HoleError(
-                f"the daemon filled {got} holes of the {len(holes)} sent; holes that touch are one run of "
-                "masks to the model: put a space or a line between them"
-            )
-        fills = dict(zip(holes, done.holes, strict=True))
-        return [fills[h] for h in targets]
+        return target_fills(doc.text, prompts[-1], targets, done.holes)
 
     async def _in_turn(self, targets: list[Hole], others: list[Hole]) -> list[str]:
         header = header_line(self.doc.path, self.doc.language)

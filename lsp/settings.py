@@ -14,15 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from assistant.config import Config
+from assistant.infill.holes import FillOptions
 from assistant.wire import SamplingOptions
 from model_runtime.options import Flat, OptionError, like, option, validate
 from model_runtime.params import SamplingParams
 
 SECTION = "diffu"  # the settings section in VS Code and in Neovim's ``settings`` table
-
-
-def _trimmed(value: str) -> str:
-    return "" if value.strip() == value else "must not start or end with whitespace"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,17 +96,8 @@ class Settings:
         help="Suggestions to offer on an explicit (invoked) request, to cycle through; automatic ones "
         "offer one.",
     )
-    hole_marker: str = option(
-        "???",
-        rule=_trimmed,
-        help="Marks a hole for fill-holes besides ``<|mask|>``; empty: only ``<|mask|>``.",
-    )
-    hole_tokens: int = option(
-        16,
-        ge=1,
-        le=1024,
-        help="Canvas tokens per marker hole (a run of N ``<|mask|>`` is a hole of exactly N tokens).",
-    )
+    hole_marker: str = like(FillOptions, "hole_marker")
+    hole_tokens: int = like(FillOptions, "hole_tokens")
     max_seconds: float | None = option(
         None,
         ge=0.001,

@@ -87,3 +87,24 @@ def tiny_daemon(tmp_path_factory: pytest.TempPathFactory, micro_dir: Path) -> It
     daemon = start_daemon(root, str(micro_dir), env=isolated_env(root, **TINY_ENV))
     yield daemon
     daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def bundled_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A daemon serving the bundled demo model: a trained model, whose answers hold code blocks and whose
+    fills are code (a random checkpoint's are not). One 512-token bucket and no warm-up, so the tests
+    compile only the programs they run."""
+    from model_runtime.bundled import bundled_model_dir
+    from tests.assistant.helpers import isolated_env, start_daemon
+
+    root = tmp_path_factory.mktemp("bundled-daemon")
+    env = isolated_env(
+        root,
+        DIFFU_LENGTH_BUCKETS="512",
+        DIFFU_BATCH_BUCKETS="1",
+        DIFFU_MAX_CONTEXT="512",
+        DIFFU_WARMUP="0",
+    )
+    daemon = start_daemon(root, str(bundled_model_dir()), env=env)
+    yield daemon
+    daemon.stop()

@@ -206,7 +206,7 @@ FRONT_END_IMPORTS = frozenset(
         "assistant.code_blocks",
     }
 )
-FRONT_END_PACKAGES = ("assistant.infill",)  # and every module in it
+FRONT_END_PACKAGES = ("assistant.infill", "assistant.workspace")  # and every module in them
 
 
 def front_end_may_import(target: str) -> bool:

@@ -1,7 +1,8 @@
 """What the chat needs from a model server, and the implementation that talks to the diffu daemon.
 
 The app only sees :class:`Backend`: connect (with progress while a daemon starts, loads and compiles),
-stream one answer as ``Step`` events then one ``Done``, and cancel a request. Tests drive the app with
+stream one answer as ``Step`` events then one ``Done``, fill the holes of a text the same way, count a
+text's tokens (the files in context), and cancel a request. Tests drive the app with
 scripted backends that yield the same event types; :class:`DaemonBackend` goes through
 ``assistant.client`` like every other client, so the TUI never imports JAX.
 """
@@ -12,8 +13,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from assistant.client import AsyncClient, Done, Endpoint, Step, Waiting, resolve_endpoint
+from assistant.client import AsyncClient, Done, Endpoint, SamplingOptions, Step, Waiting, resolve_endpoint
 from assistant.config import Config
+from assistant.infill.holes import FillOptions
 from assistant.wire import Stage
 from tui.settings import ChatSettings
 
@@ -23,8 +25,10 @@ Progress = Callable[[str, float, str], None]
 
 
 class Backend(Protocol):
-    # The model's chat defaults (its generation_config.json), known once connect() has returned.
+    # The model's chat defaults (its generation_config.json) and context length (None: not said), known
+    # once connect() has returned.
     chat_defaults: dict[str, Any]
+    max_context: int | None
 
     async def connect(self, progress: Progress) -> str:
         """Reach (or start) the model server and wait until it is ready; returns the model's name."""
@@ -35,6 +39,15 @@ class Backend(Protocol):
     ) -> AsyncIterator[Step | Waiting | Done]:
         """One answer to ``messages`` with ``settings``' knobs: a Waiting while its programs compile,
         denoising steps, then one Done."""
+        ...
+
+    def fill(self, prompt: str, options: FillOptions) -> AsyncIterator[Step | Waiting | Done]:
+        """Every ``<|mask|>`` hole of ``prompt`` filled in one run: steps (the region from the first hole
+        to the last), then one Done whose ``holes`` has a fill per hole."""
+        ...
+
+    async def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` costs in a prompt (the daemon's tokenizer)."""
         ...
 
     async def cancel(self, request_id: str) -> bool:
@@ -55,6 +68,7 @@ class DaemonBackend:
         self._lock = asyncio.Lock()
         self.model = ""
         self.chat_defaults: dict[str, Any] = {}
+        self.max_context: int | None = None
 
     async def connect(self, progress: Progress) -> str:
         async with self._lock:
@@ -71,6 +85,7 @@ class DaemonBackend:
             status = await self._client.status()
             self.model = str(status.get("model") or self.config.model or "")
             self.chat_defaults = dict(status.get("chat_defaults") or {})
+            self.max_context = int(status["max_context"]) if status.get("max_context") else None
             return self.model
 
     async def generate(
@@ -85,6 +100,15 @@ class DaemonBackend:
         )
         async for event in events:
             yield event
+
+    async def fill(self, prompt: str, options: FillOptions) -> AsyncIterator[Step | Waiting | Done]:
+        # max_new_tokens 0: the prompt's own masks are the canvas; steps default to one per mask.
+        sampling = SamplingOptions(temperature=options.temperature)
+        async for event in self._client.stream_generate(prompt=prompt, max_new_tokens=0, sampling=sampling):
+            yield event
+
+    async def count_tokens(self, text: str) -> int:
+        return len(await self._client.tokenize(text))
 
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)

@@ -36,6 +36,7 @@ _SPECS = (
     KeySpec("copy-code", "ctrl+g", "copy_code", "Copy code block"),
     KeySpec("next-code", "ctrl+down", "next_code", "Next code block"),
     KeySpec("prev-code", "ctrl+up", "prev_code", "Previous code block"),
+    KeySpec("apply-code", "f3", "apply_code", "Apply the code block to a file (/apply)"),
     KeySpec("quit", "ctrl+q", "quit", "Quit", priority=True),
     # The replay screen. Priority: its scrolling body must not take the arrow keys for itself.
     KeySpec("replay-prev", "left", "step(-1)", "Step back", show=True, priority=True),
@@ -46,12 +47,16 @@ _SPECS = (
     KeySpec("replay-prev-answer", "pageup", "answer(-1)", "Previous answer", show=True, priority=True),
     KeySpec("replay-next-answer", "pagedown", "answer(1)", "Next answer", show=True, priority=True),
     KeySpec("replay-close", "escape,q", "close", "Close", show=True),
+    # The review of a change to a file (/apply, /fill).
+    KeySpec("review-write", "y", "write", "Write it", show=True),
+    KeySpec("review-drop", "n,escape", "drop", "Drop it", show=True),
 )
 
 SPECS: dict[str, KeySpec] = {spec.id: spec for spec in _SPECS}
 DESCRIPTIONS: dict[str, str] = {spec.id: spec.description for spec in _SPECS}
-CHAT_IDS = tuple(spec.id for spec in _SPECS if not spec.id.startswith("replay-"))
+CHAT_IDS = tuple(spec.id for spec in _SPECS if not spec.id.startswith(("replay-", "review-")))
 REPLAY_IDS = tuple(spec.id for spec in _SPECS if spec.id.startswith("replay-"))
+REVIEW_IDS = tuple(spec.id for spec in _SPECS if spec.id.startswith("review-"))
 
 
 def bindings(*ids: str) -> list[BindingType]:

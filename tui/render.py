@@ -187,3 +187,43 @@ def retried_note(retried: dict[str, Any]) -> str:
     spent = f" ({float(retried['first_seconds']):.1f}s)" if "first_seconds" in retried else ""
     block = retried.get("block_length")
     return f"decoded twice: the first answer's code did not parse{spent}; this one used blocks of {block}"
+
+
+# -- a file as the canvas (diffu fill, /fill) --------------------------------------------------------------
+FILE_CONTEXT_LINES = 6  # lines of the file shown above the first hole and below the last
+
+
+def file_canvas(
+    before: str,
+    region: Step | str,
+    after: str,
+    styles: CanvasStyles | None = None,
+    *,
+    context_lines: int = FILE_CONTEXT_LINES,
+) -> Text:
+    """A file being filled, as it stands at a step: the step's region (its first hole to its last, masks
+    dim, this step's tokens highlighted) between the file's text before and after it, numbered lines,
+    ``context_lines`` of them around the region. ``region`` is the file's own text before the first step.
+    """
+    head = before.split("\n")
+    tail = after.split("\n")
+    if len(tail) > 1 and not tail[-1]:
+        tail.pop()  # the file's last newline ends its last line; it starts no line of its own
+    shown_head = head[-(context_lines + 1) :]
+    first_line = len(head) - len(shown_head) + 1
+    text = Text("\n".join(shown_head))
+    text.append_text(canvas_text(region, styles) if isinstance(region, Step) else Text(region))
+    text.append("\n".join(tail[: context_lines + 1]))
+    lines = text.split("\n", allow_blank=True)
+    numbered = Text(no_wrap=False)
+    dim = (styles or CanvasStyles()).special
+    if first_line > 1:
+        numbered.append("     ⋮\n", dim)
+    for n, line in enumerate(lines, start=first_line):
+        numbered.append(f"{n:>4} │ ", dim)
+        numbered.append_text(line)
+        numbered.append("\n")
+    if len(tail) > context_lines + 1:
+        numbered.append("     ⋮\n", dim)
+    numbered.rstrip()
+    return numbered

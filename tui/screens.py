@@ -20,10 +20,12 @@ from textual.widgets.option_list import Option
 
 from model_runtime import decoders
 from tui import keys
+from tui.commands import COMMANDS
+from tui.denoise import DenoiseView
 from tui.render import Trace
 from tui.settings import FIELDS, ChatSettings, SettingsError, decoder_knobs, format_field, parse_field
 from tui.store import ConversationInfo
-from tui.widgets import AnswerView, DenoiseView
+from tui.widgets import AnswerView
 
 REPLAY_SECONDS = 3.0  # a whole history plays in about this long, between 8 and 30 frames a second
 
@@ -383,9 +385,15 @@ class HelpScreen(ModalScreen[None]):
             ("enter", "send"),
             ("shift+enter, ctrl+j, alt+enter", "new line"),
             ("up / down", "previous / next prompt (on the first / last line)"),
+            ("tab", "complete a path after @ or in /add, /drop, /apply, /fill"),
             ("ctrl+p", "command palette: every action by name"),
         ):
             prompt.add_row(key, what)
+        commands = Table(box=None, expand=True, pad_edge=False)
+        commands.add_column("command", style="bold", no_wrap=True)
+        commands.add_column("typed in the prompt (@PATH in a prompt adds a file too)")
+        for name, (args, what) in COMMANDS.items():
+            commands.add_row(f"/{name} {args}".rstrip(), what)
         note = Text.assemble(
             "Rebind any action by its binding id in ",
             (str(self.config_file), "bold"),
@@ -399,6 +407,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table)
             yield Label("")
             yield Static(prompt)
+            yield Label("")
+            yield Static(commands)
             yield Label("")
             yield Static(note)
         yield Footer()

@@ -1,120 +1,76 @@
-"""A turn of ``diffu chat``: reaching the daemon, sending a prompt and streaming its answer (once more
-with the retry settings when the first decode's code does not parse), the Retry button of a failed one,
-and cancelling.
+"""A turn of ``diffu chat``: an answer streamed from the daemon (once more with the retry settings when the
+first decode's code does not parse), saved when it ends, or cancelled.
 
-All model I/O runs in workers (connect, generate, cancel) so the prompt stays responsive; step events
-are recorded as they come and redrawn at most 30 times a second.
+:class:`TurnRunner` is a widget without a view (posting's habit: work in workers, results as messages):
+the app hands it an answer view and the messages to send, its worker streams the steps into the view,
+records and saves the answer in the :class:`~tui.conversation.Conversation`, then posts what became of
+it (:class:`TurnRunner.Answered`, :class:`TurnRunner.Failed`); the app only draws the outcome. The model
+I/O runs in workers so the prompt stays responsive; step events are recorded as they come and redrawn at
+most 30 times a second (:class:`tui.widgets.DenoiseView`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from textual import on, work
+from textual import work
+from textual.message import Message
+from textual.widget import Widget
 
 from assistant.client import DaemonUnavailable, Done, Step, Waiting
 from assistant.wire import DoneStats
-from tui.chat_base import ChatBase
-from tui.errors import describe_error, is_settings_error
+from tui.backend import Backend
+from tui.conversation import Conversation
 from tui.render import retried_stats, retry_label
 from tui.settings import ChatSettings
-from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, UserMessage
+from tui.widgets import AnswerView
 
 log = logging.getLogger("diffu.chat")
 
 CANCEL_WAIT = 3.0  # seconds to wait for the daemon to confirm a cancel before dropping the stream
 
 
-def completed(finish_reason: str | None, content: str) -> bool:
-    """Whether an answer belongs in the conversation the model sees (as ``AnswerView.answered``)."""
-    return finish_reason not in (None, "cancelled") and bool(content)
+class TurnRunner(Widget):
+    """Generates, retries and cancels answers: the part of the chat that talks to the model."""
 
+    DEFAULT_CSS = "TurnRunner { display: none; }"
 
-class Turns(ChatBase):
-    """Connecting, generating, retrying and cancelling: the part of the chat that talks to the model."""
+    @dataclass
+    class Answered(Message):
+        """The answer ended (finished, cut short or cancelled) and is saved: draw its final view."""
 
-    # -- connecting ------------------------------------------------------------------------------------
-    @work(exclusive=True, group="connect")
-    async def connect(self) -> None:
-        """Reach (or start) the daemon now, so the model loads while the user types."""
-        await self._ensure_connected()
+        answer: AnswerView
 
-    async def _ensure_connected(self) -> bool:
-        if self.connected:
-            return True
-        panel = self.query_one(ConnectPanel)
-        panel.display = True
-        panel.report("connecting", 0.0, "")
-        try:
-            self.model = await self.backend.connect(panel.report)
-        except Exception as exc:  # every failure is shown inline; none may reach the screen as a traceback
-            panel.display = False
-            await self._connect_failed(exc)
-            return False
-        panel.display = False
-        self.connected = True
-        if self.for_model is not None:
-            self.baseline, problem = self.for_model(self.backend.chat_defaults)
-            self.settings, saved_problem = self._load_settings()
-            for note in filter(None, (problem, saved_problem)):
-                self.notify(note, severity="warning", timeout=10)
-        for notice in self.query(ErrorNotice).filter(".connect-error"):
-            await notice.remove()
-        self._set_subtitle()
-        return True
+    @dataclass
+    class Failed(Message):
+        """The answer could not be had: show ``error`` in its place."""
 
-    async def _connect_failed(self, exc: Exception) -> None:
-        for notice in self.query(ErrorNotice).filter(".connect-error"):
-            await notice.remove()
-        notice = ErrorNotice(describe_error(exc), kind="connect", classes="connect-error")
-        await self.log_view.mount(notice)
-        self.log_view.scroll_end(animate=False)
+        answer: AnswerView
+        error: Exception
 
-    # -- sending and generating ------------------------------------------------------------------------
-    @on(PromptInput.Submitted)
-    async def _submitted(self, event: PromptInput.Submitted) -> None:
-        if self.live_answer is not None:
-            self.notify("Still answering: press Escape to cancel it first.", severity="warning")
-            return
-        text = event.text.strip()
-        event.prompt.remember(text)
-        self.store.add_prompt(text)
-        await self.send(text)
+    def __init__(
+        self, backend: Backend, conversation: Conversation, connect: Callable[[], Awaitable[bool]]
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.conversation = conversation
+        self._connect = connect  # the app's: reach the daemon (showing progress and failures)
+        self.live: AnswerView | None = None  # the answer being generated
 
-    async def send(self, text: str) -> None:
-        """Add a user turn and start its answer."""
-        if self.conversation_id is None:
-            self.conversation_id = self.store.new_conversation(text)
-            self._set_subtitle()
-        self.store.add_message(self.conversation_id, "user", text)
-        self.conversation.append({"role": "user", "content": text})
-        for notice in self.query(ErrorNotice).filter(".generate-error"):
-            # An earlier failed answer can no longer be retried in place: the conversation moved on.
-            for button in notice.query("#retry"):
-                button.disabled = True
-        await self.log_view.mount(UserMessage(text))
-        await self._start_answer()
-
-    async def _start_answer(self) -> None:
-        self._answers += 1
-        answer = AnswerView(total=self.settings.max_new_tokens, live=True, id=f"answer-{self._answers}")
-        await self.log_view.mount(answer)
-        self.log_view.anchor()  # a new turn brings the view back to the bottom
-        self.live_answer = answer
-        self.refresh_bindings()
-        self._generate(answer, self.context(), self.settings)
-
-    def context(self) -> list[dict[str, str]]:
-        """The conversation as chat messages: user turns and the answers that completed."""
-        return list(self.conversation)
+    def start(self, answer: AnswerView, messages: list[dict[str, str]], settings: ChatSettings) -> None:
+        """Generate ``answer`` (mounted, live) to ``messages``."""
+        self.live = answer
+        self._generate(answer, messages, settings)
 
     @work(exclusive=True, group="generate")
     async def _generate(
         self, answer: AnswerView, messages: list[dict[str, str]], settings: ChatSettings
     ) -> None:
         try:
-            if not await self._ensure_connected():
+            if not await self._connect():
                 raise DaemonUnavailable("not connected to the diffu daemon (see the error above)")
             done = await self._stream(answer, messages, settings)
             retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
@@ -124,44 +80,33 @@ class Turns(ChatBase):
                 retried = retried_stats(done.stats, retry)
                 await answer.restart(retry.max_new_tokens, retry_label(retry))
                 done = await self._stream(answer, messages, retry)
-            if self.live_answer is not answer:
+            if self.live is not answer:
                 return
             if done is None:
                 raise DaemonUnavailable("the daemon ended the stream without an answer")
-            self.live_answer = None
-            self.refresh_bindings()
+            self.live = None
             # Saved before it is drawn: quitting while the Markdown renders must not lose the answer.
             answer.record(done, retried)
-            self._save_answer(answer)
-            if completed(done.finish_reason, answer.content):
-                self.conversation.append({"role": "assistant", "content": answer.content})
+            self.conversation.add_answer(answer)
             answer.denoise.flush_now()
-            await answer.finish()
+            self.post_message(self.Answered(answer))
         except asyncio.CancelledError:
             raise  # cancelled from the UI (which updates the view), or the app is closing
         except Exception as exc:  # shown inline with a Retry button; never a traceback on screen
-            if self.live_answer is not answer:
+            if self.live is not answer:
                 return
-            self.live_answer = None
-            if isinstance(exc, DaemonUnavailable):
-                self.connected = False
+            self.live = None
             log.debug("generation failed", exc_info=exc)
-            self.refresh_bindings()
-            notice = ErrorNotice(
-                describe_error(exc),
-                kind="generate",
-                classes="generate-error",
-                settings_button=is_settings_error(exc),
-            )
-            await answer.fail(notice)
+            self.post_message(self.Failed(answer, exc))
 
     async def _stream(
         self, answer: AnswerView, messages: list[dict[str, str]], settings: ChatSettings
     ) -> Done | None:
         """One decode into ``answer``'s live canvas: its Done, or None when the stream ended without one
         or the answer was cancelled from the UI meanwhile."""
-        async for event in self.backend.generate(messages, settings, session=self.conversation_id):
-            if self.live_answer is not answer:
+        session = self.conversation.id
+        async for event in self.backend.generate(messages, settings, session=session):
+            if self.live is not answer:
                 return None
             if isinstance(event, Step):
                 answer.push(event)
@@ -171,43 +116,17 @@ class Turns(ChatBase):
                 return event
         return None
 
-    def _save_answer(self, answer: AnswerView) -> None:
-        if self.conversation_id is None:
-            return
-        answer.message_id = self.store.add_message(
-            self.conversation_id,
-            "assistant",
-            answer.content,
-            finish_reason=answer.finish_reason,
-            stats=answer.stats,
-            trace=answer.trace,
-        )
-
-    @on(ErrorNotice.Retry)
-    async def _retry(self, event: ErrorNotice.Retry) -> None:
-        notice = event.notice
-        if notice.kind == "connect":
-            await notice.remove()
-            self.connect()
-            return
-        if self.live_answer is not None:
-            self.notify("Still answering: press Escape to cancel it first.", severity="warning")
-            return
-        answer = notice.parent
-        if isinstance(answer, AnswerView):
-            await answer.remove()
-        await self._start_answer()
-
-    # -- cancelling ------------------------------------------------------------------------------------
-    def action_cancel(self) -> None:
-        answer = self.live_answer
+    def cancel(self) -> None:
+        """Cancel the answer being generated (the daemon frees the device at its next step)."""
+        answer = self.live
         if answer is not None:
             answer.denoise.label = "cancelling…"
             answer.denoise.flush_now()
-            self.run_worker(self._cancel(answer), group="cancel")
+            self.run_worker(self.stop(answer), group="cancel")
 
-    async def _cancel(self, answer: AnswerView) -> None:
-        """Ask the daemon to stop the request, then stop reading its stream.
+    async def stop(self, answer: AnswerView) -> None:
+        """Ask the daemon to stop the request, then stop reading its stream; the partial answer is saved
+        as cancelled.
 
         Closing the stream alone would also cancel the job (the daemon watches for disconnects), but
         the explicit cancel frees the device at once even if the connection lingers.
@@ -217,17 +136,11 @@ class Turns(ChatBase):
                 await asyncio.wait_for(self.backend.cancel(answer.request_id), CANCEL_WAIT)
             except Exception as exc:  # the stream is dropped below either way
                 log.debug("cancel request failed: %s", exc)
-        if self.live_answer is not answer:
+        if self.live is not answer:
             return  # it finished (or failed) while the cancel was on its way
-        self.live_answer = None
+        self.live = None
         self.workers.cancel_group(self, "generate")
         stats = DoneStats(steps=len(answer.trace), new_tokens=answer.trace.revealed())
         answer.record(Done(answer.request_id, "", "cancelled", stats=stats))
-        self._save_answer(answer)
-        self.refresh_bindings()
-        await answer.finish()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "cancel":
-            return self.live_answer is not None
-        return True
+        self.conversation.add_answer(answer)
+        self.post_message(self.Answered(answer))

@@ -1,9 +1,10 @@
-"""The chat's widgets: the prompt, the live denoising canvas, messages, inline errors, connect progress."""
+"""The chat's widgets: the prompt, answers (their live canvas is :mod:`tui.denoise`), messages, notices,
+inline errors, connect progress."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -12,14 +13,15 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
-from textual.timer import Timer
-from textual.widgets import Button, Label, Markdown, ProgressBar, Sparkline, Static, TextArea
+from textual.widgets import Button, Label, Markdown, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from assistant.client import Done, Step, Waiting
-from tui.render import CanvasStyles, Trace, answer_stats, canvas_text, header_text, step_label, summary
+from assistant.workspace.files import common_prefix, complete_path
+from tui.commands import path_argument
+from tui.denoise import DenoiseView
+from tui.render import Trace, answer_stats, step_label, summary
 
-MAX_REDRAWS_PER_SECOND = 30
 EMPTY_ANSWER = "*(the model gave an empty answer)*"
 _FINISH_NOTES = {
     "length": "used the whole canvas (max new tokens); the answer may be cut short",
@@ -28,7 +30,8 @@ _FINISH_NOTES = {
 
 
 class PromptInput(TextArea):
-    """The prompt: Enter sends, shift+Enter / ctrl+j / alt+Enter add a line, up/down recall history.
+    """The prompt: Enter sends, shift+Enter / ctrl+j / alt+Enter add a line, up/down recall history, Tab
+    completes a path after ``@`` or in a file command's arguments (under ``root``).
 
     History recall only happens on the first (up) or last (down) line, so multi-line prompts stay
     editable with the arrow keys; a half-typed prompt is kept as a draft while browsing.
@@ -47,8 +50,9 @@ class PromptInput(TextArea):
         prompt: PromptInput
         text: str
 
-    def __init__(self, history: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, history: list[str] | None = None, *, root: Path | None = None, **kwargs: Any) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, highlight_cursor_line=False, **kwargs)
+        self.root = root or Path.cwd()
         self.prompt_history: list[str] = list(history or [])
         self._index = len(self.prompt_history)  # len(history) means "the draft", not a history entry
         self._draft = ""
@@ -66,6 +70,32 @@ class PromptInput(TextArea):
             event.prevent_default()
             start, end = self.selection
             self.replace("\n", start, end, maintain_selection_offset=False)
+        elif event.key == "tab" and self.complete():
+            event.stop()
+            event.prevent_default()
+
+    def complete(self) -> bool:
+        """Complete the path at the cursor: the one match, or what all matches share (and list them);
+        False where no path is being typed (Tab then moves the focus, as it does elsewhere)."""
+        cursor = self.cursor_location
+        before = self.document.get_text_range((0, 0), cursor)
+        spot = path_argument(before, len(before))
+        if spot is None:
+            return False
+        partial = spot[1]
+        found = complete_path(partial, self.root)
+        if not found:
+            self.app.bell()
+            return True
+        insert = (
+            found[0] + ("" if found[0].endswith("/") else " ") if len(found) == 1 else common_prefix(found)
+        )
+        start = (cursor[0], cursor[1] - len(partial))
+        self.replace(insert, start, cursor, maintain_selection_offset=False)
+        if len(found) > 1:
+            shown = "  ".join(found[:24]) + ("  …" if len(found) > 24 else "")
+            self.notify(shown, title=f"{len(found)} paths match", timeout=6)
+        return True
 
     def action_cursor_up(self, select: bool = False) -> None:
         if not select and self.cursor_at_first_line and self._index > 0:
@@ -95,105 +125,6 @@ class PromptInput(TextArea):
         self.load_text("")
 
 
-class CanvasView(Static):
-    """The generated region's text; its component classes style the three kinds of position."""
-
-    COMPONENT_CLASSES = {"canvas--mask", "canvas--fresh", "canvas--special"}
-    DEFAULT_CSS = """
-    CanvasView { height: auto; }
-    CanvasView > .canvas--mask { color: $foreground 35%; }
-    CanvasView > .canvas--fresh { color: $background; background: $success; text-style: bold; }
-    CanvasView > .canvas--special { color: $foreground 25%; }
-    """
-
-    def show_step(self, step: Step) -> None:
-        styles = CanvasStyles(
-            mask=self.get_component_rich_style("canvas--mask"),
-            fresh=self.get_component_rich_style("canvas--fresh"),
-            special=self.get_component_rich_style("canvas--special"),
-        )
-        self.update(canvas_text(step, styles))
-
-
-class DenoiseView(Vertical):
-    """A trace drawn as header (step i/N, tokens revealed, tokens/s), canvas and tokens-per-step sparkline.
-
-    Live: :meth:`push` records every step but redraws at most ``MAX_REDRAWS_PER_SECOND`` times a second;
-    a fast model sends steps far quicker than a terminal can be repainted, and the prompt must stay
-    responsive meanwhile. Replay: :meth:`show` draws any frame.
-    """
-
-    DEFAULT_CSS = """
-    DenoiseView { height: auto; }
-    DenoiseView > .denoise--header { height: 1; color: $text-muted; }
-    DenoiseView > Horizontal { height: 1; margin: 0 0 1 0; }
-    DenoiseView .denoise--spark-label { width: auto; color: $text-muted; }
-    DenoiseView Sparkline { height: 1; width: 1fr; }
-    """
-
-    def __init__(self, trace: Trace, *, label: str = "", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.trace = trace
-        self.label = label
-        self.index = -1
-        self.redraws = 0
-        self._pending = False
-        self._timer: Timer | None = None
-        self._last_draw = 0.0
-
-    def compose(self) -> ComposeResult:
-        yield Static(header_text(self.trace, label=self.label), classes="denoise--header")
-        yield CanvasView()
-        with Horizontal():
-            yield Label("tokens unmasked per step ", classes="denoise--spark-label")
-            yield Sparkline([], id="sparkline")
-
-    def on_mount(self) -> None:
-        if self.trace.frames:
-            self.show(self.index)
-
-    def push(self, step: Step) -> None:
-        """Record a live step; the redraw is coalesced with the steps that follow within 1/30 s."""
-        self.trace.add(step)
-        if self._timer is not None:
-            self._pending = True  # the scheduled redraw will show this step
-            return
-        wait = self._last_draw + 1 / MAX_REDRAWS_PER_SECOND - time.monotonic()
-        if wait <= 0:
-            self.show(-1)  # slower than 30 steps a second: draw every step at once
-        else:
-            self._pending = True
-            self._timer = self.set_timer(wait, self._flush)
-
-    def _flush(self) -> None:
-        self._timer = None
-        if self._pending:
-            self._pending = False
-            self.show(-1)
-
-    def show(self, index: int) -> None:
-        """Draw frame ``index`` of the trace (negative counts from the end)."""
-        if not self.trace.frames:  # the header alone: waiting for the first step, and why
-            self.query_one(".denoise--header", Static).update(header_text(self.trace, label=self.label))
-            return
-        self.index = index % len(self.trace.frames)
-        self.query_one(".denoise--header", Static).update(
-            header_text(self.trace, self.index, label=self.label)
-        )
-        self.query_one(CanvasView).show_step(self.trace.frames[self.index])
-        self.query_one(Sparkline).data = [float(n) for n in self.trace.unmasked_per_step(self.index)]
-        self.redraws += 1
-        self._last_draw = time.monotonic()
-
-    def flush_now(self) -> None:
-        """Draw the newest step at once (when generation ends, so the last frame is never skipped)."""
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
-        self._pending = False
-        self.show(-1)
-
-
 class UserMessage(Static):
     DEFAULT_CSS = """
     UserMessage {
@@ -204,9 +135,27 @@ class UserMessage(Static):
     }
     """
 
-    def __init__(self, text: str) -> None:
-        # Markup off: prompts are code and often contain [brackets].
-        super().__init__(text, markup=False)
+    def __init__(self, text: str, *, files: list[str] | None = None) -> None:
+        # Prompts are code and often contain [brackets]: the text is a Text, never markup.
+        shown = Text(text)
+        if files:  # what went with it: the files in context, as they were read for this turn
+            shown.append(f"\nwith {', '.join(files)}", style="dim")
+        super().__init__(shown)
+        self.text = text
+        self.files = list(files or ())
+
+
+class Notice(Static):
+    """One line of the chat's own in the log: what a command did, or why it did nothing (``error``)."""
+
+    DEFAULT_CSS = """
+    Notice { margin: 1 0 0 0; padding: 0 1; color: $text-muted; border-left: thick $primary 30%; }
+    Notice.-error { color: $text-error; border-left: thick $error; }
+    """
+
+    def __init__(self, text: str, *, error: bool = False) -> None:
+        # Markup off: the text names files and quotes code.
+        super().__init__(text, markup=False, classes="-error" if error else "")
         self.text = text
 
 

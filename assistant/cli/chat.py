@@ -1,4 +1,5 @@
-"""``diffu chat``: the Textual chat (live denoising, replay, history), or one ``--once`` answer.
+"""``diffu chat``: the Textual chat (live denoising, replay, history, files in context), or one ``--once``
+answer (``--json``: as one JSON object).
 
 Textual is imported inside :func:`run`, so the CLI stays fast for every other command.
 """
@@ -7,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from assistant.errors import UsageError
+
+ONCE_PROMPT_AFTER = "\0"  # --once given without its prompt: the positional PROMPT, or stdin
 
 if TYPE_CHECKING:
     from assistant.client import Endpoint
@@ -35,9 +40,33 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--once",
         metavar="PROMPT",
+        nargs="?",
+        const=ONCE_PROMPT_AFTER,
         default=None,
         help="answer one prompt without the full-screen UI (the denoising is drawn on "
-        "stderr, the answer printed to stdout) and exit; '-' reads the prompt from stdin",
+        "stderr, the answer printed to stdout) and exit; '-' reads the prompt from stdin, and so does "
+        "--once given no prompt when stdin is not a terminal",
+    )
+    parser.add_argument(
+        "prompt",
+        nargs="?",
+        metavar="PROMPT",
+        default=None,
+        help="the prompt of --once, when it is not given right after it (diffu chat --once --json PROMPT)",
+    )
+    parser.add_argument(
+        "--file",
+        metavar="PATH[:FIRST-LAST]",
+        action="append",
+        default=[],
+        help="put a file (or a range of its lines) in the conversation's context; repeatable. It is read "
+        "again at every turn and sent in front of the prompt (docs/chat.md has the format)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --once: print one JSON object (answer, finish_reason, prompt_tokens, files with their "
+        "tokens, stats) instead of the answer",
     )
     parser.add_argument(
         "--conversation",
@@ -56,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     config, _ = load_config({"model": args.model} if args.model else None)
     chat_config = read_chat_config(paths.config_file(), keys.DESCRIPTIONS)
+    check_files(args.file)
+    if args.once is None and (args.prompt is not None or args.json):
+        raise UsageError(
+            f"{'--json' if args.json else 'a PROMPT'} goes with --once (diffu chat --once PROMPT)"
+        )
     if args.once is not None:
         if args.conversation:
             raise UsageError("--once answers a single prompt; it cannot be combined with --conversation")
@@ -63,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
         from tui.settings import ChatSettings, apply_saved
         from tui.store import ChatStore
 
-        prompt = sys.stdin.read() if args.once == "-" else args.once
-        if not prompt.strip():
-            raise UsageError("--once: the prompt is empty")
+        prompt = once_prompt(args.once, args.prompt)
         store = ChatStore()
         try:
             saved = store.saved_settings()
@@ -81,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"diffu: warning: {note}", file=sys.stderr)
             return settings
 
-        return run_once(config, apply_saved(chat_config.settings, saved)[0], prompt, for_model=for_model)
+        settings = apply_saved(chat_config.settings, saved)[0]
+        return run_once(config, settings, prompt, files=args.file, as_json=args.json, for_model=for_model)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("diffu chat needs a terminal; use --once PROMPT for scripts and pipes")
 
@@ -93,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.conversation and store.conversation(args.conversation) is None:
             raise UsageError(f"--conversation: no saved conversation {args.conversation!r}")
-        app = chat_app(backend, store, conversation_id=args.conversation)
+        app = chat_app(backend, store, conversation_id=args.conversation, files=args.file)
         app.run()
     finally:
         store.close()
@@ -102,7 +135,32 @@ def run(args: argparse.Namespace) -> int:
     return app.return_code or 0
 
 
-def chat_app(backend: Backend, store: ChatStore, *, conversation_id: str | None = None) -> ChatApp:
+def once_prompt(once: str, positional: str | None) -> str:
+    """The prompt of ``--once``: its value, the positional PROMPT, or stdin (``-``, or none given and
+    stdin not a terminal)."""
+    if once != ONCE_PROMPT_AFTER and positional is not None:
+        raise UsageError(f"two prompts: --once {once!r} and {positional!r}; give one")
+    prompt = positional if once == ONCE_PROMPT_AFTER else once
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        prompt = sys.stdin.read()
+    if not (prompt or "").strip():
+        raise UsageError("--once: the prompt is empty")
+    return prompt or ""
+
+
+def check_files(refs: Sequence[str]) -> None:
+    """Each ``--file`` must be a readable text file (one line for the first that is not) before anything
+    starts; whether it fits is checked against the model once the daemon is reached."""
+    from assistant.workspace.files import parse_ref, read_text, select_lines
+
+    for text in refs:
+        ref = parse_ref(text)
+        select_lines(read_text(Path(ref.path), ref.path), ref)
+
+
+def chat_app(
+    backend: Backend, store: ChatStore, *, conversation_id: str | None = None, files: Sequence[str] = ()
+) -> ChatApp:
     """The full-screen chat as ``diffu chat`` runs it: settings and keymap from config.toml, layered over
     the model's chat defaults once connected (``scripts/first_use.py`` drives this same app)."""
     from assistant import paths
@@ -119,6 +177,7 @@ def chat_app(backend: Backend, store: ChatStore, *, conversation_id: str | None 
         keymap=chat_config.keymap,
         config_file=paths.config_file(),
         conversation_id=conversation_id,
+        files=files,
     )
 
 

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "assistant.cli.train",
     "assistant.cli.lsp",
     "assistant.cli.chat",
+    "assistant.cli.fill",
     "assistant.cli.eval",
 )
 

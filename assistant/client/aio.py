@@ -180,6 +180,7 @@ class AsyncClient:
     models = _call(calls.models)
     warm = _call(calls.warm)
     cancel = _call(calls.cancel)
+    tokenize = _call(calls.tokenize)
     generate = _call(calls.generate)
     stream_generate = _stream(calls.stream_generate)
     infill = _call(calls.infill)

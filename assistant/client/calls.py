@@ -74,6 +74,16 @@ def _cancelled(data: Any) -> bool:
     return bool(data.get("cancelled"))
 
 
+def tokenize(content: str) -> Call[list[int]]:
+    """The token ids of ``content`` as the model's tokenizer reads a prompt's text (llama.cpp's
+    ``/tokenize``): what the text costs against the context, counted where the tokenizer is."""
+    return Call("POST", "/tokenize", {"content": content}, _tokens)
+
+
+def _tokens(data: Any) -> list[int]:
+    return [int(t) for t in data["tokens"]]
+
+
 def generate(
     *,
     messages: list[dict[str, str]] | None = None,

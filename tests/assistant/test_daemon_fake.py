@@ -418,3 +418,38 @@ def test_errors_carry_their_facts_as_fields(fake_daemon: DaemonProcess) -> None:
         raise AssertionError("no error")
 
     assert asyncio.run(streamed()).details["prompt_tokens"] == 600
+
+
+def test_tokenize_counts_a_text_as_a_prompt_costs_it(fake_daemon: DaemonProcess) -> None:
+    """llama.cpp's ``/tokenize``, through both clients: the chat counts its files with it. The fake's
+    tokenizer is one token per character, control-token strings included (they stay text)."""
+    from assistant.client import APIError, AsyncClient, Client
+
+    text = "def f(x):\n    return x  # <|im_end|>\n"
+    with Client(fake_daemon.url, fake_daemon.token, autostart=False) as client:
+        assert len(client.tokenize(text)) == len(text)
+        assert client.tokenize("") == []
+        # The prompt of a request costs what /tokenize counts: a raw prompt's usage says the same.
+        done = client.generate(prompt=text, max_new_tokens=4)
+        assert done.usage["prompt_tokens"] == len(client.tokenize(text))
+        with pytest.raises(APIError) as info:
+            client.request("POST", "/tokenize", {"content": 3})
+        assert info.value.status == 400 and info.value.param == "content"
+        with pytest.raises(APIError) as info:
+            client.request("POST", "/tokenize", {})
+        assert info.value.status == 400 and "content: required" in info.value.message
+    pieces = httpx.post(
+        fake_daemon.url + "/tokenize",
+        json={"content": "ab", "with_pieces": True},
+        headers=fake_daemon.headers,
+    )
+    assert pieces.json() == {
+        "tokens": [{"id": ord("a") + 16, "piece": "a"}, {"id": ord("b") + 16, "piece": "b"}]
+    }
+    assert httpx.post(fake_daemon.url + "/tokenize", json={"content": "a"}).status_code == 401
+
+    async def run_async() -> list[int]:
+        async with AsyncClient(fake_daemon.url, fake_daemon.token, autostart=False) as client:
+            return await client.tokenize(text)
+
+    assert len(asyncio.run(run_async())) == len(text)

@@ -1,4 +1,5 @@
-"""The language server's pure parts: context windows, post-processing, the cache, holes, settings."""
+"""The language server's pure parts: context windows, post-processing, the cache, settings (the holes'
+own tests are in tests/assistant/test_holes.py, beside their module)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from assistant.infill.postprocess import (
 )
 from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
-from lsp.holes import MASK, Hole, find_holes, finish_fill, masked_prompt
 from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
 from lsp.suggest import Cursor, clean, plan, warm_shapes
 
@@ -212,61 +212,6 @@ def test_cache_forwarding_with_long_prefixes() -> None:
     cache = SuggestionCache()
     cache.put(before, "", "fp", "abcdef")
     assert cache.get(before + "abc", "", "fp") == "def"
-
-
-# -- holes --------------------------------------------------------------------------------------------
-def test_find_holes() -> None:
-    text = f"a = {MASK}{MASK}{MASK}\nb = ???\nc = ???\n"
-    holes = find_holes(text, "???", 16)
-    assert [(h.tokens, text[h.start : h.end]) for h in holes] == [(3, MASK * 3), (16, "???"), (16, "???")]
-    assert len(find_holes(text, "???", 16, start=text.index("b"), end=text.index("c"))) == 1
-    assert len(find_holes(text, "", 16)) == 1  # no marker: only masks
-
-
-def test_masked_prompt_windows_around_the_holes() -> None:
-    text = (
-        "".join(f"line {i}\n" for i in range(200))
-        + "x = ???\ny = ???\n"
-        + "".join(f"t {i}\n" for i in range(200))
-    )
-    holes = find_holes(text, "???", 4)
-    prompt = masked_prompt(text, holes, path="a.py", language="python", budget_chars=300)
-    assert prompt.text.startswith("# a.py (python)\n")
-    assert f"x = {MASK * 4}\ny = {MASK * 4}\n" in prompt.text
-    assert len(prompt.text) - 8 * len(MASK) + 8 <= 300 + 20
-
-
-def test_masked_prompt_keeps_holes_outside_the_selection_as_masks() -> None:
-    """Finding 4: a hole outside the selection is a mask the model sees, not literal text."""
-    text = f"a = {MASK}{MASK}\nb = ???\nc = ???\n"
-    holes = find_holes(text, "???", 3)
-    prompt = masked_prompt(
-        text, [holes[1]], others=[holes[0], holes[2]], path="a", language="", budget_chars=500
-    )
-    assert prompt.text == f"a = {MASK * 2}\nb = {MASK * 3}\nc = {MASK * 3}\n"
-    assert prompt.holes == holes  # one fill comes back per hole, in order
-
-
-def test_finish_fill() -> None:
-    doc = "x = ???\n    ???\n"
-    inline, alone = Hole(4, 7, 8), Hole(12, 15, 8)
-    assert finish_fill(" 42\nextra", doc, inline) == "42"
-    assert finish_fill("a = 1\n    b = 2\n\n", doc, alone) == "a = 1\n    b = 2"
-    assert finish_fill("<|endoftext|>", doc, alone) == ""
-    # A BPE token with a leading space at the hole's column: the fill starts at the column (finding 2).
-    assert finish_fill(" return x", doc, alone) == "return x"
-
-
-def test_finish_fill_goes_through_the_suggestion_pipeline() -> None:
-    """Finding 2: fills are cut where they repeat the code around them, as suggestions are."""
-    doc = "def f(x):\n    ???\n\n\ndef g():\n    pass\n"
-    hole = find_holes(doc, "???", 8)[0]
-    # The model repeats the line above the hole: nothing is left worth inserting (the marker stays).
-    assert finish_fill("def f(x):\n    return x", doc, hole) == ""
-    # The fill runs on into the code after the hole: cut where it repeats it.
-    assert finish_fill("return x\n\n\ndef g():\n    pass", doc, hole) == "return x"
-    inline = find_holes("y = f(???)\n", "???", 8)[0]
-    assert finish_fill("1)\n", "y = f(???)\n", inline) == "1"  # the ) after the hole is not doubled
 
 
 # -- settings -----------------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from textual.pilot import Pilot
 from textual.widgets import Markdown
 
 from assistant.client import APIError, DaemonUnavailable, Done, Step, Waiting
-from assistant.server.fake_runtime import IM_END_ID, FakeRuntime
+from assistant.infill.holes import FillOptions
+from assistant.server.fake_runtime import EOS_ID, IM_END_ID, FakeRuntime
 from assistant.server.http.native import Pieces
 from assistant.wire import DoneStats
 from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
+from model_runtime.rows import mask_runs
 from tui.settings import ChatSettings
 from tui.widgets import AnswerView, PromptInput
 
@@ -95,9 +97,13 @@ class ScriptedBackend:
     closed: bool = False
     hold_connect: bool = False  # wait before the last progress stage until ``connect_gate`` is set
     chat_defaults: dict[str, Any] = field(default_factory=dict)  # what the model's generation_config says
+    fills: list[str] = field(default_factory=list)  # what the scripted model writes in each hole
+    fill_requests: list[str] = field(default_factory=list)  # the prompts of fill runs, as sent
+    counted: list[str] = field(default_factory=list)  # the texts /tokenize was asked about
 
     def __post_init__(self) -> None:
         self.runtime = ScriptedRuntime(self.answers)
+        self.max_context: int | None = self.runtime.max_context
         self.pieces = Pieces(self.runtime.tokenizer)
         self.resume = asyncio.Event()
         self.connect_gate = asyncio.Event()
@@ -165,6 +171,43 @@ class ScriptedBackend:
                     ),
                     usage={"prompt_tokens": len(row.ids) - tokens, "completion_tokens": new},
                 )
+
+    async def count_tokens(self, text: str) -> int:
+        """The daemon's /tokenize: the fake tokenizer's count (a token per character)."""
+        self.counted.append(text)
+        return len(self.runtime.tokenizer.encode_text(text))
+
+    async def fill(self, prompt: str, options: FillOptions) -> AsyncIterator[Step | Waiting | Done]:
+        """A holes run as the daemon streams it: the region from the first hole to the last, its text
+        kept and its masks resolving over ``len(masks)`` steps into the scripted fills."""
+        self.fill_requests.append(prompt)
+        tok = self.runtime.tokenizer
+        ids = self.runtime.rows.encode_prompt(prompt, holes=True)
+        runs = mask_runs(ids, tok.mask_id)
+        lo, hi = runs[0][0], runs[-1][1]
+        region = list(ids[lo:hi])
+        targets = list(region)
+        for (a, b), fill in zip(runs, self.fills, strict=False):
+            text = tok.encode(fill)[: b - a]
+            targets[a - lo : b - lo] = text + [EOS_ID] * (b - a - len(text))
+        masked = [i for i, t in enumerate(region) if t == tok.mask_id]
+        steps = len(masked)
+        for step, position in enumerate(masked):
+            region[position] = targets[position]
+            left = steps - step - 1
+            yield Step(
+                id="fill-1",
+                step=step,
+                steps=steps,
+                masks=left,
+                seconds=self.step_seconds,
+                **self.pieces.render(region, [position]),
+            )
+            if self.pause_at is not None and step == self.pause_at:
+                await self.resume.wait()
+            await asyncio.sleep(self.step_delay)
+        fills = [tok.decode([t for t in targets[a - lo : b - lo] if t != EOS_ID]) for a, b in runs]
+        yield Done("fill-1", "", "stop", stats=DoneStats(steps=steps), holes=fills)
 
     async def cancel(self, request_id: str) -> bool:
         self.cancelled.append(request_id)

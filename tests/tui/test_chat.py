@@ -26,10 +26,11 @@ from tests.tui.helpers import (
 )
 from tui import screens
 from tui.app import ChatApp
+from tui.denoise import DenoiseView
 from tui.screens import ConversationsScreen, HelpScreen, ReplayScreen, SettingsScreen
 from tui.settings import ChatSettings
 from tui.store import ChatStore
-from tui.widgets import AnswerView, ConnectPanel, DenoiseView, ErrorNotice, PromptInput, UserMessage
+from tui.widgets import AnswerView, ConnectPanel, ErrorNotice, PromptInput, UserMessage
 
 pytestmark = pytest.mark.asyncio
 SIZE = (100, 34)
@@ -415,9 +416,12 @@ async def test_keymap_from_config_help_screen_and_command_palette(make_app: Call
         assert isinstance(app.screen, HelpScreen)
         shown = screen_text(app)
         assert "f9" in shown and "replay" in shown and "copy-code" in shown
+        assert "f3" in shown and "apply-code" in shown  # /apply's key
         app.screen.query_one(VerticalScroll).scroll_end(animate=False)
         await pilot.pause()
-        assert 'replay = "f6"' in screen_text(app)  # how to rebind, below the table
+        shown = screen_text(app)
+        assert 'replay = "f6"' in shown  # how to rebind, below the table
+        assert "/undo [--force]" in shown and "/fill PATH[:FIRST-LAST]" in shown  # the commands
         await pilot.press("escape")
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert {
@@ -540,7 +544,7 @@ async def test_an_answer_whose_code_does_not_parse_is_decoded_again_in_longer_bl
         assert backend.requests[1].messages == backend.requests[0].messages
         assert answer.content == ANSWER and "def add(a, b):" in screen_text(app)
         assert "decoded twice: the first answer's code did not" in screen_text(app)
-        assert app.context()[-1] == {"role": "assistant", "content": ANSWER}
+        assert app.context_messages()[-1] == {"role": "assistant", "content": ANSWER}
         stored = app.store.messages(app.conversation_id or "")[-1]
         assert stored.content == ANSWER and stored.stats["retried"]["block_length"] == 128
         assert len(answer.trace.frames) == 26  # replay shows the answer that is kept

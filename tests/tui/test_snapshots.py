@@ -7,13 +7,17 @@ and animations are off and the scripted daemon's steps take a fixed time, so eve
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
 
-from tests.tui.helpers import ScriptedBackend, answered, ask, until
+from tests.tui.helpers import ANSWER, ScriptedBackend, answered, ask, until
 from tui.app import ChatApp
+from tui.fill_view import FillView
+from tui.review import ReviewScreen
 from tui.screens import ReplayScreen, SettingsScreen
+from tui.widgets import PromptInput
 
 SIZE = (100, 34)
 
@@ -51,5 +55,39 @@ def test_settings_screen(snap_compare: Any, make_app: Callable[..., ChatApp]) ->
     async def run_before(pilot: Pilot) -> None:
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_review_of_a_change(snap_compare: Any, make_app: Callable[..., ChatApp], tmp_path: Path) -> None:
+    """/apply's review: the change's diff, coloured, over the chat, and its two keys."""
+    (tmp_path / "geo.py").write_text("def add(a, b):\n    return 0\n\n\ndef untouched():\n    return 1\n")
+    app = make_app(ScriptedBackend(answers=[ANSWER]), root=tmp_path)
+
+    async def run_before(pilot: Pilot) -> None:
+        await answered(pilot, "Fix add in geo.py")
+        prompt = app.query_one(PromptInput)
+        prompt.load_text("/apply geo.py")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ReviewScreen))
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_a_file_being_filled(snap_compare: Any, make_app: Callable[..., ChatApp], tmp_path: Path) -> None:
+    """/fill mid-run: the file's own numbered lines, one hole filled and one still partly masks."""
+    (tmp_path / "holes.py").write_text(
+        "import math\n\n\ndef area(r):\n    return ???\n\n\ndef double(x):\n    return ???\n"
+    )
+    backend = ScriptedBackend(fills=["math.pi * r * r", "2 * x"], pause_at=20)
+    app = make_app(backend, root=tmp_path)
+
+    async def run_before(pilot: Pilot) -> None:
+        await until(pilot, lambda: app.connected)
+        prompt = app.query_one(PromptInput)
+        prompt.load_text("/fill holes.py")
+        await pilot.press("enter")
+        await until(pilot, lambda: bool(app.query(FillView)) and len(app.query_one(FillView).trace) == 21)
+        app.query_one(FillView).denoise.flush_now()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -7,24 +7,21 @@ answer under its prompt, the replay of the denoising. ``.ci/run`` installs tmux 
 
 from __future__ import annotations
 
-import os
-import shlex
 import shutil
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from assistant.client import Client, Done
+from assistant.config import Config
+from assistant.workspace.files import context_block, with_files
 from tests.assistant.helpers import DaemonProcess
 from tests.preconditions import precondition
+from tests.tui.tmux import Tmux, diffu_in_tmux
 from tui.settings import ChatSettings
 from tui.store import ChatStore
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -32,65 +29,10 @@ def _tmux_installed() -> None:
     precondition(shutil.which("tmux") is not None, "tmux is not installed (.ci/run installs it)")
 
 
-class Tmux:
-    """One detached tmux session on a private server socket, 120 x 40."""
-
-    def __init__(self, command: str, env: dict[str, str]) -> None:
-        self.socket = f"diffu-test-{uuid.uuid4().hex[:8]}"
-        self._tmux("new-session", "-d", "-x", "120", "-y", "40", "-s", "chat", command, env=env)
-
-    def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        out = subprocess.run(
-            ["tmux", "-L", self.socket, *args], env=env, capture_output=True, text=True, timeout=20
-        )
-        return out.stdout
-
-    def keys(self, *keys: str) -> None:
-        self._tmux("send-keys", "-t", "chat", *keys)
-
-    def screen(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", "chat")
-
-    def wait_for(self, predicate: Callable[[str], bool], what: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.screen()
-            if predicate(screen):
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} on the screen after {timeout:.0f}s; it shows:\n{screen}")
-            time.sleep(0.2)
-
-    def alive(self) -> bool:
-        return (
-            subprocess.run(
-                ["tmux", "-L", self.socket, "has-session", "-t", "chat"], capture_output=True
-            ).returncode
-            == 0
-        )
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
-
-
 @pytest.fixture
 def tmux_chat(fake_daemon: DaemonProcess, diffu_home: Path, store: ChatStore) -> Iterator[Tmux]:
     store.save_settings(ChatSettings(max_new_tokens=24, steps=6, temperature=0.0).to_dict())
-    env = {
-        **os.environ,
-        **fake_daemon.env,
-        "DIFFU_URL": fake_daemon.url,
-        "DIFFU_API_KEY": fake_daemon.token,
-        "DIFFU_DATA_DIR": str(diffu_home / "data"),
-        "TERM": "xterm-256color",
-    }
-    env.pop("TMUX", None)
-    # tmux starts the command through a shell with the server's environment: pass ours explicitly.
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k.startswith(("DIFFU_", "XDG_")))
-    command = (
-        f"cd {shlex.quote(str(REPO))} && env {exports} {shlex.quote(sys.executable)} -m assistant.cli chat"
-    )
-    session = Tmux(command, env)
+    session = diffu_in_tmux(fake_daemon, diffu_home, "chat")
     try:
         yield session
     finally:
@@ -120,3 +62,69 @@ def test_chat_answers_and_replays_in_tmux(tmux_chat: Tmux, store: ChatStore) -> 
     while tmux_chat.alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not tmux_chat.alive(), "ctrl+q ends the chat (and with it the tmux session)"
+
+
+def test_files_in_context_in_a_real_terminal(
+    fake_daemon: DaemonProcess, diffu_home: Path, store: ChatStore, tmp_path: Path
+) -> None:
+    """--file, @path with Tab, a file edited between turns and files that cannot be sent, as a user types
+    them; what the daemon was sent is checked at the daemon: the fake model's answer is a function of the
+    prompt's tokens, so the chat's answer is the one a request with exactly those files gets."""
+    settings = ChatSettings(max_new_tokens=24, steps=6, temperature=0.0)
+    store.save_settings(settings.to_dict())
+    work = tmp_path / "work"
+    work.mkdir()
+    geo, geometry = work / "geo.py", work / "geometry.py"
+    geo.write_text("def area(r):\n    return 3 * r * r\n")
+    geometry.write_text("PI = 3.14\n")
+    (work / "pkg").mkdir()
+    (work / "blob.bin").write_bytes(b"\x00\x01\x02")
+    (work / "big.py").write_text("x = 1\n" * 100)
+
+    def daemon_answer(messages: list[dict[str, str]]) -> Done:
+        config = Config(url=fake_daemon.url, api_key=fake_daemon.token, autostart=False)
+        with Client(config=config) as client:
+            return client.generate(messages=messages, max_new_tokens=24, sampling=settings.request_sampling())
+
+    def blocks() -> list[str]:
+        return [context_block("geo.py", geo.read_text()), context_block("geometry.py", geometry.read_text())]
+
+    session = diffu_in_tmux(fake_daemon, diffu_home, "chat", "--file", "geo.py", cwd=work)
+    try:
+        session.wait_for(lambda s: "1 file ·" in s and "/486 tokens" in s, "the file's tokens in the header")
+        session.keys("Compare with @geom", "Tab")
+        session.wait_for(lambda s: "Compare with @geometry.py" in s, "the completed path")
+        session.keys("Enter")
+        session.wait_for(lambda s: s.count("6 steps") == 1, "the first answer")
+        first = {"role": "user", "content": with_files(blocks(), "Compare with @geometry.py")}
+        saved = store.messages(store.conversations()[0].id)
+        expected = daemon_answer([first])
+        assert saved[-1].content == expected.text and saved[-1].content
+        assert saved[-1].stats["prompt_tokens"] == expected.usage["prompt_tokens"] > sum(map(len, blocks()))
+        # Edited between turns: the next turn sends the file as it is now.
+        geo.write_text("def area(r):\n    return 3.14159 * r * r\n")
+        session.keys("Again", "Enter")
+        session.wait_for(lambda s: s.count("6 steps") == 2, "the second answer")
+        second = {"role": "user", "content": with_files(blocks(), "Again")}
+        previous = {"role": "user", "content": "Compare with @geometry.py"}
+        history = [previous, {"role": "assistant", "content": saved[-1].content}, second]
+        assert store.messages(store.conversations()[0].id)[-1].content == daemon_answer(history).text
+        # A file in context that went away: one line, and nothing is sent.
+        geometry.unlink()
+        session.keys("Once more", "Enter")
+        session.wait_for(lambda s: "geometry.py: no such file (it is in the context" in s, "the refusal")
+        session.wait_for(lambda s: "▊ Once more " in s, "the prompt kept, to fix and send again")
+        assert len(store.messages(store.conversations()[0].id)) == 4
+        session.keys("C-u")
+        session.wait_for(lambda s: "▊ Ask DiffuCoder" in s, "the prompt cleared")
+        session.keys("/drop geometry.py", "Enter")
+        session.wait_for(lambda s: "dropped geometry.py" in s, "the file dropped")
+        session.keys("/add pkg blob.bin big.py missing.py", "Enter")
+        screen = session.wait_for(lambda s: "missing.py: no such file; not added" in s, "one line per file")
+        assert "pkg: is a directory" in screen and "blob.bin: a binary file, not text" in screen
+        assert (
+            "big.py: 620 tokens (with the 60 of the files already in context), beyond the prompt's" in screen
+        )
+        assert "1 file ·" in screen  # none of them was added
+    finally:
+        session.kill()

@@ -1,14 +1,17 @@
-"""llama.cpp's ``POST /infill``, as llama.vim, llama.vscode and minuet-ai send it and read it back.
+"""llama.cpp's ``POST /infill``, as llama.vim, llama.vscode and minuet-ai send it and read it back, and
+its ``POST /tokenize``.
 
 ``response_fields`` selects paths of the answer (``timings/prompt_n``); ``n_predict: 0`` (a prompt-cache
-warm-up in llama.cpp) is answered at once with empty content.
+warm-up in llama.cpp) is answered at once with empty content. ``/tokenize`` counts tokens for clients,
+which never load the tokenizer themselves (the chat's files in context count against the prompt budget).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -113,4 +116,26 @@ def routes(app: JobService) -> list[Route]:
                 body["content"] = ""
                 yield sse.encode(body)
 
-    return [Route("/infill", infill, methods=["POST"])]
+    return [Route("/infill", infill, methods=["POST"]), Route("/tokenize", _tokenize(app), methods=["POST"])]
+
+
+def _tokenize(app: JobService) -> Callable[[Request], Awaitable[Response]]:
+    """The ``/tokenize`` route over ``app``'s runtime."""
+
+    async def tokenize(request: Request) -> Response:
+        """llama.cpp's ``{"content": text, "with_pieces": false}`` -> ``{"tokens": [ids]}`` (with pieces,
+        ``[{"id", "piece"}]``). The text is encoded as a prompt's text is: control-token strings in it
+        stay text, so the count is what the same text costs in a request."""
+        data = request_fields.parse_json(await request.body())
+        content = request_fields.get_str(data, "content", required=True)
+        assert content is not None
+        with_pieces = request_fields.get_bool(data, "with_pieces", False)
+        tokenizer = app.runtime.rows.tokenizer  # 503 while the model loads
+        # A long file takes a while to encode: off the event loop, like a request's rows.
+        ids = await run_in_threadpool(tokenizer.encode_text, content)
+        if not with_pieces:
+            return JSONResponse({"tokens": ids})
+        pieces = tokenizer.token_strings(ids)
+        return JSONResponse({"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)]})
+
+    return tokenize

@@ -1,4 +1,4 @@
-"""Fill holes: find hole markers in a document, build the masked prompt, clean the fills.
+"""Fill holes: find hole markers in a text, build the masked prompt, clean the fills, put them in.
 
 A masked-diffusion model denoises every ``<|mask|>`` of its canvas together, wherever it sits, so all the
 holes of a selection can be filled in one run with each fill seeing the others: something an
@@ -6,6 +6,9 @@ autoregressive assistant cannot do in one pass. A run of N ``<|mask|>`` markers 
 tokens; the configurable marker (``???`` by default) is a hole of ``hole_tokens`` tokens. Holes outside
 the selection are masks in the prompt too (the model sees them as holes, as it sees those inside), but
 only the selection's fills are applied.
+
+One implementation for every front end: the language server's fill-holes action (``lsp.fill``), ``diffu
+fill`` and the chat's ``/fill`` all find, mask, finish and apply holes here. Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -16,8 +19,37 @@ from dataclasses import dataclass
 
 from assistant.infill.context import Mode, classify, header_line, window
 from assistant.infill.postprocess import align_indent, postprocess
+from model_runtime.options import like, option, validate
+from model_runtime.params import SamplingParams
 
 MASK = "<|mask|>"
+
+
+def _trimmed(value: str) -> str:
+    return "" if value.strip() == value else "must not start or end with whitespace"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillOptions:
+    """How holes are marked and filled, declared once: the editors' settings (``lsp.settings``) and
+    ``diffu fill``'s flags are views of these options."""
+
+    hole_marker: str = option(
+        "???",
+        rule=_trimmed,
+        help="Marks a hole for fill-holes besides ``<|mask|>``; empty: only ``<|mask|>``.",
+    )
+    hole_tokens: int = option(
+        16,
+        ge=1,
+        le=1024,
+        help="Canvas tokens per marker hole (a run of N ``<|mask|>`` is a hole of exactly N tokens).",
+    )
+    # Greedy by default, as the editors fill: a fill should be the model's most probable text.
+    temperature: float = like(SamplingParams, "temperature", default=0.0, help="0 is greedy")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True)
@@ -138,3 +170,92 @@ def finish_fill(fill: str, document: str, hole: Hole) -> str:
         return ""
     # Spaces around an inline fill are the document's business: keep what the marker had.
     return text.strip() if inline else align_indent(text, before_on_line)
+
+
+def split_by_range(holes: Sequence[Hole], start: int, end: int) -> tuple[list[Hole], list[Hole]]:
+    """(the holes lying wholly inside ``[start, end)``, the others); an empty range selects them all."""
+    if start >= end:
+        return list(holes), []
+    inside = [h for h in holes if h.start >= start and h.end <= end]
+    return inside, [h for h in holes if h not in inside]
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """One fill run over a whole text: the prompt to send, the holes to fill, and where the prompt's
+    region (its first hole to its last, the part a step event shows) sits in the text."""
+
+    text: str
+    prompt: HolePrompt
+    targets: list[Hole]
+
+    @property
+    def before(self) -> str:
+        """The text before the region: what a live view shows above the step's canvas."""
+        return self.text[: self.prompt.holes[0].start]
+
+    @property
+    def after(self) -> str:
+        """The text after the region."""
+        return self.text[self.prompt.holes[-1].end :]
+
+    @property
+    def region(self) -> str:
+        """The region as the text has it, holes marked: what a live view shows before the first step."""
+        return self.text[self.prompt.holes[0].start : self.prompt.holes[-1].end]
+
+    @property
+    def masks(self) -> int:
+        """Mask tokens in the prompt: the daemon's steps default to one per mask."""
+        return sum(h.tokens for h in self.prompt.holes)
+
+
+def plan_fill(
+    text: str,
+    *,
+    path: str,
+    language: str,
+    options: FillOptions,
+    start: int = 0,
+    end: int | None = None,
+) -> FillPlan:
+    """The run that fills the holes of ``text[start:end]`` (all of them by default), the whole text sent
+    (a text too long for the model's context is the daemon's error to report, never cut here); raises
+    HoleError when there is nothing to fill."""
+    holes = find_holes(text, options.hole_marker, options.hole_tokens)
+    targets, others = split_by_range(holes, start, len(text) if end is None else end)
+    if not targets:
+        marker = f" or {options.hole_marker}" if options.hole_marker else ""
+        where = "" if start == 0 and end is None else " in that range"
+        raise HoleError(f"{path}: no holes to fill{where} (mark them with <|mask|>{marker})")
+    # Room for the whole masked text, the holes outside the target span counted at their full length.
+    budget = len(header_line(path, language)) + len(text) + sum(h.tokens * len(MASK) for h in holes)
+    prompt = masked_prompt(text, targets, others=others, path=path, language=language, budget_chars=budget)
+    return FillPlan(text, prompt, targets)
+
+
+def target_fills(
+    text: str, prompt: HolePrompt, targets: Sequence[Hole], raw: Sequence[str] | None
+) -> list[str]:
+    """The finished fill of each target from the daemon's fills of the prompt's holes (``Done.holes``,
+    one per hole in order); "" where the model gave nothing worth inserting."""
+    if raw is None or len(raw) != len(prompt.holes):
+        got = "none" if raw is None else str(len(raw))
+        raise HoleError(
+            f"the daemon filled {got} holes of the {len(prompt.holes)} sent; holes that touch are one run "
+            "of masks to the model: put a space or a line between them"
+        )
+    fills = dict(zip(prompt.holes, raw, strict=True))
+    return [finish_fill(fills[h], text, h) for h in targets]
+
+
+def apply_fills(text: str, targets: Sequence[Hole], fills: Sequence[str]) -> str:
+    """``text`` with each target replaced by its fill; a hole whose fill is "" keeps its marker, so the
+    user sees which one the model skipped. Every character outside the filled holes is kept."""
+    pieces, pos = [], 0
+    for hole, fill in sorted(zip(targets, fills, strict=True), key=lambda pair: pair[0].start):
+        if fill:
+            pieces += [text[pos : hole.start], fill]
+            pos = hole.end
+    pieces.append(text[pos:])
+    return "".join(pieces)
