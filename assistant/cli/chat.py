@@ -190,6 +190,16 @@ def after_chat(config: Config, started: Endpoint) -> None:
     info = started.info
     if info is None:
         return
+    if not discovery.is_live(info):
+        # It was stopped or replaced while the chat ran: name the daemon that serves the model now.
+        now = discovery.find_daemon(config.model)
+        running = (
+            f"pid {now.pid} ({now.url}) serves {now.model} now; 'diffu daemon stop' stops it"
+            if now is not None
+            else f"no daemon serves {config.model} now"
+        )
+        print(f"diffu: the daemon this chat started (pid {info.pid}) has exited; {running}", file=sys.stderr)
+        return
     if config.stop_daemon_with_chat:
         stopped = discovery.stop_daemon(info, timeout=config.shutdown_grace + 5)
         state = "stopped" if stopped else "could not stop (see 'diffu daemon logs')"

@@ -241,6 +241,16 @@ def test_quitting_says_the_daemon_keeps_the_model_warm_or_stops_it_when_set(
         after_chat(config.replace(stop_daemon_with_chat=True), started)
         assert capsys.readouterr().err == f"diffu: stopped the daemon this chat started (pid {pid})\n"
         assert not list((diffu_home / "run").glob("*.json"))  # gone: lock and discovery file removed
+        # Replaced while the chat ran (stopped, another one started for the model): the message names the
+        # one that serves the model now, never the dead one as if it ran.
+        other = start_background(config)
+        assert other.info is not None and other.info.pid != pid
+        after_chat(config, started)
+        said = capsys.readouterr().err
+        assert said == (
+            f"diffu: the daemon this chat started (pid {pid}) has exited; pid {other.info.pid} "
+            f"({other.url}) serves {config.model} now; 'diffu daemon stop' stops it\n"
+        )
     finally:
         stop_background_daemons(diffu_home)
 
