@@ -75,6 +75,7 @@ class SamplingOptions:
     commit_rule: str | None = like(SamplingParams, "commit_rule", default=None)
     refresh_every: int | None = like(SamplingParams, "refresh_every", default=None)
     max_lines: int | None = like(SamplingParams, "max_lines", default=None)
+    block_scope: int | None = like(SamplingParams, "block_scope", default=None)
 
     def body(self) -> dict[str, Any]:
         """The knobs that are set, as request fields."""

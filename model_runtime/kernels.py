@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from model_runtime.commit import COMMITS
+from model_runtime.lines import ROWS
 from model_runtime.model import DreamModel, shift_logits
 from model_runtime.params import SamplingParams
 from model_runtime.sampling import position_keys, sample_tokens, split_rows, transfer_ratios
@@ -183,21 +184,45 @@ def denoise_all(
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class StopInputs:
-    """What the early stops of :func:`denoise_until` read (``strategies.StopTables``), and where each
-    row's text is."""
+class Limits:
+    """What the early stops read (``strategies.StopTables``), on the device: a run's
+    ``decoders.base.HostLimits`` as arrays."""
 
-    fill: jax.Array  # [B, L] bool: the positions the run decodes (each row's region)
     stops: jax.Array  # [B, V] bool: tokens that end a row's text
-    newlines: jax.Array  # [V] i32: newlines per token
+    newlines: jax.Array  # [V] i32: newlines per token (zeros when lines are not counted)
     max_lines: jax.Array  # i32: a row's text ends with this many lines (0: no limit)
+    lines: jax.Array  # [lines.ROWS, V] i32: line breaks, indentation and code per token
+    scope: jax.Array  # [B] i32: each row's scope in columns (< 0: none)
+
+    @classmethod
+    def of(cls, host: Any) -> Limits:
+        """``host`` (a ``HostLimits``) on the device."""
+        return cls(
+            jnp.asarray(host.stops),
+            jnp.asarray(host.newlines),
+            jnp.int32(host.max_lines),
+            jnp.asarray(host.lines),
+            jnp.asarray(host.scope),
+        )
+
+    @classmethod
+    def abstract(cls, cache: ProgramCache, batch: int) -> Limits:
+        v = cache.cfg.vocab_size
+        return cls(
+            cache.abstract((batch, v), jnp.bool_),
+            cache.abstract((v,), jnp.int32),
+            cache.scalar(jnp.int32),
+            cache.abstract((ROWS, v), jnp.int32),
+            cache.abstract((batch,), jnp.int32),
+        )
 
 
 def denoise_until(
     state: nnx.State,
     x: jax.Array,
     inputs: LoopInputs,
-    stop: StopInputs,
+    fill: jax.Array,
+    limits: Limits,
     *,
     graphdef: nnx.GraphDef,
     spec: SamplerSpec,
@@ -214,7 +239,7 @@ def denoise_until(
 
     def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
         x, i = carry
-        _, done = finished(stops, jnp, x, stop.fill, stop, mask_id)
+        _, done = finished(stops, jnp, x, fill, limits, mask_id)
         return (i < inputs.steps) & ~jnp.all(done)
 
     def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -316,10 +341,7 @@ def abstract_args(cache: ProgramCache, kind: str, shape: tuple[int, int], n_rati
     x = cache.abstract(shape, jnp.int32)
     if kind != "until":
         return (x, inputs)
-    b, v = shape[0], cache.cfg.vocab_size
-    bools = cache.abstract(shape, jnp.bool_)
-    stop = StopInputs(bools, cache.abstract((b, v), jnp.bool_), cache.abstract((v,), jnp.int32), i32)
-    return (x, inputs, stop)
+    return (x, inputs, cache.abstract(shape, jnp.bool_), Limits.abstract(cache, shape[0]))
 
 
 @dataclass(frozen=True)
@@ -374,16 +396,8 @@ class ReferenceCalls:
         return self.program(self.state, x, self._loop_inputs(n_ratios))
 
     def until(
-        self,
-        x: jax.Array,
-        n_ratios: int,
-        fill: np.ndarray,
-        tables: tuple[np.ndarray, np.ndarray],
-        max_lines: int,
+        self, x: jax.Array, n_ratios: int, fill: np.ndarray, limits: Any
     ) -> tuple[jax.Array, jax.Array]:
         """Every step until every row is finished (the "until" program); (x, steps run). ``fill``: the
-        rows' regions; ``tables``: the stop tokens ``[B, V]`` and the newlines per token ``[V]``."""
-        stop = StopInputs(
-            jnp.asarray(fill), jnp.asarray(tables[0]), jnp.asarray(tables[1]), jnp.int32(max_lines)
-        )
-        return self.program(self.state, x, self._loop_inputs(n_ratios), stop)
+        rows' regions; ``limits``: the run's ``HostLimits``."""
+        return self.program(self.state, x, self._loop_inputs(n_ratios), jnp.asarray(fill), Limits.of(limits))

@@ -117,8 +117,14 @@ class SamplingParams:
     max_lines: int | None = option(
         None,
         ge=1,
-        help="the answer's text ends with its Nth line (1: one line), and the fast decoders stop once those "
+        help="the answer's text ends with its Nth line (1: one line), and every decoder stops once those "
         "lines are written; unset: no limit",
+    )
+    block_scope: int | None = option(
+        None,
+        ge=0,
+        help="the answer ends where its code leaves a block: at a later line indented less than this many "
+        "columns, or at a blank line after code, and every decoder stops there; unset: no such end",
     )
 
     def __post_init__(self) -> None:

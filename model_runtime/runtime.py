@@ -32,6 +32,7 @@ from model_runtime.interface import (
     RuntimeProtocol,
 )
 from model_runtime.kernels import Hook
+from model_runtime.lines import line_table
 from model_runtime.params import DEFAULT_MAX_PROGRAMS, SamplingParams
 from model_runtime.programs import ProgramCache
 from model_runtime.rows import CanvasBuilder
@@ -117,6 +118,7 @@ class Runtime:
         # consumer stopped reading included): the daemon's counters report it.
         self.forwards = 0
         self._line_tables: dict[bool, np.ndarray] = {}  # newline_table's two tables, built on first use
+        self._lines: np.ndarray | None = None  # line_table's, built on first use
 
     def program_cache(self) -> dict[str, int | None]:
         """The compiled-program cache's bound and contents, for status reports."""
@@ -144,6 +146,16 @@ class Runtime:
             table.flags.writeable = False
             self._line_tables[counted] = table
         return self._line_tables[counted]
+
+    def line_table(self) -> np.ndarray:
+        """``[lines.ROWS, V]``: where each token puts line breaks, indentation and code (read-only, built
+        on first use from every token's text)."""
+        if self._lines is None:
+            vocab = self.config.vocab_size
+            table = line_table(self.tokenizer.token_texts(), vocab)[:, :vocab]
+            table.flags.writeable = False
+            self._lines = table
+        return self._lines
 
     # -- library use: prompts in, events out ------------------------------------------------------
     def generate(

@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from model_runtime.fast import no_mask
-from model_runtime.kernels import Knobs, row_keys
+from model_runtime.kernels import Knobs, Limits, row_keys
 from model_runtime.model import KV, DreamModel, read_block
 from model_runtime.params import SamplingParams
 from model_runtime.placement import output_shardings
@@ -64,9 +64,7 @@ class SlidingInputs:
 
     attn: jax.Array  # [B, L] bool: real tokens (False: left padding)
     fill: jax.Array  # [B, L] bool: the positions to decode (the region's masks at the start)
-    stops: jax.Array  # [B, V] bool: tokens that end a row's text
-    newlines: jax.Array  # [V] i32: newlines per token (zeros when lines are not counted)
-    max_lines: jax.Array  # i32: a row's text ends with this many lines (0: no limit)
+    limits: Limits  # what the early stops read
     key: jax.Array  # [B] PRNG key per row; forward i draws from fold_in(key, i)
     temperature: jax.Array  # f32
     top_p: jax.Array  # f32
@@ -102,7 +100,7 @@ def frontier(
 ) -> tuple[jax.Array, jax.Array]:
     """Each row's first mask (``L`` when none) and whether the row is finished (``strategies.finished``:
     no mask left, or one of the spec's early stops ends the text before its first mask)."""
-    return finished(spec.stops, jnp, x, inputs.fill, inputs, mask_id)
+    return finished(spec.stops, jnp, x, inputs.fill, inputs.limits, mask_id)
 
 
 def _write(x: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
@@ -227,9 +225,7 @@ def _abstract_inputs(cache: ProgramCache, shape: tuple[int, int]) -> SlidingInpu
     return SlidingInputs(
         attn=cache.abstract(shape, jnp.bool_),
         fill=cache.abstract(shape, jnp.bool_),
-        stops=cache.abstract((b, cache.cfg.vocab_size), jnp.bool_),
-        newlines=cache.abstract((cache.cfg.vocab_size,), jnp.int32),
-        max_lines=i32,
+        limits=Limits.abstract(cache, b),
         key=cache.abstract_keys(b),
         temperature=f32,
         top_p=f32,
@@ -287,19 +283,17 @@ class SlidingCalls:
         x: np.ndarray,
         attn: np.ndarray,
         fill: np.ndarray,
-        tables: tuple[np.ndarray, np.ndarray],
+        limits: Any,
         seeds: Sequence[int],
         params: SamplingParams,
     ) -> SlidingCalls:
-        """``fill``: the positions to decode; ``tables``: the stop tokens ``[B, V]`` and the newlines per
-        token ``[V]`` the early stops read."""
+        """``fill``: the positions to decode; ``limits``: the run's ``HostLimits``, what the early stops
+        read."""
         knobs = Knobs.of(params)
         inputs = SlidingInputs(
             attn=jnp.asarray(attn),
             fill=jnp.asarray(fill),
-            stops=jnp.asarray(tables[0]),
-            newlines=jnp.asarray(tables[1]),
-            max_lines=jnp.int32(params.max_lines or 0),
+            limits=Limits.of(limits),
             key=row_keys(seeds, x.shape[0]),
             temperature=knobs.temperature,
             top_p=knobs.top_p,

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from model_runtime import lines
+
 # dInfer's CreditThresholdParallelDecoder defaults: credit weight, boost exponent, decay per forward.
 CREDIT_ALPHA, CREDIT_GAMMA, CREDIT_DECAY = 0.7, 0.2, 0.8
 
@@ -146,6 +148,17 @@ class StopTables(Protocol):
         """i32: a row's text ends with this many lines (0: no limit)."""
         ...
 
+    @property
+    def lines(self) -> Any:
+        """``[lines.ROWS, V]`` i32: where each token puts line breaks, indentation and code
+        (``model_runtime.lines``)."""
+        ...
+
+    @property
+    def scope(self) -> Any:
+        """``[B]`` i32: each row's scope, the columns a later line of its text needs (< 0: none)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EndOfText:
@@ -164,9 +177,48 @@ class LineLimit:
         return (limits.max_lines > 0) & (lines >= limits.max_lines)
 
 
-# Every run checks these; a request switches a limit off with its value (``max_lines`` 0), so one program
-# serves requests with and without it.
-EARLY_STOPS: tuple[EarlyStop, ...] = (EndOfText(), LineLimit())
+@dataclass(frozen=True)
+class ScopeEnd:
+    """A row ends where its code leaves its scope (an editor's block or empty-line suggestion, Tabby's
+    limitScopeByIndentation done while decoding): at a line after its first whose code is indented less
+    than the row's ``scope`` columns, or at a blank line after code. Its first line continues the
+    cursor's and is never judged. Token by token: a line's indentation is the blank columns after the
+    newline that starts it, of the blank tokens after that, and before the code of its first code token
+    (``model_runtime.lines``)."""
+
+    def ended(self, xp: Any, x: Any, decoded: Any, limits: StopTables) -> Any:
+        t = limits.lines[:, x]  # [ROWS, B, L]: each position's token's row of the table
+        pos = xp.arange(x.shape[1], dtype=xp.int32)
+        nl = (t[lines.NEWLINES] > 0) & decoded  # the answer's newlines: its first line is never judged
+        head = (t[lines.HEAD_CODE] > 0) & decoded  # code on the line a token continues (before its newline)
+        tail = (t[lines.TAIL_CODE] > 0) & nl  # a line whose code starts in the newline token that starts it
+        start = xp.maximum.accumulate(xp.where(nl, pos, -1), axis=-1)  # [B, L]: the last newline token
+        # The newline token that starts the line a token's head is on: the last one before the token.
+        prev = xp.concatenate([xp.full_like(start[:, :1], -1), start[:, :-1]], axis=1)
+        at = xp.clip(prev, 0, None)
+        codes = xp.cumsum(head.astype(xp.int32), axis=-1)
+        tails = xp.cumsum(tail.astype(xp.int32), axis=-1)
+        spaces = xp.cumsum(xp.where(decoded & ~nl, t[lines.SPACES], 0), axis=-1)
+
+        def at_prev(a: Any) -> Any:
+            return xp.take_along_axis(a, at, axis=1)
+
+        started = (prev >= 0) & ~at_prev(tail)  # a line a newline started, its code not begun with it
+        # The first code of such a line, and the line's indentation there.
+        first = head & started & (codes - head == at_prev(codes))
+        indent = at_prev(t[lines.TAIL_LEAD]) + spaces - at_prev(spaces) + t[lines.LEAD]
+        scope = limits.scope[:, None]
+        left = (first & (indent < scope)) | (tail & (t[lines.TAIL_LEAD] < scope))
+        # A blank line after code: inside a newline token ("\n\n"), or a line with no code that the next
+        # newline token ends; code came before it.
+        inner = (t[lines.INNER_BLANK] > 0) & nl & (codes + tails - tail > 0)
+        empty = nl & started & (codes == at_prev(codes)) & (at_prev(codes + tails) > 0)
+        return (limits.scope >= 0) & xp.any(left | inner | empty, axis=-1)
+
+
+# Every run checks these; a request switches each off with its value (``max_lines`` 0, a scope < 0), so
+# one program serves requests with and without them.
+EARLY_STOPS: tuple[EarlyStop, ...] = (EndOfText(), LineLimit(), ScopeEnd())
 
 
 def ended(stops: tuple[EarlyStop, ...], xp: Any, x: Any, decoded: Any, limits: StopTables) -> Any:

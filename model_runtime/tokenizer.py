@@ -112,6 +112,7 @@ class DreamTokenizer:
         self.dlm_pad_id = tokenizer.token_to_id("<|dlm_pad|>")
         self.mask_token = tokenizer.id_to_token(mask_id) or "<|mask|>"
         self._newlines: tuple[int, ...] | None = None
+        self._texts: tuple[str, ...] | None = None
 
     # -- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -178,13 +179,18 @@ class DreamTokenizer:
             ids.append(self.im_end_id)
         return tuple(ids)
 
+    def token_texts(self) -> tuple[str, ...]:
+        """Every token's own text, by id (decoded once, then kept)."""
+        if self._texts is None:
+            size = self._tok.get_vocab_size(with_added_tokens=True)
+            self._texts = tuple(self._tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False))
+        return self._texts
+
     def newlines(self) -> tuple[int, ...]:
         """How many newlines each token's text holds (``\n``, ``):\n``, ``\n\n``...), by id: where lines
         end."""
         if self._newlines is None:
-            size = self._tok.get_vocab_size(with_added_tokens=True)
-            texts = self._tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
-            self._newlines = tuple(t.count("\n") for t in texts)
+            self._newlines = tuple(t.count("\n") for t in self.token_texts())
         return self._newlines
 
     def postprocess(self, ids: Sequence[int], *, chat: bool) -> str:

@@ -65,6 +65,10 @@ class Device(Layout, Protocol):
         """``[V]``: newlines per token id where lines are counted (``max_lines``), else zeros; read-only."""
         ...
 
+    def line_table(self) -> np.ndarray:
+        """``[lines.ROWS, V]``: where each token puts line breaks, indentation and code; read-only."""
+        ...
+
 
 class Decoder(Protocol):
     """One decoder: its traits, its programs and its run. ``shape`` is the rows' (batch, length) bucket,
@@ -188,12 +192,29 @@ def stop_table(device: Device, rows: Sequence[CanvasRow], batch: int) -> np.ndar
 
 
 @dataclass(frozen=True)
-class HostTables:
-    """The early stops' tables on the host (``strategies.StopTables``)."""
+class HostLimits:
+    """What a run's early stops read (``strategies.StopTables``), on the host; ``kernels.Limits`` puts
+    them on the device."""
 
-    stops: np.ndarray  # [B, V] bool
-    newlines: np.ndarray  # [V] i32
-    max_lines: int
+    stops: np.ndarray  # [B, V] bool: tokens that end each row's text
+    newlines: np.ndarray  # [V] i32: newlines per token (zeros when lines are not counted)
+    max_lines: int  # 0: no limit
+    lines: np.ndarray  # [lines.ROWS, V] i32: line breaks, indentation and code per token
+    scope: np.ndarray  # [B] i32: each row's scope in columns (-1: none)
+
+    @classmethod
+    def of(cls, device: Device, rows: Sequence[CanvasRow], params: SamplingParams, batch: int) -> HostLimits:
+        """The limits of a run of ``rows`` (in a bucket of ``batch`` rows) under ``params``."""
+        scope = np.full(batch, -1, np.int32)
+        if params.block_scope is not None:
+            scope[: len(rows)] = params.block_scope
+        return cls(
+            stop_table(device, rows, batch),
+            device.newline_table(bool(params.max_lines)),
+            params.max_lines or 0,
+            device.line_table(),
+            scope,
+        )
 
 
 def region_mask(batch: PlacedBatch, mask_id: int) -> np.ndarray:

@@ -16,12 +16,11 @@ import numpy as np
 from model_runtime.batch import PlacedBatch
 from model_runtime.decoders.base import (
     Device,
-    HostTables,
+    HostLimits,
     Layout,
     ProgramKey,
     finish,
     region_mask,
-    stop_table,
 )
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport
@@ -148,11 +147,7 @@ class Fast:
         """
         calls = self.calls(device, rows, params, shape)
         batch, size = calls.batch, calls.size
-        tables = HostTables(
-            stop_table(device, rows, shape[0]),
-            device.newline_table(bool(params.max_lines)),
-            params.max_lines or 0,
-        )
+        limits = HostLimits.of(device, rows, params, shape[0])
         fill = region_mask(batch, device.mask_id)
         x = calls.canvas()
         run = _FastRun(calls, device)
@@ -169,7 +164,7 @@ class Fast:
                     cur = np.array(device.host(x))  # one host sync per block: the end-of-text check
                     run.forwards += int(device.host(iters))
                 # Every block so far is decoded whole: a row has ended once its text so far ends it.
-                _, ended = finished(self.stops, np, cur, fill, tables, device.mask_id)
+                _, ended = finished(self.stops, np, cur, fill, limits, device.mask_id)
                 done = bool(np.all(ended[: len(rows)]))
                 if done and b < len(calls.starts) - 1:
                     # Every row has ended its text: the rest of the canvas would be padding. Fill it, stop.

@@ -20,13 +20,12 @@ import numpy as np
 from model_runtime.batch import PlacedBatch
 from model_runtime.decoders.base import (
     Device,
-    HostTables,
+    HostLimits,
     Layout,
     ProgramKey,
     finish,
     region_mask,
     row_seeds,
-    stop_table,
 )
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
 from model_runtime.params import SamplingParams
@@ -91,8 +90,10 @@ class Reference:
 
     @staticmethod
     def stops(params: SamplingParams, hooks: tuple[Hook | None, Hook | None]) -> tuple[EarlyStop, ...]:
-        """The early stops of a run: with ``max_lines`` (and no parity hooks), the text's end; else none."""
-        return EARLY_STOPS if params.max_lines and hooks == (None, None) else ()
+        """The early stops of a run: with ``max_lines`` or a ``block_scope`` (and no parity hooks), the
+        text's end; else none (every step runs, as published)."""
+        ends = params.max_lines or params.block_scope is not None
+        return EARLY_STOPS if ends and hooks == (None, None) else ()
 
     def _key_of(
         self,
@@ -183,12 +184,11 @@ class Reference:
         mask_id = device.mask_id
         stops = self.stops(params, hooks)
         fill = region_mask(batch, mask_id)
-        tables = (stop_table(device, rows, shape[0]), device.newline_table(bool(params.max_lines)))
-        limits = HostTables(*tables, params.max_lines or 0)
+        limits = HostLimits.of(device, rows, params, shape[0])
         t_start = time.perf_counter()
         steps = params.steps
         if not stream and stops:
-            out, ran = calls.until(x, key[5], fill, tables, params.max_lines or 0)
+            out, ran = calls.until(x, key[5], fill, limits)
             prev, steps = device.host(out), int(device.host(ran))
         elif not stream:
             prev = device.host(calls.loop(x, key[5]))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from model_runtime.batch import PlacedBatch
-from model_runtime.decoders.base import Device, Layout, ProgramKey, finish, region_mask, row_seeds, stop_table
+from model_runtime.decoders.base import Device, HostLimits, Layout, ProgramKey, finish, region_mask, row_seeds
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
 from model_runtime.params import SamplingParams
 from model_runtime.specs import SlidingSpec
@@ -105,9 +105,9 @@ class Sliding:
         programs, built = self._programs(device, shape, SlidingSpec.of(params))
         mask_id, pad_id = device.mask_id, device.config.pad_token_id
         fill = region_mask(batch, mask_id)
-        tables = (stop_table(device, rows, shape[0]), device.newline_table(bool(params.max_lines)))
+        limits = HostLimits.of(device, rows, params, shape[0])
         calls = sliding.SlidingCalls.bind(
-            programs, device.state, batch.x, batch.attn, fill, tables, row_seeds(rows, params), params
+            programs, device.state, batch.x, batch.attn, fill, limits, row_seeds(rows, params), params
         )
         t_start = time.perf_counter()
         front, cache = calls.prefill()

@@ -11,9 +11,10 @@ import pytest
 from assistant.server.fake_runtime import FakeRuntime
 from model_runtime import SamplingParams, decoders
 from model_runtime.batch import answer_length
-from model_runtime.decoders.base import HostTables
+from model_runtime.decoders.base import HostLimits
+from model_runtime.lines import line_table
 from model_runtime.params import DECODERS
-from model_runtime.strategies import EARLY_STOPS, commit_rule, finished
+from model_runtime.strategies import EARLY_STOPS, ScopeEnd, commit_rule, finished
 
 
 def test_the_registry_holds_every_decoder_the_option_offers():
@@ -47,10 +48,18 @@ def test_the_early_stops_decide_alike_on_the_host_and_on_the_device():
     stops[:, eos] = True
     newlines = np.zeros(10, np.int32)
     newlines[nl] = 1
+    lines = line_table(["?"] * 10)  # no token here breaks a line for the scope's stop
+    scope = np.full(4, -1, np.int32)
     for max_lines, want in ((1, [True, True, False, True]), (0, [False, True, False, True])):
-        tables = HostTables(stops, newlines, max_lines)
+        tables = HostLimits(stops, newlines, max_lines, lines, scope)
         first, host = finished(EARLY_STOPS, np, x, fill, tables, mask)
-        on_device = HostTables(jnp.asarray(stops), jnp.asarray(newlines), jnp.int32(max_lines))
+        on_device = HostLimits(
+            jnp.asarray(stops),
+            jnp.asarray(newlines),
+            jnp.int32(max_lines),
+            jnp.asarray(lines),
+            jnp.asarray(scope),
+        )
         first_d, device = finished(EARLY_STOPS, jnp, jnp.asarray(x), jnp.asarray(fill), on_device, mask)
         assert host.tolist() == want == np.asarray(device).tolist()
         assert first.tolist() == [4, 3, 2, 6] == np.asarray(first_d).tolist()
@@ -106,3 +115,67 @@ def test_the_reference_decoder_stops_at_the_last_line_with_the_same_answers(runt
         n = answer_length(full, stop_ids, counts, 1)
         assert answer == n and got[:n] == full[:n]
         assert tok.mask_id not in got  # what was never decoded is padding
+
+
+# A vocabulary of pieces a byte-level BPE makes of code: newlines with and without the next line's
+# indentation or code, runs of spaces, code with spaces before it.
+PIECES = [
+    "\n",
+    "\n\n",
+    "\n    ",
+    "\n  ",
+    "\n    return",
+    "    ",
+    "  ",
+    "\t",
+    " ",
+    "x",
+    " = 1",
+    "return",
+    "):\n",
+    "  pass",
+]
+BLANK = " \t\r"
+
+
+def leaves_scope(text: str, scope: int) -> bool:
+    """The rule on text: a later line whose code is indented less than ``scope``, or a blank line (its
+    newline written) after code."""
+    lines = text.split("\n")
+    code = bool(lines[0].strip(BLANK))
+    for i, line in enumerate(lines[1:], 1):
+        if line.strip(BLANK):
+            if len(line) - len(line.lstrip(BLANK)) < scope:
+                return True
+            code = True
+        elif i < len(lines) - 1 and code:
+            return True
+    return False
+
+
+def test_the_scope_stop_reads_a_tokens_lines_as_the_text_reads():
+    """``ScopeEnd`` works token by token, on the host and the device alike; on 1,000 random answers made of
+    BPE-like pieces it ends exactly the answers whose text leaves the scope."""
+    table = line_table(PIECES)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, len(PIECES), size=(1000, 12)).astype(np.int32)
+    scope = rng.integers(-1, 7, size=1000).astype(np.int32)
+    decoded = np.ones(x.shape, bool)
+    limits = HostLimits(np.zeros((1000, len(PIECES)), bool), np.zeros(len(PIECES), np.int32), 0, table, scope)
+    host = ScopeEnd().ended(np, x, decoded, limits)
+    on_device = HostLimits(
+        *(jnp.asarray(a) for a in (limits.stops, limits.newlines)), 0, jnp.asarray(table), jnp.asarray(scope)
+    )
+    device = np.asarray(ScopeEnd().ended(jnp, jnp.asarray(x), jnp.asarray(decoded), on_device))
+    want = [
+        s >= 0 and leaves_scope("".join(PIECES[t] for t in row), s) for row, s in zip(x, scope, strict=True)
+    ]
+    assert host.tolist() == want == device.tolist()
+    assert 150 < sum(want) < 900  # both outcomes are well represented
+    # Only what is decoded counts: the same answers cut at their fourth token.
+    decoded[:, 4:] = False
+    cut = [
+        s >= 0 and leaves_scope("".join(PIECES[t] for t in row[:4]), s)
+        for row, s in zip(x, scope, strict=True)
+    ]
+    assert ScopeEnd().ended(np, x, decoded, limits).tolist() == cut
