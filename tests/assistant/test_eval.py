@@ -44,6 +44,7 @@ def test_canonical_solutions_pass_and_empty_completions_fail(problems, tmp_path,
     judged = out["summary"]["judge"]
     assert (judged["outside"], judged["in_process"], list(judged["fallback"])) == (163, 1, ["HumanEval/32"])
     assert {r["task_id"] for r in out["results"] if r["judge"] == "in-process"} == {"HumanEval/32"}
+    assert "judge: 163 tasks judged outside the program" in captured.err
 
     empty = _samples(tmp_path, "empty.jsonl", [{"task_id": p.task_id, "completion": ""} for p in problems])
     assert main(["eval", "humaneval", "--samples", empty, "--json"]) == 0
@@ -145,6 +146,29 @@ def test_forgeries_inside_the_programs_process_fail(problems, tmp_path, capsys):
     for task_id, forged in IN_PROCESS_FORGERIES.items():
         assert got[task_id, forged][:2] == (False, "failed"), (task_id, got[task_id, forged])
         assert got[task_id, canonical[task_id]] == (True, "passed", "outside")
+
+
+def test_a_program_named_as_markup_or_not_text_leaves_the_evaluation_whole(problems, tmp_path, capsys):
+    """Exception names that are rich markup or terminal escapes, and a completion with a lone surrogate:
+    each fails alone, the table and the --json report come out, nothing of them reaches the terminal raw."""
+    raising = "    raise type({!r}, (Exception,), {{}})()\n"
+    completions = [
+        raising.format("[/]"),
+        raising.format("[bold red]x[/bold red]\x1b[41m"),
+        "    return '\ud800'\n",
+        problems[0].canonical_solution,
+    ]
+    rows = [{"task_id": "HumanEval/0", "completion": c} for c in completions]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the surrogate as JSON's \ud800
+    assert main(["eval", "humaneval", "--samples", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [r["status"] for r in out["results"]] == ["error", "error", "error", "passed"]
+    assert [r["error"] for r in out["results"]][:2] == ["[/]", "[bold red]x[/bold red]\x1b[41m"]
+    assert "UnicodeEncodeError" in out["results"][2]["error"]
+    assert "humaneval (samples): 1 tasks" in captured.err and "1/4" in captured.err
+    assert "[/] 1" in captured.err and "\x1b" not in captured.err and "\\x1b[41m" in captured.err
 
 
 def test_infilling_tasks_match_the_published_counts(problems):
