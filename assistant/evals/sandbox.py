@@ -164,6 +164,15 @@ def _unprivileged_identity() -> list[int] | None:
         return [65534, 65534]
 
 
+def _user_namespace() -> str:
+    """This process's user namespace (``user:[inode]``), or "" where /proc does not say: the child
+    then leaves ``user.max_user_namespaces`` alone rather than risk setting the machine's."""
+    try:
+        return os.readlink("/proc/self/ns/user")
+    except OSError:
+        return ""
+
+
 def _unencodable(program: str) -> str | None:
     """Why ``program`` cannot be handed to Python as UTF-8 text (a lone surrogate), or None."""
     try:
@@ -192,7 +201,7 @@ class Sandbox:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._identity = _unprivileged_identity()
         self._hierarchies = cgroups.find()
-        self._host_user_ns = os.readlink("/proc/self/ns/user")
+        self._host_user_ns = _user_namespace()
         self._live: set[Run] = set()
         self._lock = threading.Lock()
         self._closed = False

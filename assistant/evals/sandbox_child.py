@@ -177,7 +177,7 @@ def no_nested_user_namespaces(host_user_ns: str) -> bool:
     capabilities there), so no namespace can be made below it. Only ever in a namespace of the run's own:
     written in the machine's, the same value would turn user namespaces off for everyone."""
     try:
-        if os.readlink("/proc/self/ns/user") == host_user_ns:
+        if not host_user_ns or os.readlink("/proc/self/ns/user") == host_user_ns:
             return False
     except OSError:
         return False
