@@ -264,9 +264,9 @@ class Sandbox:
             "status_fd": status_w,
             "result_fd": result_w,
         }
-        config_fd = _config_fd(config)
         start = time.perf_counter()
         deadline = time.monotonic() + limits.timeout
+        config_fd = _config_fd(config)
         try:
             # The evaluator's pid in the command line: ps shows whose run it is (tests count their own).
             proc = subprocess.Popen(
@@ -279,6 +279,10 @@ class Sandbox:
                 pass_fds=(status_w, result_w, config_fd),
                 start_new_session=True,
             )
+        except BaseException:
+            for r, _ in pipes:
+                os.close(r)
+            raise
         finally:
             for fd in (config_fd, *(w for _, w in pipes)):
                 os.close(fd)
