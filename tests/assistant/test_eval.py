@@ -35,10 +35,16 @@ def test_canonical_solutions_pass_and_empty_completions_fail(problems, tmp_path,
         [{"task_id": p.task_id, "completion": p.canonical_solution} for p in problems],
     )
     assert main(["eval", "humaneval", "--samples", canon, "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["summary"]["tasks"] == 164 and out["summary"]["passed_samples"] == 164
     assert out["summary"]["pass@1"] == 1.0
     assert {r["status"] for r in out["results"]} == {"passed"}
+    # Judged outside the programs but HumanEval/32, whose test checks a property of the output.
+    judged = out["summary"]["judge"]
+    assert (judged["outside"], judged["in_process"], list(judged["fallback"])) == (163, 1, ["HumanEval/32"])
+    assert {r["task_id"] for r in out["results"] if r["judge"] == "in-process"} == {"HumanEval/32"}
+    assert "judge: 163 tasks judged outside the program" in captured.err
 
     empty = _samples(tmp_path, "empty.jsonl", [{"task_id": p.task_id, "completion": ""} for p in problems])
     assert main(["eval", "humaneval", "--samples", empty, "--json"]) == 0
@@ -76,6 +82,93 @@ def test_forged_passes_and_a_deep_directory_fail_and_the_evaluation_reports(prob
     assert got[FORGERIES["os._exit in the function"]][1] == "exit"
     assert got[DEEP] == (False, "failed")
     assert out["summary"]["passed_samples"] == 1
+
+
+# Forgeries that share the harness's process (#43 N4), each a pass before the judge moved outside the
+# program: a frame walk to the harness's pass marker (the nonce, or the token and its result pipe),
+# sys.settrace replacing check before it runs, an object equal to everything.
+FRAME_WALK = """\
+    import json, os, sys
+    frame = sys._getframe()
+    while frame is not None:
+        local = frame.f_locals
+        if "nonce" in local and "result_fd" in local:
+            os.write(local["result_fd"], f"passed {local['nonce']}\\n".encode())
+            os._exit(0)
+        for value in list(local.values()):
+            if isinstance(getattr(value, "fd", None), int) and isinstance(getattr(value, "token", None), str):
+                for record in ({"passed": 1}, {"end": 1}):
+                    os.write(value.fd, (json.dumps({**record, "token": value.token}) + "\\n").encode())
+                os._exit(0)
+        frame = frame.f_back
+    return False
+"""
+SETTRACE = """\
+    return []
+
+
+import sys
+
+
+def _skip(candidate):
+    return None
+
+
+def _tracer(frame, event, arg):
+    if frame.f_globals.get("check") not in (None, _skip):
+        frame.f_globals["check"] = _skip
+    return _tracer
+
+
+sys._getframe().f_trace = _tracer
+sys.settrace(_tracer)
+"""
+ALWAYS_EQUAL = """\
+    class _Equal:
+        def __eq__(self, other):
+            return True
+
+        def __ne__(self, other):
+            return False
+
+    return _Equal()
+"""
+IN_PROCESS_FORGERIES = {"HumanEval/0": FRAME_WALK, "HumanEval/1": SETTRACE, "HumanEval/3": ALWAYS_EQUAL}
+
+
+def test_forgeries_inside_the_programs_process_fail(problems, tmp_path, capsys):
+    canonical = {p.task_id: p.canonical_solution for p in problems[:4]}
+    rows = [{"task_id": t, "completion": c} for t, c in IN_PROCESS_FORGERIES.items()]
+    rows += [{"task_id": t, "completion": c} for t, c in canonical.items()]
+    assert main(["eval", "humaneval", "--samples", _samples(tmp_path, "n4.jsonl", rows), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    got = {(r["task_id"], r["completion"]): (r["passed"], r["status"], r.get("judge")) for r in results}
+    for task_id, forged in IN_PROCESS_FORGERIES.items():
+        assert got[task_id, forged][:2] == (False, "failed"), (task_id, got[task_id, forged])
+        assert got[task_id, canonical[task_id]] == (True, "passed", "outside")
+
+
+def test_a_program_named_as_markup_or_not_text_leaves_the_evaluation_whole(problems, tmp_path, capsys):
+    """Exception names that are rich markup or terminal escapes, and a completion with a lone surrogate:
+    each fails alone, the table and the --json report come out, nothing of them reaches the terminal raw."""
+    raising = "    raise type({!r}, (Exception,), {{}})()\n"
+    completions = [
+        raising.format("[/]"),
+        raising.format("[bold red]x[/bold red]\x1b[41m"),
+        "    return '\ud800'\n",
+        problems[0].canonical_solution,
+    ]
+    rows = [{"task_id": "HumanEval/0", "completion": c} for c in completions]
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the surrogate as JSON's \ud800
+    assert main(["eval", "humaneval", "--samples", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [r["status"] for r in out["results"]] == ["error", "error", "error", "passed"]
+    assert [r["error"] for r in out["results"]][:2] == ["[/]", "[bold red]x[/bold red]\x1b[41m"]
+    assert "UnicodeEncodeError" in out["results"][2]["error"]
+    assert "humaneval (samples): 1 tasks" in captured.err and "1/4" in captured.err
+    assert "[/] 1" in captured.err and "\x1b" not in captured.err and "\\x1b[41m" in captured.err
 
 
 def test_infilling_tasks_match_the_published_counts(problems):

@@ -92,6 +92,77 @@ def test_forged_passes_earn_no_code_reward(code_reward):
     assert code_reward([*forged, honest], test_cases=[tests] * 5) == [0.0, 0.0, 0.0, 0.0, 1.0]
 
 
+# Forgeries that share the harness's process (#43 N4), each worth the whole code reward before the judge
+# moved outside the program: a block that defines nothing and walks the frames to the pass marker, a
+# tracer that swaps in a function returning an object equal to everything as the assert runs, and such
+# an object returned outright.
+RL_FORGERIES = [
+    """import json, os, sys
+frame = sys._getframe()
+while frame is not None:
+    local = frame.f_locals
+    if "nonce" in local and "result_fd" in local:
+        os.write(local["result_fd"], f"passed {local['nonce']}\\n".encode())
+        os._exit(0)
+    for value in list(local.values()):
+        if isinstance(getattr(value, "fd", None), int) and isinstance(getattr(value, "token", None), str):
+            for record in ({"passed": 1}, {"end": 1}):
+                os.write(value.fd, (json.dumps({**record, "token": value.token}) + "\\n").encode())
+            os._exit(0)
+    frame = frame.f_back
+""",
+    """import linecache, sys
+
+
+class _Equal:
+    def __eq__(self, other):
+        return True
+
+
+def f(x):
+    return 0
+
+
+def _tracer(frame, event, arg):
+    if event == "line" and frame.f_code.co_filename == "program.py":
+        if linecache.getline("program.py", frame.f_lineno).lstrip().startswith("assert"):
+            frame.f_globals["f"] = lambda *args: _Equal()
+    return _tracer
+
+
+sys._getframe().f_trace = _tracer
+sys.settrace(_tracer)
+""",
+    """class _Equal:
+    def __eq__(self, other):
+        return True
+
+
+def f(x):
+    return _Equal()
+""",
+]
+
+
+def test_forgeries_inside_the_programs_process_earn_no_code_reward(code_reward):
+    answers = [f"```python\n{code}```\n" for code in [*RL_FORGERIES, "def f(x):\n    return x + 1\n"]]
+    assert all(rewards.format_score(a) == 1.0 for a in answers)
+    tests = ["assert f(1) == 2", "assert f(2) == 3"]
+    assert code_reward(answers, test_cases=[tests] * 4) == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_outputs_are_judged_by_type_and_other_test_cases_still_count(code_reward):
+    """Judged against the task's ``solution`` column: a tuple is not the list the solution returns. A
+    test case the judge cannot read (not one call in a known shape) still counts, run in the program's
+    process."""
+    answer = "```python\ndef f(x):\n    return [x, x]\n```\n"
+    tests = ["assert f(2) == [2, 2]", "assert f(3) != (3, 3)", "assert len(f(1)) == 2"]
+    solution = "def f(x):\n    return [x, x]\n"
+    assert code_reward([answer], test_cases=[tests], solution=[solution]) == [1.0]
+    tuple_answer = "```python\ndef f(x):\n    return (x, x)\n```\n"  # a tuple is not the list due
+    assert code_reward([tuple_answer], test_cases=[tests], solution=[solution]) == [pytest.approx(1 / 3)]
+
+
 def test_format_wants_the_closing_fence_and_a_final_newline_only():
     block = "```python\nx = 1\n```"
     assert rewards.format_score(block + "\n") == 1.0

@@ -241,6 +241,10 @@ def make_huge_added_token_id(d):
     (d / "added_tokens.json").write_text(json.dumps(added))
 
 
+def make_non_utf8_merges(d):
+    (d / "merges.txt").write_bytes((d / "merges.txt").read_bytes() + b"\xff\xfe \x80\n")
+
+
 def make_pickle_only_without_config(d):
     make_pickle_only(d)
     (d / "config.json").unlink()
@@ -262,6 +266,7 @@ def make_pickle_only_without_config(d):
         (make_missing_config_key, "rope_theta: missing"),
         (make_deep_config, "config.json is nested too deep to be a model config"),
         (make_huge_added_token_id, "added_tokens.json: '<|endoftext|>': a token id must be an integer"),
+        (make_non_utf8_merges, "merges.txt: not UTF-8 text (invalid start byte at byte"),
     ],
 )
 def test_broken_checkpoints_give_one_clear_error(tiny_dir, tmp_path, capsys, breaker, expected):

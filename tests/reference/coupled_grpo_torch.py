@@ -5,9 +5,12 @@ Written from apple/ml-diffucoder ``src/open_r1/coupled_grpo.py`` (``DiffuGRPOTra
 block of ``_generate_and_score_completions``), in its structure: the per-iteration list of three noisy
 copies, the ``[iterations * 3 * batch]`` logits layout and its index arithmetic, the ``permute`` to
 ``[batch, iterations, T]``, the ``_step % num_iterations`` iteration pick. Only the parts that need a GPU,
-accelerate or TRL are left out (bf16 autocast, gathers, logging). One defect is fixed, as the port fixes
-it: the published reference-model branch reads ``prompt_completion_ids_expanded``, which exists only when
-``num_iterations > 1`` (a NameError with ``num_iterations == 1`` and ``beta != 0``).
+accelerate or TRL are left out (bf16 autocast, gathers); the logged metrics are kept as the published
+code computes them (``logged_kl``, ``logged_clip_ratio``) beside the per-token means diffu logs. One
+defect is fixed, as the port fixes it: the published reference-model branch reads
+``prompt_completion_ids_expanded``, which exists only when ``num_iterations > 1`` (a NameError with
+``num_iterations == 1`` and ``beta != 0``). ``completion_mask`` restates the end-of-turn mask of
+``_generate_and_score_completions``.
 
 The model is ``dream_torch.DreamReference``, called like the published ``model(batch).logits``: no
 attention mask, positions ``0..L-1``. Tests use it as the parity reference; torch lives only here.
@@ -20,6 +23,18 @@ import random
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """``_generate_and_score_completions``' mask (the eos token there is ``<|im_end|>``): per row the
+    index of its first eos (the row's length when it has none), then 1 at every position ``<=`` it."""
+    is_eos = completion_ids == eos_token_id
+    rows, length = is_eos.shape
+    first = torch.full((rows,), length, dtype=torch.long)
+    has_eos = is_eos.any(dim=1)
+    first[has_eos] = is_eos.int().argmax(dim=1)[has_eos]
+    positions = torch.arange(length).expand(rows, -1)
+    return (positions <= first.unsqueeze(1)).int()
 
 
 def set_seed(seed: int) -> None:
@@ -151,11 +166,24 @@ class PublishedCoupledGRPO:
         if self.beta != 0.0:
             per_token_loss = per_token_loss + self.beta * kl
         loss = (per_token_loss[:, 0, :] * completion_mask).sum() / completion_mask.sum().clamp(min=1.0)
+        # The per-token means (what diffu logs): each row's values under its own mask.
         mean_kl = (kl[:, 0, :] * completion_mask).sum() / completion_mask.sum()
         low = (coef_1 < 1 - self.epsilon_low) & (advantages.view(-1, 1, 1) < 0)
         high = (coef_1 > 1 + self.epsilon_high) & (advantages.view(-1, 1, 1) > 0)
         region = ((low | high)[:, 0, :] * completion_mask).sum() / completion_mask.sum()
-        return loss, {"kl": mean_kl, "clip_ratio": region}
+        # The published metrics: kl [B, 1, T] times completion_mask [B, T] broadcasts to [B, B, T] (every
+        # row's KL under every row's mask), and the clip tests pair coef_1 [B, 1, T] with
+        # advantages.unsqueeze(1) [B, 1] (every row's ratio with every row's advantage), [B, B, T] too.
+        logged_kl = (kl * completion_mask).sum() / completion_mask.sum()
+        logged_low = (coef_1 < 1 - self.epsilon_low) & (advantages.unsqueeze(1) < 0)
+        logged_high = (coef_1 > 1 + self.epsilon_high) & (advantages.unsqueeze(1) > 0)
+        logged_region = ((logged_low | logged_high) * completion_mask).sum() / completion_mask.sum()
+        return loss, {
+            "kl": mean_kl,
+            "clip_ratio": region,
+            "logged_kl": logged_kl,
+            "logged_clip_ratio": logged_region,
+        }
 
 
 def selective_log_softmax(logits, index, weights, mask):

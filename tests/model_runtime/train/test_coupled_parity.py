@@ -6,8 +6,11 @@ those draws), same rewards: per-token log-probabilities, advantages, loss, KL, c
 gradient agree within 1e-5 relative (the gradient 1e-4), for ``num_iterations`` 1 and 2.
 
 Then the trainer itself: a rollout of prompts of different lengths, made and scored by ``RLTrainer``,
-against the published computation on each prompt's rows alone (a published device batch), with the
-trainer's own per-device-group masks; the mask draws per device group; the recipe's warm-up.
+with ``<|im_end|>`` forced into some completions, against the published computation on each prompt's
+rows alone (a published device batch): the published side's prompts are encoded here, from the tasks'
+messages, and its completion mask is the published code's (``completion_mask``), so neither borrows the
+trainer's prompt lengths or mask; only the trainer's per-device-group masks are shared. Then the mask
+draws per device group; the recipe's warm-up.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import torch
 from safetensors.numpy import load_file
 
 import model_runtime
+from model_runtime.interface import BatchDone
 from model_runtime.tiny import write_checkpoint
+from model_runtime.tokenizer import chat_prompt
 from model_runtime.train.corpus import TOKENIZER_FILES
 from model_runtime.train.export import params_by_path
 from model_runtime.train.loop import TrainConfig, schedule
@@ -33,7 +38,7 @@ from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import Task
 from model_runtime.train.rl.trainer import RLTrainer
-from tests.reference.coupled_grpo_torch import PublishedCoupledGRPO
+from tests.reference.coupled_grpo_torch import PublishedCoupledGRPO, completion_mask
 from tests.reference.dream_torch import DreamReference
 
 
@@ -82,7 +87,7 @@ def _batch(rt, rows: int, prompt: int, completion: int, seed: int) -> tuple[np.n
         ids[b, : b % 3] = cfg.pad_token_id  # rows padded by 0, 1, 2 tokens
     for b, at in ((0, 3), (2, 8)):
         ids[b, prompt + at] = tok.im_end_id
-    mask = coupled.completion_mask(ids[:, prompt:], tok.im_end_id)
+    mask = completion_mask(torch.tensor(ids[:, prompt:]), tok.im_end_id).numpy()
     return ids, mask
 
 
@@ -141,7 +146,7 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         # Published: one compute_loss per micro-batch, each divided by the accumulation steps.
         th_cur = th["cur"]
         th_cur.zero_grad()
-        total, kls, clips = 0.0, [], []
+        total, kls, clips, logged_kls = 0.0, [], [], []
         for j in range(accumulation):
             part = slice(j * chunk, (j + 1) * chunk)
             inputs = {
@@ -159,6 +164,7 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
             total += float(loss_j.detach()) / accumulation
             kls.append(float(m["kl"].detach()))
             clips.append(float(m["clip_ratio"].detach()))
+            logged_kls.append(float(m["logged_kl"].detach()))
 
         old_k = None if num_iterations == 1 else jnp.asarray(old_t[:, k].numpy())
 
@@ -174,6 +180,11 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         assert abs(float(loss) - total) <= 1e-5 * abs(total), (float(loss), total)
         assert float(metrics["kl"]) == pytest.approx(np.mean(kls), rel=1e-5)
         assert float(metrics["clip_ratio"]) == pytest.approx(np.mean(clips), rel=1e-5, abs=1e-7)
+        # The published log: every row's KL under every row's mask. Where no completion of a micro-batch
+        # ends early it is exactly the rows times the per-token mean (docs/training.md).
+        for j, (kl_j, logged_j) in enumerate(zip(kls, logged_kls, strict=True)):
+            if cmask[j * chunk : (j + 1) * chunk].all():
+                assert logged_j == pytest.approx(chunk * kl_j, rel=1e-5)
         ours = params_by_path(grads)
         for path, name in (
             (("lm_head",), "lm_head"),
@@ -231,25 +242,59 @@ class GivenMasks(PublishedCoupledGRPO):
         return t, matrix
 
 
+# <|im_end|> forced into the rollout's completions (row: positions): early, at the first token, twice (the
+# first one ends the mask), at the last token. Rows 0-3 are the first prompt's, 4-7 the second's.
+FORCED_END = {0: (3,), 5: (0,), 7: (6, 9), 10: (15,)}
+
+
+def _forcing_the_end_of_turn(rt) -> None:
+    """Make ``rt.run`` (the rollout's sampler) return ``<|im_end|>`` where ``FORCED_END`` says, before the
+    trainer reads its completions: the end-of-turn mask is then the trainer's own, as in a real rollout."""
+    real, seen = rt.run, [0]
+
+    def run(rows, params, stream=False):
+        for event in real(rows, params, stream=stream):
+            if isinstance(event, BatchDone):
+                for k, generated in enumerate(event.generated):
+                    for at in FORCED_END.get(seen[0] + k, ()):
+                        generated[at] = rt.tokenizer.im_end_id
+                seen[0] += len(event.generated)
+            yield event
+
+    rt.run = run
+
+
+def published_prompts(trainer: RLTrainer) -> list[list[int]]:
+    """Each row's prompt as the published trainer encodes it (the chat template's text through the
+    tokenizer, left-truncated to max_prompt_length), from the tasks themselves."""
+    tok, cfg = trainer.rt.tokenizer, trainer.cfg
+    tasks = [t for t in trainer.tasks_for(0) for _ in range(cfg.num_generations)]
+    return [tok.encode(chat_prompt(t.messages()))[-cfg.max_prompt_length :] for t in tasks]
+
+
 @pytest.fixture(scope="module")
 def scored_rollout(models, tiny_dir, tmp_path_factory):
     """A trainer after its first rollout and first update (the reference model: a perturbed checkpoint,
-    so that KL and reference scores are not the policy's), with its metrics and the published scores of
-    each prompt's rows alone: ``[B, I, T]`` old-policy and reference log-probs."""
+    so that KL and reference scores are not the policy's), with its metrics and what the published code
+    makes of the same completions: ``[B, I, T]`` old-policy and reference log-probs of each prompt's rows
+    alone, the prompts and the completion mask."""
     jx, th = models
     trainer = _rollout_trainer(tmp_path_factory.mktemp("rollout"), tiny_dir)
     trainer.state["ref"] = jax.tree.map(jnp.copy, jx["ref"].state)
+    _forcing_the_end_of_turn(trainer.rt)
     trainer.make_rollout(0)
     buf = trainer.buffer
     cfg = trainer.cfg
     masks = [trainer.masks(int(s)) for s in buf.mask_seeds]  # per iteration: ([B], [B, T])
     t_len = cfg.max_completion_length
-    width = buf.ids.shape[1] - t_len
-    published = {"old": [], "ref": []}
+    completions = torch.tensor(buf.ids[:, -t_len:])  # the rollout's sampled tokens
+    prompts = published_prompts(trainer)
+    published: dict = {"old": [], "ref": [], "prompts": prompts}
+    published["mask"] = completion_mask(completions, trainer.rt.tokenizer.im_end_id).numpy()
     for lo in range(0, cfg.rows, cfg.num_generations):
         rows = slice(lo, lo + cfg.num_generations)
-        n = int(buf.prompt_lengths[lo])
-        alone = torch.tensor(buf.ids[rows, width - n :])  # the prompt unpadded, then the completions
+        prompt = torch.tensor(prompts[lo]).expand(cfg.num_generations, -1)
+        alone = torch.cat([prompt, completions[rows]], dim=1)  # the prompt unpadded, then the completions
         impl = GivenMasks(
             [(float(t[lo]), r[rows]) for t, r in masks],
             mask_id=jx["old"].config.mask_token_id,
@@ -260,7 +305,7 @@ def scored_rollout(models, tiny_dir, tmp_path_factory):
         old, ref = impl.score_rollout(th["old"], th["ref"], alone, t_len, list(range(cfg.num_iterations)))
         published["old"].append(old.numpy())
         published["ref"].append(ref.numpy())
-    expected = {k: np.concatenate(v) for k, v in published.items()}
+    expected = {k: np.concatenate(v) if k in ("old", "ref") else v for k, v in published.items()}
     update = trainer.update()
     yield trainer, expected, update
     trainer.close()
@@ -271,18 +316,40 @@ def test_rollout_of_prompts_of_different_lengths_scores_as_published(scored_roll
     buf, cfg = trainer.buffer, trainer.cfg
     lengths = buf.prompt_lengths.reshape(-1, cfg.num_generations)[:, 0]
     assert len(set(lengths.tolist())) == 3 and buf.ids.shape[1] - cfg.max_completion_length > min(lengths)
+    # The trainer's prompts are the published ones: the same ids, the same lengths (its attention mask).
+    width = buf.ids.shape[1] - cfg.max_completion_length
+    for b, prompt in enumerate(expected["prompts"]):
+        assert (
+            buf.prompt_lengths[b] == len(prompt)
+            and buf.ids[b, width - len(prompt) : width].tolist() == prompt
+        )
     for name, scores in (("old", buf.old), ("ref", buf.ref)):
         ours = np.transpose(scores, (1, 0, 2))  # [B, I, T]
         worst = float(np.max(np.abs(ours - expected[name])))
         assert worst <= 1e-4, f"{name}: off by up to {worst:.4g} nats a token"
-    # The update scores the current policy the same way: at the first step it is the old policy, so its
-    # KL to the reference, per row under the masks iterations_at(0) picks, is the published one.
+
+
+def test_the_end_of_turn_ends_the_completion_mask_as_published(scored_rollout):
+    """With <|im_end|> in the rollout the trainer's mask is the published one, that token included, and
+    the update's KL and loss are the published ones over it."""
+    trainer, expected, update = scored_rollout
+    buf, cfg = trainer.buffer, trainer.cfg
+    mask = expected["mask"]
+    assert mask[0].sum() == 4 and mask[5].sum() == 1 and mask[7].sum() == 7 and mask[10].all()
+    assert np.array_equal(buf.completion_mask, mask), np.argwhere(buf.completion_mask != mask).tolist()
+    # The update scores the current policy the same way: at the first step it is the old policy, so the
+    # ratio is 1 and the loss is -A + beta KL per token, under the masks iterations_at(0) picks.
     ks, rows = trainer.iterations_at(0), np.arange(cfg.rows)
     d = expected["ref"][rows, ks] - expected["old"][rows, ks]
-    kl = (np.exp(d) - d - 1) * buf.completion_mask
-    per_chunk = kl.reshape(-1, cfg.chunk * cfg.max_completion_length).sum(1)
-    per_chunk /= buf.completion_mask.reshape(per_chunk.shape[0], -1).sum(1)
-    assert update["kl"] == pytest.approx(float(per_chunk.mean()), rel=1e-3)
+    kl = np.exp(d) - d - 1
+    per_token_loss = -buf.advantages[:, None] + cfg.beta * kl
+
+    def chunk_means(x: np.ndarray) -> np.ndarray:
+        flat = (x * mask).reshape(-1, cfg.chunk * cfg.max_completion_length)
+        return flat.sum(1) / mask.reshape(flat.shape).sum(1)
+
+    assert update["kl"] == pytest.approx(float(chunk_means(kl).mean()), rel=1e-3)
+    assert update["loss"] == pytest.approx(float(chunk_means(per_token_loss).mean()), rel=1e-3, abs=1e-6)
     assert update["kl"] > 1e-4 and update["clip_ratio"] == 0.0
 
 
