@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from assistant.infill import context as ctx
 from assistant.infill.context import Mode
-from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess
+from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess, scope_of
 from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.settings import Settings
@@ -74,13 +74,23 @@ def plan(cursor: Cursor, settings: Settings) -> Plan:
 
 
 def mode_sampling(
-    settings: Settings, mode: Mode, steps: int, *, temperature: float | None = None, seed: int | None = None
+    settings: Settings,
+    mode: Mode,
+    steps: int,
+    *,
+    scope: int = 0,
+    temperature: float | None = None,
+    seed: int | None = None,
 ) -> SamplingOptions:
     """What a suggestion in ``mode`` sends: the user's knobs (``Settings.request_sampling``), and with
     text on the cursor's line one line (``max_lines`` 1): the suggestion is the rest of that line, so the
-    fast decoders stop once it is written and the daemon takes its model's one-line decoder."""
+    decoders stop once it is written and the daemon takes its model's one-line decoder. A block or an
+    empty line ends where its code leaves the cursor's ``scope`` (``postprocess.scope_of``): the decoders
+    stop there (``block_scope``), as the post-processing would cut it."""
     sampling = settings.request_sampling(steps, temperature=temperature, seed=seed)
-    return dataclasses.replace(sampling, max_lines=1) if mode is Mode.SINGLE_LINE else sampling
+    if mode is Mode.SINGLE_LINE:
+        return dataclasses.replace(sampling, max_lines=1)
+    return dataclasses.replace(sampling, block_scope=scope)
 
 
 def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
@@ -157,12 +167,15 @@ async def ask(
     """Ask the daemon (several candidates when invoked) and clean what comes back."""
     p = plan(cursor, settings)
     n = settings.candidates if cursor.invoked else 1
+    scope = scope_of(p.cursor_line, p.line_above, p.mode)
     prompts: list[ctx.Prompt] = []
 
     def request(prompt: ctx.Prompt, k: int) -> Awaitable[Done]:
         """Candidate ``k``: 0 is the greedy one (the user's temperature), others sampled with seed k."""
         temperature = None if k == 0 else CANDIDATE_TEMPERATURE
-        sampling = mode_sampling(settings, p.mode, p.steps, temperature=temperature, seed=k or None)
+        sampling = mode_sampling(
+            settings, p.mode, p.steps, scope=scope, temperature=temperature, seed=k or None
+        )
         return client.infill(
             prompt.prefix,
             prompt.suffix,

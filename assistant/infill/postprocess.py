@@ -118,19 +118,26 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def limit_scope(text: str, cursor_line: str, line_above: str, mode: Mode) -> str:
-    """End the completion where the code leaves the cursor's block (Tabby's limitScopeByIndentation).
+def scope_of(cursor_line: str, line_above: str, mode: Mode) -> int:
+    """The columns every later line of a completion must be indented by to stay in the cursor's block.
 
     In a block body (after an opener at the end of the cursor line, or of the line above a blank cursor
     line) every line must be indented deeper than the opener. Otherwise the scope is the cursor's
-    column on a blank line, or the cursor line's indentation. The first line of the completion continues
-    the cursor line and is never cut.
+    column on a blank line, or the cursor line's indentation. The daemon ends a block or empty-line
+    suggestion there while decoding (the ``block_scope`` a request sends).
     """
     if mode is Mode.BLOCK:
         opener = cursor_line if cursor_line.strip() else line_above
-        scope = indent_of(opener) + 1
-    else:
-        scope = indent_of(cursor_line) if cursor_line.strip() else len(cursor_line)
+        return indent_of(opener) + 1
+    return indent_of(cursor_line) if cursor_line.strip() else len(cursor_line)
+
+
+def limit_scope(text: str, cursor_line: str, line_above: str, mode: Mode) -> str:
+    """End the completion where the code leaves the cursor's block (Tabby's limitScopeByIndentation):
+    at a line indented less than :func:`scope_of`. The first line of the completion continues the cursor
+    line and is never cut.
+    """
+    scope = scope_of(cursor_line, line_above, mode)
     lines = text.split("\n")
     for i in range(1, len(lines)):
         if lines[i].strip() and indent_of(lines[i]) < scope:
