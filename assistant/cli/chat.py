@@ -125,14 +125,14 @@ def chat_app(backend: Backend, store: ChatStore, *, conversation_id: str | None 
 def after_chat(config: Config, started: Endpoint) -> None:
     """What becomes of the daemon this chat started, said on stderr: stopped with the chat
     (``stop_daemon_with_chat``), or left running with the model warm, and how to stop it."""
-    from assistant.client import discovery
+    from assistant.client import spawn
     from model_runtime.memory import resident_bytes
 
     info = started.info
     if info is None:
         return
     if config.stop_daemon_with_chat:
-        stopped = discovery.stop_daemon(info, timeout=config.shutdown_grace + 5)
+        stopped = spawn.stop_daemon(info, timeout=config.shutdown_grace + 5)
         state = "stopped" if stopped else "could not stop (see 'diffu daemon logs')"
         print(f"diffu: {state} the daemon this chat started (pid {info.pid})", file=sys.stderr)
         return

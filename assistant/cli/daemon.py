@@ -53,9 +53,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from assistant import client
+    from assistant import client, discovery
     from assistant.cli.serve import flags_of
-    from assistant.client import discovery
     from assistant.config import load_config
 
     config, _ = load_config(flags_of(args))
@@ -88,7 +87,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from assistant.client import discovery
+    from assistant import discovery
+    from assistant.client import spawn
 
     if args.model:
         targets = [d for d in [discovery.find_daemon(args.model)] if d]
@@ -100,7 +100,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     failed = []
     for info in targets:
         print(f"diffu daemon: stopping pid {info.pid} ({info.model}) ...", flush=True)
-        if discovery.stop_daemon(info, timeout=args.timeout):
+        if spawn.stop_daemon(info, timeout=args.timeout):
             print(f"diffu daemon: stopped pid {info.pid}")
         else:
             failed.append(info)
@@ -115,7 +115,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from assistant.client import discovery
+    from assistant import discovery
 
     infos = discovery.running_daemons()
     rows = [{**discovery.info_dict(info), "server": _query_status(info)} for info in infos]
@@ -197,8 +197,8 @@ def _query_status(info: Any) -> dict[str, Any]:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from assistant import paths
-    from assistant.client import discovery
+    from assistant import discovery, paths
+    from assistant.client import spawn
 
     if args.model:
         path = discovery.log_path(discovery.model_key(args.model))
@@ -217,7 +217,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             path = logs[-1]
     if not path.exists():
         raise UsageError(f"no log at {path}")
-    text = discovery.tail_lines(path, max(args.lines, 0))
+    text = spawn.tail_lines(path, max(args.lines, 0))
     if text:
         print(text)
     if args.follow:

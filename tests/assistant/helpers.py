@@ -141,7 +141,7 @@ def start_daemon(
 
 def stop_background_daemons(root: Path) -> None:
     """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it."""
-    from assistant.client.discovery import wait_exit
+    from assistant.client.spawn import wait_exit
 
     for path in (root / "run").glob("*.json"):
         try:

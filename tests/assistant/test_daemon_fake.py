@@ -254,7 +254,9 @@ def _refused(daemon: DaemonProcess) -> bool:
 
 
 def test_a_client_reconnects_to_a_restarted_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from assistant.client import Client, SamplingOptions, discovery
+    from assistant import discovery
+    from assistant.client import Client, SamplingOptions
+    from assistant.client.spawn import wait_exit
 
     for key, value in isolated_env(tmp_path, DIFFU_MODEL="fake", DIFFU_PORT="0").items():
         monkeypatch.setenv(key, value)
@@ -262,7 +264,7 @@ def test_a_client_reconnects_to_a_restarted_daemon(tmp_path: Path, monkeypatch: 
         with Client() as client:
             first = client.status()["pid"]  # no daemon yet: the client starts one
             os.kill(first, signal.SIGKILL)
-            assert discovery.wait_exit(first, 10)
+            assert wait_exit(first, 10)
             two = SamplingOptions(steps=2)
             done = client.generate(prompt="def f():", max_new_tokens=8, sampling=two)  # gone: starts another
             second = client.status()["pid"]

@@ -585,9 +585,10 @@ def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
     discovery = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     old_pid = discovery["pid"]
     os.kill(old_pid, signal.SIGKILL)
-    from assistant.client import discovery
+    from assistant import discovery
+    from assistant.client.spawn import wait_exit
 
-    assert discovery.wait_exit(old_pid, 10)
+    assert wait_exit(old_pid, 10)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     from assistant.client import Client, SamplingOptions
