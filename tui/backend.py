@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from assistant.client import AsyncClient, Done, Endpoint, Step, Waiting, resolve_endpoint
 from assistant.config import Config
+from assistant.daemon_status import DaemonStatus
 from assistant.wire import Stage
 from tui.settings import ChatSettings
 
@@ -69,8 +70,8 @@ class DaemonBackend:
             finally:
                 self._client.progress = None
             status = await self._client.status()
-            self.model = str(status.get("model") or self.config.model or "")
-            self.chat_defaults = dict(status.get("chat_defaults") or {})
+            self.model = status.model or self.config.model or ""
+            self.chat_defaults = dict(status.chat_defaults)
             return self.model
 
     async def generate(
@@ -89,7 +90,7 @@ class DaemonBackend:
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> DaemonStatus:
         """The daemon's ``/v1/diffu/status`` (its stage and what it compiles now among it)."""
         return await self._client.status()
 

@@ -79,7 +79,7 @@ def run_once(
             Live(console=console, transient=True, refresh_per_second=30, vertical_overflow="crop") as live,
         ):
             if for_model is not None:
-                settings = for_model(client.status().get("chat_defaults") or {})
+                settings = for_model(dict(client.status().chat_defaults))
             trace, done = _answer(client, live, console, messages, settings)
             retry = settings.retry_for(done.text, done.finish_reason) if done is not None else None
             if done is not None and retry is not None:

@@ -388,7 +388,7 @@ def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any]
 
         said = stderr_progress("diffu eval")
         with Client(config=config, autostart=args.daemon, progress=said, wait_compiled=False) as client:
-            model = dict(client.status().get("chat_defaults") or {})
+            model = dict(client.status().chat_defaults)
 
         def daemon(params: Any) -> runner.Generator:
             skip = {"max_new_tokens", "seed"} | (

@@ -136,7 +136,7 @@ def _run_daemon(args: argparse.Namespace, config: Config) -> int:
             config=config, autostart=args.daemon, progress=stderr_progress(), wait_compiled=False
         ) as client:
             # The model's settings where no flag is given, as in-process (the daemon reports them).
-            params = sampling_params(args, model=client.status().get("chat_defaults"))
+            params = sampling_params(args, model=client.status().chat_defaults)
             results = [_daemon_answer(client, args, prompt, params) for prompt in args.prompt]
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
