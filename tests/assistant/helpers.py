@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def stop_background_daemons(root: Path) -> None:
         wait_exit(pid, 30)
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
     """For tests only: wait for an outside process's state to change (nothing to subscribe to)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
