@@ -1,6 +1,12 @@
 """No behaviour change users or editors can see: every ``diffu`` command's ``--help`` and the language
 server's ``initialize`` answer are byte for byte the golden copies in ``tests/golden/``, captured from
 the tree before issue #41 (``tests/surface.py`` says how to capture them again for an intended change).
+
+One intended change since: ``help/diffu_train.txt``, whose flags are derived from the training options'
+declarations (#41): the defaults its help restated by hand read ``(default: X)`` as every derived flag's
+do (``(8192)`` is ``(default: 8192)``, ``(1e-3)`` is ``(default: 0.001)``, the --rl group's ``1e-6`` is
+``1e-06``), and ``--rollout-decoder`` lists the sampling option's decoders (``{reference,fast,sliding}``;
+the RL config refuses the one its rollouts cannot run). Everything else is as captured.
 """
 
 from __future__ import annotations

@@ -30,21 +30,8 @@ import numpy as np
 
 from model_runtime.errors import InputError
 from model_runtime.tokenizer import DreamTokenizer
+from model_runtime.train.config import DEFAULT_EXCLUDES, DEFAULT_MAX_FILE_BYTES, DEFAULT_SUFFIXES
 
-# Directories nobody wants in a code corpus: VCS data, caches, virtual environments, build outputs.
-DEFAULT_EXCLUDES = (
-    ".*",
-    "__pycache__",
-    "site-packages",
-    "node_modules",
-    "venv",
-    "build",
-    "dist",
-)
-DEFAULT_SUFFIXES = (".py",)
-# Generated tables and data dumps (unicode databases, pydoc topic text) teach a code model little and
-# would take a large share of a small corpus.
-DEFAULT_MAX_FILE_BYTES = 300_000
 SHARD_TOKENS = 1 << 24
 CORPUS_VERSION = 1
 

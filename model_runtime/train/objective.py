@@ -38,8 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from model_runtime.model import shift_logits
-
-DEFAULT_EPS = 1e-3
+from model_runtime.train.config import DEFAULT_EPS
 
 # What a training step minimises: (model, batch, key) -> (loss, aux metrics). ``model`` maps token ids
 # [B, L] to logits [B, L, V]; ``key`` is the step's noise (a pure function of the step: exact resume).

@@ -51,8 +51,6 @@ def train_rl(
     rewards: Sequence[Reward],
     cfg: RLConfig | None = None,
     options: RLOptions | None = None,
-    tp: int = 1,
-    dp: int | None = None,
     export_dtype: str = "bfloat16",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -62,7 +60,7 @@ def train_rl(
     run_dir, tasks_path = Path(run_dir), Path(tasks_path)
     tasks = read_tasks(tasks_path)
     log(f"{len(tasks)} tasks from {tasks_path}; loading {init_from}")
-    rt = load_policy(init_from, cfg, tp=tp, dp=dp)
+    rt = load_policy(init_from, cfg, tp=options.tp, dp=options.dp)
     cfg_dict = json.loads((rt.model_dir / "config.json").read_text(encoding="utf-8"))
     record = {
         "model": cfg_dict,

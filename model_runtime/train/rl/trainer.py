@@ -40,7 +40,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from model_runtime.errors import InputError
 from model_runtime.runtime import Runtime
 from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
-from model_runtime.train.loop import TrainConfig, make_optimizer, schedule
+from model_runtime.train.config import TrainConfig
+from model_runtime.train.loop import make_optimizer, schedule
 from model_runtime.train.rl import coupled, rollout
 from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.progress import Progress
