@@ -20,8 +20,12 @@ from typing import Any
 
 from assistant.wire import DaemonCounters, Stage
 
+# A JSON object as written (to_dict) and as read back (from_dict): each record says what its values are.
+JSONObject = dict[str, object]
+JSONMapping = Mapping[str, object]
 
-def _known(cls: type[Any], data: Mapping[str, Any]) -> dict[str, Any]:
+
+def _known(cls: type[Any], data: JSONMapping) -> dict[str, Any]:
     """The items of ``data`` that are fields of dataclass ``cls`` (others are a newer daemon's)."""
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
@@ -44,7 +48,7 @@ class EngineStatus:
     eta_seconds: float | None = None
     compiling: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "stage": self.stage,
             "progress": round(self.progress, 4),
@@ -57,7 +61,7 @@ class EngineStatus:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EngineStatus:
+    def from_dict(cls, data: JSONMapping) -> EngineStatus:
         values = _known(cls, data)
         if "stage" in values:
             values["stage"] = Stage(values["stage"])
@@ -77,7 +81,7 @@ class QueueStatus:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> QueueStatus:
+    def from_dict(cls, data: JSONMapping) -> QueueStatus:
         return cls(**{k: int(v) for k, v in _known(cls, data).items()})
 
 
@@ -102,7 +106,7 @@ class ProgramsStatus:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, int | None]) -> ProgramsStatus:
+    def from_dict(cls, data: JSONMapping) -> ProgramsStatus:
         return cls(**_known(cls, data))
 
 
@@ -119,7 +123,7 @@ class DaemonLimits:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DaemonLimits:
+    def from_dict(cls, data: JSONMapping) -> DaemonLimits:
         return cls(**_known(cls, data))
 
 
@@ -140,9 +144,9 @@ class DaemonStatus:
     quantize: str | None = None
     max_context: int | None = None
     default_decoder: str | None = None
-    one_line_defaults: Mapping[str, object] | None = None
-    chat_defaults: Mapping[str, object] = field(default_factory=dict)
-    mesh: Mapping[str, object] | None = None
+    one_line_defaults: JSONMapping | None = None
+    chat_defaults: JSONMapping = field(default_factory=dict)
+    mesh: JSONMapping | None = None
     buckets: tuple[tuple[int, int], ...] = ()
     programs: ProgramsStatus | None = None
     engine: EngineStatus = field(default_factory=EngineStatus)
@@ -153,7 +157,7 @@ class DaemonStatus:
     auth: bool = True
     features: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The JSON object, in the order the daemon has always sent it."""
         return {
             "model": self.model,
@@ -180,10 +184,10 @@ class DaemonStatus:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DaemonStatus:
+    def from_dict(cls, data: JSONMapping) -> DaemonStatus:
         """Read back from JSON (lenient, as the module docstring says)."""
         values = _known(cls, data)
-        readers: dict[str, Callable[[Mapping[str, Any]], object]] = {
+        readers: dict[str, Callable[[JSONMapping], object]] = {
             "engine": EngineStatus.from_dict,
             "queue": QueueStatus.from_dict,
             "counters": DaemonCounters.from_dict,
@@ -200,7 +204,7 @@ class DaemonStatus:
         return cls(**values)
 
 
-def _plain(mapping: Mapping[str, object] | None) -> dict[str, object] | None:
+def _plain(mapping: JSONMapping | None) -> JSONObject | None:
     return dict(mapping) if mapping is not None else None
 
 
@@ -217,11 +221,11 @@ class ModelEntry:
     max_model_len: int | None = None
     context_length: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelEntry:
+    def from_dict(cls, data: JSONMapping) -> ModelEntry:
         return cls(**_known(cls, data))
 
 
@@ -232,10 +236,11 @@ class ModelList:
     data: tuple[ModelEntry, ...] = ()
     object: str = "list"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"object": self.object, "data": [entry.to_dict() for entry in self.data]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelList:
-        entries = tuple(ModelEntry.from_dict(entry) for entry in data.get("data") or ())
-        return cls(entries, str(data.get("object", "list")))
+    def from_dict(cls, data: JSONMapping) -> ModelList:
+        values = _known(cls, data)
+        entries = tuple(ModelEntry.from_dict(entry) for entry in values.get("data") or ())
+        return cls(entries, str(values.get("object", "list")))

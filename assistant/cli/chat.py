@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from assistant.errors import UsageError
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from tui.store import ChatStore
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "chat",
         help="chat with the model in a terminal UI that shows the denoising live",
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             store.close()
 
-        def for_model(model_defaults: dict) -> ChatSettings:
+        def for_model(model_defaults: Mapping[str, object]) -> ChatSettings:
             # The settings screen's saved values apply here too: one set of settings per user.
             baseline, problem = chat_config.for_model(model_defaults)
             settings, saved_problem = apply_saved(baseline, saved)

@@ -12,16 +12,20 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from assistant.daemon_status import DaemonStatus, EngineStatus, ProgramsStatus
 from assistant.errors import UsageError
 from assistant.wire import Stage
 
+if TYPE_CHECKING:
+    from assistant.discovery import DaemonInfo
+
 NOT_RUNNING = 3
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from assistant.cli.serve import add_server_flags
 
     parser = subparsers.add_parser(
@@ -178,7 +182,7 @@ def _warming(engine: EngineStatus, sep: str) -> str:
     return f"{sep}warming up {done} of {total} request shapes in the background{left}"
 
 
-def _query_status(info: Any) -> dict[str, Any]:
+def _query_status(info: DaemonInfo) -> dict[str, Any]:
     import httpx
 
     from assistant.client import client_api_key
@@ -225,7 +229,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(path: Any) -> None:
+def _follow(path: Path) -> None:
     """Print lines appended to ``path`` until interrupted (re-opening it when the log rotates)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         f.seek(0, os.SEEK_END)

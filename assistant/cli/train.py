@@ -21,13 +21,16 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from assistant.cli import train_rl
 from assistant.cli.train_flags import CORPUS, LOOP, RL_LOOP, RUN, SFT, SHAPE, TRAIN, add, check, given
 
+if TYPE_CHECKING:
+    from model_runtime.train.config import CorpusOptions, ModelShape, RunOptions, TrainConfig
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a small DiffuCoder-architecture model, or fine-tune one on your code",
@@ -182,7 +185,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"SOURCE {args.source} is not a directory")
 
 
-def _run_options(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, Any, Any, Any]:
+def _run_options(
+    args: argparse.Namespace, log: Callable[[str], None]
+) -> tuple[TrainConfig, ModelShape, CorpusOptions, RunOptions]:
     """The flags as the trainer's option objects: (TrainConfig, ModelShape, CorpusOptions, RunOptions)."""
     from model_runtime.train.config import (
         DEFAULT_EXCLUDES,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant.cli.train_flags import RL, RL_LOOP, add, check, given
+from model_runtime.train.rl.config import RLConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,10 +148,9 @@ def _check(args: argparse.Namespace) -> list[tuple[str, float]]:
     return parse_rewards(args.reward)
 
 
-def _rl_config(args: argparse.Namespace) -> Any:
+def _rl_config(args: argparse.Namespace) -> RLConfig:
     """The flags as the trainer's RLConfig; without --steps, one epoch as the recipe (every task once,
     each rollout used num_iterations times)."""
-    from model_runtime.train.rl.config import RLConfig
     from model_runtime.train.rl.tasks import read_tasks
 
     steps = args.steps

@@ -30,7 +30,7 @@ from model_runtime.errors import InputError
 from model_runtime.model import DreamModel
 from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
 from model_runtime.train.config import LoopOptions, TrainConfig
-from model_runtime.train.objective import Objective, masked_diffusion_objective
+from model_runtime.train.objective import Metrics, Objective, masked_diffusion_objective
 from model_runtime.train.progress import ProgressBar
 
 
@@ -56,7 +56,7 @@ def schedule(cfg: TrainConfig) -> optax.Schedule:
 
 def _decay_mask(params: nnx.State) -> Any:
     # Decay matrices only: norms and biases are scales/offsets whose natural value is not 0.
-    def is_matrix(path: tuple, _: Any) -> bool:
+    def is_matrix(path: tuple[object, ...], _: Any) -> bool:
         last = str(getattr(path[-1], "key", path[-1]))
         return last.endswith("kernel") or last in ("embed", "lm_head")
 
@@ -139,11 +139,11 @@ class Trainer:
         self.checkpoints = RunCheckpoints(self.run_dir, self.options.keep_checkpoints)
 
     # -- the step ---------------------------------------------------------------------------------
-    def _step_fn(self, state: dict, batch: Any, step: jax.Array) -> tuple[dict, dict]:
+    def _step_fn(self, state: dict[str, Any], batch: Any, step: jax.Array) -> tuple[dict[str, Any], Metrics]:
         cfg, graphdef = self.cfg, self.graphdef
         key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)  # the step's masking noise
 
-        def loss_fn(params: nnx.State) -> tuple[jax.Array, dict]:
+        def loss_fn(params: nnx.State) -> tuple[jax.Array, Metrics]:
             return self.objective(nnx.merge(graphdef, params), batch, key)
 
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])

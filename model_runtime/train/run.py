@@ -109,7 +109,9 @@ def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
     )
 
 
-def load_base(init_from: str | os.PathLike, log: Callable[[str], None]) -> tuple[Runtime, dict[str, Any]]:
+def load_base(
+    init_from: str | os.PathLike[str], log: Callable[[str], None]
+) -> tuple[Runtime, dict[str, Any]]:
     """The checkpoint to fine-tune, loaded in float32, and its ``config.json`` as a dict."""
     from model_runtime.checkpoint import resolve_model_dir
     from model_runtime.loader import load
@@ -245,7 +247,7 @@ def export_run(
     trainer: Trainer,
     cfg_dict: dict[str, Any],
     ropts: RunOptions,
-    init_from: str | os.PathLike | None,
+    init_from: str | os.PathLike[str] | None,
     evals: dict[str, Any],
     extra: dict[str, Any],
 ) -> dict[str, Any]:
@@ -279,10 +281,10 @@ def export_run(
 
 
 def train_model(
-    run_dir: str | os.PathLike,
-    source: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    source: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike | None = None,
+    init_from: str | os.PathLike[str] | None = None,
     shape: ModelShape | None = None,
     copts: CorpusOptions | None = None,
     cfg: TrainConfig | None = None,

@@ -57,14 +57,14 @@ def sft_eval_set(rows: sft_data.SFTRows, top_token: int, max_rows: int) -> EvalS
 
 
 def train_sft(
-    run_dir: str | os.PathLike,
-    data: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    data: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike,
+    init_from: str | os.PathLike[str],
     cfg: TrainConfig | None = None,
     ropts: RunOptions | None = None,
     sopts: SFTOptions | None = None,
-    source: str | os.PathLike | None = None,
+    source: str | os.PathLike[str] | None = None,
     copts: CorpusOptions | None = None,
 ) -> dict[str, Any]:
     """Instruction-tune ``init_from`` on the conversations of ``data`` in ``run_dir`` (resumable).

@@ -30,7 +30,7 @@ from model_runtime.train.run import check_run_record, hardware_facts
 
 
 def load_policy(
-    init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None
+    init_from: str | os.PathLike[str], cfg: RLConfig, *, tp: int = 1, dp: int | None = None
 ) -> Runtime:
     """The starting model in float32 (the trained weights), on a tp x dp mesh when asked, with one batch
     bucket of ``generation_batch_size`` rows for the rollouts."""
@@ -44,10 +44,10 @@ def _digest(path: Path) -> str:
 
 
 def train_rl(
-    run_dir: str | os.PathLike,
-    tasks_path: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    tasks_path: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike,
+    init_from: str | os.PathLike[str],
     rewards: Sequence[Reward],
     cfg: RLConfig | None = None,
     options: RLOptions | None = None,

@@ -162,7 +162,7 @@ class RLTrainer:
             seed=c.seed,
         )
 
-    def _apply_fn(self, state: dict, grads: Any) -> dict:
+    def _apply_fn(self, state: dict[str, Any], grads: Any) -> dict[str, Any]:
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         return dict(state, params=optax.apply_updates(state["params"], updates), opt_state=opt_state)
 
@@ -234,7 +234,7 @@ class RLTrainer:
         """
         prompts = [t.messages() for t in tasks]
         completions = [[{"role": "assistant", "content": text}] for text in texts]
-        columns: dict[str, list] = {}
+        columns: dict[str, list[object]] = {}
         for t in tasks:
             for k, v in t.columns().items():
                 columns.setdefault(k, []).append(v)
