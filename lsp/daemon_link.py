@@ -29,6 +29,7 @@ from lsprotocol import types
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
+from assistant.daemon_status import ModelEntry
 from assistant.wire import ENDED, HEALTH_OK, ErrorCode, Stage, prompt_budget
 from lsp.state import stage_message
 
@@ -241,7 +242,7 @@ class DaemonLink:
             # It takes requests now (the chat's programs may still compile: not the editor's business),
             # so the start-up progress ends here rather than at the daemon's "ok".
             self.progress("ok", 1.0, "")
-            models = await client.request("GET", "/v1/models")
+            models = await client.models()
             status = await client.status()
         except (DaemonUnavailable, APIError) as exc:
             error = describe(exc)
@@ -251,10 +252,10 @@ class DaemonLink:
             raise DaemonUnavailable(error) from None
         if self._connecting is not me:
             return client  # the settings changed meanwhile: this attempt's daemon is not the link's
-        entry = (models.get("data") or [{}])[0]
-        self.model = str(entry.get("id", ""))
-        self.max_context = entry.get("context_length") or entry.get("max_model_len")
-        self.features = set(status.get("features") or [])
+        entry = models.data[0] if models.data else ModelEntry()
+        self.model = entry.id
+        self.max_context = entry.context_length or entry.max_model_len
+        self.features = set(status.features)
         self.url = endpoint.url
         self.connected_at = time.monotonic()
         self.hooks.log(

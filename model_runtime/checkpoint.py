@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -34,7 +35,9 @@ _DTYPES = {
 _HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "*.jinja"]
 
 
-def resolve_model_dir(model: str | os.PathLike, *, progress: Callable[[str], None] | None = None) -> Path:
+def resolve_model_dir(
+    model: str | os.PathLike[str], *, progress: Callable[[str], None] | None = None
+) -> Path:
     """A local directory as is; otherwise a hub id (``apple/DiffuCoder-7B-Instruct``) downloaded to the
     hub cache. Offline, or with no such id, the error names the id and how to pass a local path."""
     problem = local_problem(model)
@@ -68,7 +71,7 @@ class TensorInfo:
     end: int
 
 
-def _read_header(path: Path) -> tuple[dict, int]:
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     try:
         with path.open("rb") as f:
             head = f.read(8)

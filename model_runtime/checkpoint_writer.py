@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_dtypes
@@ -19,7 +20,7 @@ from model_runtime.config import DreamConfig
 
 def write_checkpoint(
     out_dir: str | Path,
-    cfg_dict: dict,
+    cfg_dict: Mapping[str, object],
     tensors: dict[str, np.ndarray],
     *,
     shards: int = 2,

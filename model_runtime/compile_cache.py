@@ -35,7 +35,7 @@ def _listener(event: str, **_: object) -> None:
             _counts["hits"] += 1
 
 
-def enable(cache_dir: str | os.PathLike | None = None) -> Path:
+def enable(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Turn the persistent cache on (idempotent); every program is cached, however quick to compile."""
     global _enabled_dir
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir()

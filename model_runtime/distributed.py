@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -72,7 +72,7 @@ class Leader:
     def forwards(self) -> int:
         return self._runtime.forwards
 
-    def _publish(self, call: dict) -> str:
+    def _publish(self, call: Mapping[str, object]) -> str:
         self._seq += 1
         key = f"{_PREFIX}/job/{self._seq}"
         self._client.key_value_set(key, json.dumps(call))

@@ -65,14 +65,14 @@ def daemon_batch_buckets() -> tuple[int, ...]:
 
 
 def load(
-    model: str | os.PathLike | None = None,
+    model: str | os.PathLike[str] | None = None,
     *,
     dtype: str | None = None,
     max_context: int | None = None,
     length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
     batch_buckets: Sequence[int] | None = DEFAULT_BATCH_BUCKETS,
     progress: Progress | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     tp: int = 1,
     dp: int | None = None,
     quantize: str | quant.QuantSpec | None = None,
@@ -154,7 +154,7 @@ def _mesh(tp: int, dp: int | None, qspec: quant.QuantSpec | None) -> Mesh | None
     return mesh
 
 
-def _model_dir(model: str | os.PathLike | None, report: Progress) -> Path:
+def _model_dir(model: str | os.PathLike[str] | None, report: Progress) -> Path:
     """The checkpoint directory of ``model`` (downloaded if a hub id), or of the bundled demo model."""
     if model is None:
         # No model configured: the small demo model trained by `diffu train` that ships in the package.

@@ -14,7 +14,7 @@ from pathlib import Path
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def local_problem(model: str | os.PathLike) -> str:
+def local_problem(model: str | os.PathLike[str]) -> str:
     """What makes ``model`` unusable before any download ("" when it is a directory, or could be a hub
     id: then only the hub can tell)."""
     path = Path(model).expanduser()

@@ -57,6 +57,9 @@ class _Declared:
     lt: float | None = None
     choices: tuple[Any, ...] | None = None
     rule: Callable[[Any], str] | None = None
+    # The values of the owner's selector (for sampling: the decoder) under which this option is read; None:
+    # under every one. A front end shows and sends it for those alone.
+    read_by: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,9 +213,12 @@ def option(
     lt: float | None = None,
     choices: tuple[Any, ...] | None = None,
     rule: Callable[[Any], str] | None = None,
+    read_by: tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field declaring a user-facing option (its type is the field's annotation)."""
-    declared = _Declared(default=default, help=help, ge=ge, gt=gt, le=le, lt=lt, choices=choices, rule=rule)
+    declared = _Declared(
+        default=default, help=help, ge=ge, gt=gt, le=le, lt=lt, choices=choices, rule=rule, read_by=read_by
+    )
     return dataclasses.field(default=default, metadata={_KEY: declared})
 
 

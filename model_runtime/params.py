@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from model_runtime.options import OptionError, option, validate
+from model_runtime.options import OptionError, option, options, validate
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 DECODERS = ("reference", "fast", "sliding")
@@ -94,25 +94,41 @@ class SamplingParams:
         "at the end of the text",
     )
     # >= 1 before the choices, so 0 reads as out of range rather than as an odd block length.
-    block_length: int = option(32, ge=1, choices=BLOCK_LENGTHS, help="fast decoder: tokens per block")
+    block_length: int = option(
+        32, ge=1, choices=BLOCK_LENGTHS, read_by=("fast",), help="fast decoder: tokens per block"
+    )
     window: int = option(
         8,
         ge=2,
         choices=WINDOWS,
+        read_by=("sliding",),
         help="sliding decoder: positions a forward asks queries for, from just before the first mask",
     )
-    threshold: float = option(0.9, gt=0, le=1, help="fast decoders: commit positions at least this confident")
+    threshold: float = option(
+        0.9,
+        gt=0,
+        le=1,
+        read_by=("fast", "sliding"),
+        help="fast decoders: commit positions at least this confident",
+    )
     factor: float | None = option(
-        None, gt=0, help="fast decoders: use the factor rule with this factor instead of the threshold"
+        None,
+        gt=0,
+        read_by=("fast", "sliding"),
+        help="fast decoders: use the factor rule with this factor instead of the threshold",
     )
     commit_rule: str = option(
         "threshold",
         choices=COMMIT_RULES,
+        read_by=("sliding",),
         help="sliding decoder: threshold (the factor rule with a factor), or credit: dInfer's credit "
         "decoding, which favours proposals that stay the same over forwards",
     )
     refresh_every: int = option(
-        0, ge=0, help="sliding decoder: re-encode the whole canvas every N forwards; 0: only the first"
+        0,
+        ge=0,
+        read_by=("sliding",),
+        help="sliding decoder: re-encode the whole canvas every N forwards; 0: only the first",
     )
     max_lines: int | None = option(
         None,
@@ -150,3 +166,13 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def decoder_knobs(decoder: str | None = None) -> frozenset[str]:
+    """The sampling options only some decoders read (their ``read_by``): those ``decoder`` reads, or with
+    none named, every one of them (a request that leaves the decoder to the daemon may get any)."""
+    return frozenset(
+        o.name
+        for o in options(SamplingParams).values()
+        if o.read_by is not None and (decoder is None or decoder in o.read_by)
+    )

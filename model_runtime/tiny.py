@@ -14,6 +14,7 @@ import inspect
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def default_corpus() -> list[str]:
     return [inspect.getsource(m) for m in (textwrap, heapq, bisect, fnmatch, colorsys)]
 
 
-def tiny_config(vocab_size: int, eos_id: int, mask_id: int, **overrides: object) -> dict:
+def tiny_config(vocab_size: int, eos_id: int, mask_id: int, **overrides: object) -> dict[str, Any]:
     cfg = {
         "architectures": ["DreamModel"],
         "attention_dropout": 0.0,

@@ -32,6 +32,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     canvas = prompt_tokens + new_tokens
     lengths = (canvas, 2 * canvas)
 
-    result: dict = {"environment": bench.environment()}
+    result: dict[str, Any] = {"environment": bench.environment()}
     say(f"devices: {jax.devices()}")
     result["ceilings"] = ceil = bench.device_ceilings(256, 1 << 16) if args.check else bench.device_ceilings()
     say(f"ceilings: {ceil}")
@@ -94,24 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     say(f"weights ready in {result['init_seconds']:.1f}s: {cfg.param_count() / 1e9:.2f}B parameters")
 
-    result["forward"] = []
-    for length in lengths:
-        f = bench.forward_latency(rt, 1, length, repeat=args.repeat)
-        flops = bench.forward_flops(cfg, 1, length)
-        floor_bw = weight_bytes / (ceil["copy_gbytes_per_s"] * 1e9)
-        floor_fl = flops / (ceil["matmul_tflops"] * 1e12)
-        f |= {
-            "ms": 1e3 * f["median_seconds"],
-            "floor_ms": 1e3 * max(floor_bw, floor_fl),
-            "floor_bandwidth_ms": 1e3 * floor_bw,
-            "floor_compute_ms": 1e3 * floor_fl,
-            "tflops": flops / f["median_seconds"] / 1e12,
-        }
-        result["forward"].append(f)
-        say(
-            f"forward 1 x {length}: {f['ms']:.2f} ms (floor {f['floor_ms']:.2f} ms), "
-            f"{f['tflops']:.1f} TFLOP/s"
-        )
+    result["forward"] = [forward(rt, cfg, length, weight_bytes, ceil, args.repeat) for length in lengths]
 
     prompt = rt.rows.tokenizer.encode(PROMPT)[:prompt_tokens]
     cases = {c.name: c for c in bench.DECODERS}
@@ -120,31 +104,60 @@ def main(argv: list[str] | None = None) -> int:
     parts["forward_ms"] = result["forward"][0]["ms"]
     say(f"fast decoder parts: {parts}")
 
-    result["generation"] = []
-    for case in bench.DECODERS:
-        p = case.params(new_tokens)
-        # A decoder of full forwards runs its one-step program in the check (its fused loop of every step
-        # is one more long compile the check does not need).
-        stream = args.check and case.decoder.full_forwards
-        g = bench.generation(
-            rt, [prompt], p, repeat=1 if args.check else 3, stream=stream, compile_first=args.check
-        )
-        g.pop("generated")
-        g["tokens_per_forward"] = tpf = new_tokens / g["forwards"]
-        g["modeled_tokens_per_second"] = {
-            str(t): bench.modeled_tokens_per_second(case, parts, parts["block_length"], t)
-            for t in (tpf, 1, 2, 3)
-        }
-        result["generation"].append(g)
-        say(
-            f"generate {case.name}: {g['tokens_per_second']:.1f} tok/s, {g['forwards']} forwards, "
-            f"{1e3 * g['seconds_per_forward']:.2f} ms per forward, compile {g['compile_seconds']:.1f}s"
-        )
+    result["generation"] = [
+        generation(rt, case, prompt, parts, new_tokens, args.check) for case in bench.DECODERS
+    ]
 
     out = json.dumps(result, indent=2)
     if args.json:
         args.json.write_text(out + "\n")
     print(out)
+    summary(result, parts)
+    return 0
+
+
+def forward(
+    rt: Any, cfg: DreamConfig, length: int, weight_bytes: int, ceil: dict[str, Any], repeat: int
+) -> dict[str, Any]:
+    """One forward of batch 1 at ``length``: its time beside the floors of the device's ceilings."""
+    f = bench.forward_latency(rt, 1, length, repeat=repeat)
+    flops = bench.forward_flops(cfg, 1, length)
+    floor_bw = weight_bytes / (ceil["copy_gbytes_per_s"] * 1e9)
+    floor_fl = flops / (ceil["matmul_tflops"] * 1e12)
+    f |= {
+        "ms": 1e3 * f["median_seconds"],
+        "floor_ms": 1e3 * max(floor_bw, floor_fl),
+        "floor_bandwidth_ms": 1e3 * floor_bw,
+        "floor_compute_ms": 1e3 * floor_fl,
+        "tflops": flops / f["median_seconds"] / 1e12,
+    }
+    say(f"forward 1 x {length}: {f['ms']:.2f} ms (floor {f['floor_ms']:.2f} ms), {f['tflops']:.1f} TFLOP/s")
+    return f
+
+
+def generation(
+    rt: Any, case: Any, prompt: list[int], parts: dict[str, Any], new_tokens: int, check: bool
+) -> dict[str, Any]:
+    """One decoder's generation at batch 1, with what its cost model predicts at the measured tokens per
+    forward and at 1, 2 and 3."""
+    p = case.params(new_tokens)
+    # A decoder of full forwards runs its one-step program in the check (its fused loop of every step is
+    # one more long compile the check does not need).
+    stream = check and case.decoder.full_forwards
+    g = bench.generation(rt, [prompt], p, repeat=1 if check else 3, stream=stream, compile_first=check)
+    g.pop("generated")
+    g["tokens_per_forward"] = tpf = new_tokens / g["forwards"]
+    g["modeled_tokens_per_second"] = {
+        str(t): bench.modeled_tokens_per_second(case, parts, parts["block_length"], t) for t in (tpf, 1, 2, 3)
+    }
+    say(
+        f"generate {case.name}: {g['tokens_per_second']:.1f} tok/s, {g['forwards']} forwards, "
+        f"{1e3 * g['seconds_per_forward']:.2f} ms per forward, compile {g['compile_seconds']:.1f}s"
+    )
+    return g
+
+
+def summary(result: dict[str, Any], parts: dict[str, Any]) -> None:
     print("\nsummary", file=sys.stderr)
     for f in result["forward"]:
         print(f"  forward L={f['length']}: {f['ms']:.2f} ms vs floor {f['floor_ms']:.2f} ms", file=sys.stderr)
@@ -155,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for g in result["generation"]:
         print(f"  {g['decoder']}: {g['tokens_per_second']:.1f} tok/s at batch 1", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

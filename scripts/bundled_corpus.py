@@ -96,11 +96,15 @@ def main() -> int:
     args.wheels.mkdir(parents=True, exist_ok=True)
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files, size = copy_py(stdlib, out / "stdlib")
-    manifest = {
-        "stdlib": {"python": sys.version.split()[0], "licence": "PSF-2.0", "files": files, "bytes": size},
-        "packages": {},
+    files, stdlib_size = copy_py(stdlib, out / "stdlib")
+    stdlib_entry = {
+        "python": sys.version.split()[0],
+        "licence": "PSF-2.0",
+        "files": files,
+        "bytes": stdlib_size,
     }
+    packages: dict[str, dict[str, str | int]] = {}
+    total = stdlib_size
     for name, version, licence in PACKAGES:
         spec = f"{name}=={version}"
         subprocess.run(
@@ -115,10 +119,10 @@ def main() -> int:
             if w.name.lower().startswith(f"{norm}-{version}-")
         )  # fmt: skip
         files, size = extract_py(wheel, out / "pypi" / norm)
-        manifest["packages"][name] = {"version": version, "licence": licence, "files": files, "bytes": size}
+        packages[name] = {"version": version, "licence": licence, "files": files, "bytes": size}
+        total += size
         print(f"{spec:32} {files:6d} files {size / 1e6:8.2f} MB", file=sys.stderr)
-    total = manifest["stdlib"]["bytes"] + sum(p["bytes"] for p in manifest["packages"].values())
-    manifest["total_bytes"] = total
+    manifest = {"stdlib": stdlib_entry, "packages": packages, "total_bytes": total}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"corpus in {out}: {total / 1e6:.1f} MB of Python before diffu train's filters", file=sys.stderr)
     return 0

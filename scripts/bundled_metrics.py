@@ -65,8 +65,8 @@ def stage(run: Path, facts: dict[str, Any], init_from: str) -> dict[str, Any]:
 def code_eval(model: Path, corpus: Path, seq_len: int, windows: int, cases: int) -> dict[str, Any]:
     """The held-out code evaluation ``diffu train SOURCE`` ends with, of ``model`` on ``corpus``."""
     from model_runtime.loader import load
+    from model_runtime.train.config import TrainConfig
     from model_runtime.train.evaluate import evaluate
-    from model_runtime.train.loop import TrainConfig
     from model_runtime.train.run import CodeEval
 
     loaded = load(model, dtype="float32")  # its config and tokenizer are the ones diffu train evaluates with

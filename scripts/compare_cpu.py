@@ -27,7 +27,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,6 +60,121 @@ def build_checkpoint(out: Path) -> Path:
     )
 
 
+class Contenders:
+    """What the rounds time on one prompt: the published sampler in eager float32 PyTorch (the same code
+    the parity tests use), our decoders, and the two matmul rates."""
+
+    def __init__(self, rt: Any, model_dir: Path, prompt: list[int]) -> None:
+        import torch
+
+        from tests.reference import dream_torch
+
+        self.rt, self.prompt = rt, prompt
+        self.ref_model = dream_torch.DreamReference.from_dir(model_dir)
+        self.a = torch.randn(2048, 2048)
+
+    def torch_generate(self) -> Any:
+        import torch
+
+        from tests.reference import dream_torch
+
+        with torch.no_grad():
+            return dream_torch.diffusion_generate(
+                self.ref_model,
+                torch.tensor([self.prompt]),
+                max_new_tokens=NEW_TOKENS,
+                steps=STEPS,
+                mask_id=self.rt.config.mask_token_id,
+                alg="entropy",
+            )[0]
+
+    def ours_generate(self, p: Any) -> Any:
+        return list(self.rt.generate([self.prompt], p, chat=False, stream=False))[-1]
+
+    def torch_matmul(self) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            self.a @ self.a
+            times.append(time.perf_counter() - t0)
+        return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+def executed_flops(rt: Any, length: int) -> float:
+    """Our reference decoder's executed FLOPs per step, averaged over the schedule: the masks left at
+    each step decide how many rows it gathers."""
+    from model_runtime import bench
+    from model_runtime.kernels import gathered_rows
+    from model_runtime.sampling import schedule_counts
+
+    window = rt.window_for(NEW_TOKENS, rt.bucket_for(1, length)[1]) or length
+    left, executed = NEW_TOKENS, []
+    for count in schedule_counts(NEW_TOKENS, STEPS, 1e-3):
+        executed.append(bench.reference_step_flops(rt.config, 1, length, gathered_rows(left, window)))
+        left -= count
+    return statistics.mean(executed)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def rounds(c: Contenders, params: Any, fast_params: Any, repeat: int) -> tuple[dict[str, list[float]], Any]:
+    """Warm-up, then ``repeat`` interleaved rounds; the timings and the first decoders' last answers.
+
+    Warm-up: compilation, oneDNN primitive creation, first-touch of the weights (the matmul rates take
+    medians, and XLA's warms itself up). Then each round times every implementation and the matmul
+    ceiling back to back: this machine's speed drifts by 20% or more over minutes, and drift hits them
+    all alike."""
+    from model_runtime import bench
+
+    torch_seq = c.torch_generate()
+    ours_done, fast_done = c.ours_generate(params), c.ours_generate(fast_params)
+    runs: dict[str, list[float]] = {"pytorch": [], "reference": [], "fast": [], "xla_mm": [], "torch_mm": []}
+    for _ in range(repeat):
+        runs["xla_mm"].append(bench.matmul_gflops(repeat=5))
+        runs["torch_mm"].append(c.torch_matmul())
+        runs["pytorch"].append(timed(c.torch_generate)[0])
+        seconds, ours_done = timed(lambda: c.ours_generate(params))
+        runs["reference"].append(seconds)
+        seconds, fast_done = timed(lambda: c.ours_generate(fast_params))
+        runs["fast"].append(seconds)
+    return runs, (torch_seq, ours_done, fast_done)
+
+
+def parity(c: Contenders, params: Any, torch_seq: Any, ours_done: Any) -> tuple[bool, bool]:
+    """Same outputs: (identical tokens, every step tie-aware). The second replays each reference step
+    from our previous canvas; positions may differ only where the reference's confidences tie."""
+    import numpy as np
+    import torch
+
+    from model_runtime.interface import BatchStep
+    from tests.reference import dream_torch
+    from tests.reference.parity import assert_step_matches
+
+    identical = bool(torch_seq[0, PROMPT_TOKENS:].tolist() == ours_done.generated[0])
+    if identical:
+        return True, True
+    mask_id = c.rt.config.mask_token_id
+    events = c.rt.generate([c.prompt], params, chat=False)
+    history = [np.array(e.content) for e in events if isinstance(e, BatchStep)]
+    x, mask4, tok_idx = dream_torch.prepare(torch.tensor([c.prompt]), None, NEW_TOKENS, mask_id)
+    prev = x.numpy()
+    try:
+        for i, canvas in enumerate(history):
+            ref, conf, _ = dream_torch.step(
+                c.ref_model, torch.tensor(prev), mask4, tok_idx, i, steps=STEPS, mask_id=mask_id
+            )
+            assert_step_matches(prev, canvas, ref.numpy(), conf.numpy(), mask_id, f"step {i}")
+            prev = canvas
+    except AssertionError as exc:
+        print(f"parity: {exc}", file=sys.stderr)
+        return False, False
+    return False, True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -68,125 +185,75 @@ def main() -> int:
     args = parser.parse_args()
 
     import numpy as np
-    import torch
 
     import model_runtime
     from model_runtime import SamplingParams, bench
-    from model_runtime.kernels import gathered_rows
-    from model_runtime.sampling import schedule_counts
-    from tests.reference import dream_torch
-    from tests.reference.parity import assert_step_matches
 
     model_dir = args.model or build_checkpoint(
         Path(tempfile.mkdtemp(prefix="diffu-compare-")) / "dream-4x256"
     )
     rt = model_runtime.load(model_dir)
-    cfg = rt.config
     text = '"""Utilities for parsing, validating and formatting configuration files."""\n' * 8
     prompt = rt.tokenizer.encode(text)[:PROMPT_TOKENS]
     assert len(prompt) == PROMPT_TOKENS
     length = PROMPT_TOKENS + NEW_TOKENS
-    flops_per_step = bench.forward_flops(cfg, 1, length)
-
-    # Executed FLOPs: the masks left at each step (the schedule) decide how many rows a step gathers.
-    window = rt.window_for(NEW_TOKENS, rt.bucket_for(1, length)[1]) or length
-    left, executed = NEW_TOKENS, []
-    for count in schedule_counts(NEW_TOKENS, STEPS, 1e-3):
-        executed.append(bench.reference_step_flops(cfg, 1, length, gathered_rows(left, window)))
-        left -= count
-    executed_per_step = statistics.mean(executed)
-
-    # The published sampler, eager float32 PyTorch (the same code the parity tests use).
-    ref_model = dream_torch.DreamReference.from_dir(model_dir)
+    flops_per_step = bench.forward_flops(rt.config, 1, length)
+    executed_per_step = executed_flops(rt, length)
+    contenders = Contenders(rt, model_dir, prompt)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, steps=STEPS, alg="entropy", temperature=0.0)
     fast_params = SamplingParams(max_new_tokens=NEW_TOKENS, decoder="fast")
-    a = torch.randn(2048, 2048)
+    runs, (torch_seq, ours_done, fast_done) = rounds(contenders, params, fast_params, args.repeat)
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    matmul = max(medians["xla_mm"], medians["torch_mm"])
+    print(
+        f"matmul ceiling: {matmul:.1f} GFLOP/s (XLA {medians['xla_mm']:.1f}, PyTorch "
+        f"{medians['torch_mm']:.1f}); step: {flops_per_step / 1e9:.2f} GFLOP published, "
+        f"{executed_per_step / 1e9:.2f} executed",
+        file=sys.stderr,
+    )
+    print(
+        f"pytorch reference {medians['pytorch']:.2f}s, reference decoder {medians['reference']:.2f}s, fast "
+        f"decoder {medians['fast']:.2f}s (medians of {args.repeat} interleaved rounds)",
+        file=sys.stderr,
+    )
+    identical, ties_ok = parity(contenders, params, torch_seq, ours_done)
+    agreement = float(np.mean(np.array(fast_done.generated[0]) == np.array(ours_done.generated[0])))
+    result = summary(rt.config, runs, (flops_per_step, executed_per_step), fast_done)
+    result |= {
+        "same_tokens_as_pytorch": identical,
+        "steps_match_pytorch_tie_aware": ties_ok,
+        "fast_token_agreement_with_reference": agreement,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(
+        f"reference decoder {result['reference_vs_pytorch']:.2f}x PyTorch, "
+        f"{100 * result['matmul_efficiency']:.0f}% of matmul (published step FLOPs; "
+        f"{100 * result['executed_matmul_efficiency']:.0f}% executed FLOPs); "
+        f"fast {result['fast_vs_reference']:.2f}x reference; medians of {args.repeat} interleaved rounds",
+        file=sys.stderr,
+    )
+    return 0
 
-    def torch_generate():
-        with torch.no_grad():
-            return dream_torch.diffusion_generate(
-                ref_model,
-                torch.tensor([prompt]),
-                max_new_tokens=NEW_TOKENS,
-                steps=STEPS,
-                mask_id=cfg.mask_token_id,
-                alg="entropy",
-            )[0]
 
-    def ours_generate(p):
-        return list(rt.generate([prompt], p, chat=False, stream=False))[-1]
+def summary(
+    cfg: Any, runs: dict[str, list[float]], flops: tuple[float, float], fast_done: Any
+) -> dict[str, Any]:
+    """The figures of the JSON: per implementation its median time, rate and efficiency, and the ratios
+    (the parity and agreement fields are added by the caller, last)."""
+    from model_runtime import bench
 
-    def torch_matmul():
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - t0)
-        return 2 * 2048**3 / statistics.median(times) / 1e9
-
-    # Warm-up: compilation, oneDNN primitive creation, first-touch of the weights (the matmul rates take
-    # medians, and XLA's warms itself up).
-    torch_seq = torch_generate()
-    ours_done, fast_done = ours_generate(params), ours_generate(fast_params)
-
-    # Interleaved rounds: this machine's speed drifts by 20% or more over minutes, so each round times
-    # every implementation and the matmul ceiling back to back, and drift hits them all alike.
-    runs: dict[str, list[float]] = {"pytorch": [], "reference": [], "fast": [], "xla_mm": [], "torch_mm": []}
-
-    def timed(fn):
-        t0 = time.perf_counter()
-        out = fn()
-        return time.perf_counter() - t0, out
-
-    for _ in range(args.repeat):
-        runs["xla_mm"].append(bench.matmul_gflops(repeat=5))
-        runs["torch_mm"].append(torch_matmul())
-        runs["pytorch"].append(timed(torch_generate)[0])
-        seconds, ours_done = timed(lambda: ours_generate(params))
-        runs["reference"].append(seconds)
-        seconds, fast_done = timed(lambda: ours_generate(fast_params))
-        runs["fast"].append(seconds)
-    torch_seconds = statistics.median(runs["pytorch"])
-    ours_seconds = statistics.median(runs["reference"])
-    fast_seconds = statistics.median(runs["fast"])
+    flops_per_step, executed_per_step = flops
+    torch_seconds, ours_seconds, fast_seconds = (
+        statistics.median(runs[name]) for name in ("pytorch", "reference", "fast")
+    )
     xla_matmul, torch_matmul_rate = statistics.median(runs["xla_mm"]), statistics.median(runs["torch_mm"])
     matmul = max(xla_matmul, torch_matmul_rate)
-    print(
-        f"matmul ceiling: {matmul:.1f} GFLOP/s (XLA {xla_matmul:.1f}, PyTorch {torch_matmul_rate:.1f}); "
-        f"step: {flops_per_step / 1e9:.2f} GFLOP published, {executed_per_step / 1e9:.2f} executed",
-        file=sys.stderr,
-    )
-    print(
-        f"pytorch reference {torch_seconds:.2f}s, reference decoder {ours_seconds:.2f}s, fast decoder "
-        f"{fast_seconds:.2f}s (medians of {args.repeat} interleaved rounds)",
-        file=sys.stderr,
-    )
-    # Same outputs: identical tokens, or else every step tie-aware (replay each reference step from our
-    # previous canvas; positions may differ only where the reference's confidences tie).
-    identical = torch_seq[0, PROMPT_TOKENS:].tolist() == ours_done.generated[0]
-    ties_ok = identical
-    if not identical:
-        from model_runtime.interface import BatchStep
-
-        events = rt.generate([prompt], params, chat=False)
-        history = [np.array(e.content) for e in events if isinstance(e, BatchStep)]
-        x, mask4, tok_idx = dream_torch.prepare(torch.tensor([prompt]), None, NEW_TOKENS, cfg.mask_token_id)
-        prev, ties_ok = x.numpy(), True
-        try:
-            for i, canvas in enumerate(history):
-                ref, conf, _ = dream_torch.step(
-                    ref_model, torch.tensor(prev), mask4, tok_idx, i, steps=STEPS, mask_id=cfg.mask_token_id
-                )
-                assert_step_matches(prev, canvas, ref.numpy(), conf.numpy(), cfg.mask_token_id, f"step {i}")
-                prev = canvas
-        except AssertionError as exc:
-            ties_ok = False
-            print(f"parity: {exc}", file=sys.stderr)
-    agreement = float(np.mean(np.array(fast_done.generated[0]) == np.array(ours_done.generated[0])))
-
     torch_tps, ours_tps, fast_tps = (NEW_TOKENS / t for t in (torch_seconds, ours_seconds, fast_seconds))
     step_seconds = ours_seconds / STEPS
-    result = {
+    return {
         "environment": bench.environment(),
         "model": {
             "layers": cfg.num_hidden_layers,
@@ -238,22 +305,7 @@ def main() -> int:
         "executed_matmul_efficiency": executed_per_step / step_seconds / 1e9 / matmul,
         "pytorch_matmul_efficiency": flops_per_step / (torch_seconds / STEPS) / 1e9 / matmul,
         "fast_vs_reference": fast_tps / ours_tps,
-        "same_tokens_as_pytorch": identical,
-        "steps_match_pytorch_tie_aware": ties_ok,
-        "fast_token_agreement_with_reference": agreement,
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(
-        f"reference decoder {result['reference_vs_pytorch']:.2f}x PyTorch, "
-        f"{100 * result['matmul_efficiency']:.0f}% of matmul (published step FLOPs; "
-        f"{100 * result['executed_matmul_efficiency']:.0f}% executed FLOPs); "
-        f"fast {result['fast_vs_reference']:.2f}x reference; medians of {args.repeat} interleaved rounds",
-        file=sys.stderr,
-    )
-    return 0
 
 
 if __name__ == "__main__":

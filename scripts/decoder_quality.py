@@ -27,10 +27,14 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from model_runtime.interface import BatchDone, BatchStep  # noqa: E402  (plain Python: no JAX yet)
 
 
 def def_prompts(texts: list[tuple[str, str]], n: int) -> list[str]:
@@ -42,6 +46,13 @@ def def_prompts(texts: list[tuple[str, str]], n: int) -> list[str]:
         if len(out) == n:
             break
     return out
+
+
+def finished(events: Iterable[BatchStep | BatchDone]) -> BatchDone:
+    """The last event of a run, its BatchDone (a run that does not stream sends only that one)."""
+    *_, last = events
+    assert isinstance(last, BatchDone), last
+    return last
 
 
 def main() -> int:
@@ -70,14 +81,14 @@ def main() -> int:
         "reference": lambda n: SamplingParams(max_new_tokens=n, steps=n),
         "fast": lambda n: SamplingParams(max_new_tokens=n, steps=n, decoder="fast"),
     }
-    result: dict = {"model": str(rt.model_dir), "infill": {}, "generation": {}}
+    result: dict[str, Any] = {"model": str(rt.model_dir), "infill": {}, "generation": {}}
     for name, make in decoders.items():
         hits, seconds = 0, 0.0
         for c in cases:
             row = CanvasRow(c.prefix + (tok.mask_id,) * len(c.middle) + c.suffix,
                             (len(c.prefix), len(c.prefix) + len(c.middle)), chat=False)  # fmt: skip
             t0 = time.perf_counter()
-            done = list(rt.run([row], make(len(c.middle)), stream=False))[-1]
+            done = finished(rt.run([row], make(len(c.middle)), stream=False))
             seconds += time.perf_counter() - t0
             hits += tok.decode(list(done.generated[0])).strip() == c.line.strip()
         result["infill"][name] = {"exact_match": hits / len(cases), "cases": len(cases), "seconds": seconds}
@@ -85,9 +96,11 @@ def main() -> int:
 
     prompts = def_prompts(texts, args.prompts)
     for name, make in decoders.items():
-        parsed, distinct, samples = [], [], []
+        parsed: list[float] = []
+        distinct: list[float] = []
+        samples: list[dict[str, str]] = []
         for p in prompts:
-            done = list(rt.generate([tok.encode(p)], make(128), chat=False, stream=False))[-1]
+            done = finished(rt.generate([tok.encode(p)], make(128), chat=False, stream=False))
             lines = [ln for ln in done.texts[0].splitlines() if ln.strip()]
             parsed.append(python_share(p, done.texts[0]))
             distinct.append(len(set(ln.strip() for ln in lines)) / max(len(lines), 1))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -48,6 +47,7 @@ from assistant.evals import instructions as ins
 from assistant.evals import lines as line_tasks
 from assistant.evals import runner
 from assistant.evals.sandbox import Limits
+from assistant.evals.stats import chunk_seconds, confidence_interval, paired, time_ratio
 
 
 @dataclass(frozen=True)
@@ -217,42 +217,6 @@ def measure(args: argparse.Namespace, out: Path, benchmarks: Sequence[str], sett
                 )
 
 
-def paired(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over the same tasks and its normal 95% interval, within [-1, 1]."""
-    d = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    var = sum((v - mean) ** 2 for v in d) / max(n - 1, 1)
-    half = z * math.sqrt(var / n)
-    return mean, max(-1.0, mean - half), min(1.0, mean + half)
-
-
-def time_ratio(chunks: Sequence[tuple[float, float]], z: float = 1.96) -> tuple[float, float, float] | None:
-    """The reference's generation time over a setting's, from per-chunk pairs (reference seconds, the
-    setting's seconds): the ratio of the totals and its normal 95% interval by the ratio estimator's
-    variance over the chunks (each chunk ran every setting back to back, so it is one paired sample).
-    None with fewer than two chunks."""
-    n = len(chunks)
-    total = sum(t for _, t in chunks)
-    if n < 2 or total <= 0:
-        return None
-    ratio = sum(r for r, _ in chunks) / total
-    spread = sum((r - ratio * t) ** 2 for r, t in chunks) / (n - 1)
-    half = z * math.sqrt(spread / n) / (total / n)
-    return ratio, ratio - half, ratio + half
-
-
-def chunk_seconds(
-    tasks: Sequence[str], chunk_of: dict[str, int], ref: dict[str, Any], this: dict[str, Any]
-) -> list[tuple[float, float]]:
-    """Per chunk, the reference's and this setting's generation seconds over ``tasks`` (by task id)."""
-    sums: dict[int, tuple[float, float]] = {}
-    for t in tasks:
-        r, x = sums.get(chunk_of[t], (0.0, 0.0))
-        sums[chunk_of[t]] = (r + ref[t]["seconds"], x + this[t]["seconds"])
-    return list(sums.values())
-
-
 def report(
     out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
@@ -286,7 +250,7 @@ def report(
             gen = sum(r["seconds"] for r in recs)
             tokens = sum(r["tokens"] for r in recs)
             forwards = sum(r["forwards"] for r in recs)
-            low, high = runner.confidence_interval([float(p) for p in passed])
+            low, high = confidence_interval([float(p) for p in passed])
             entry = {
                 "tasks": len(recs),
                 "right": sum(passed),

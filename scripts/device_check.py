@@ -63,6 +63,7 @@ from model_runtime import bench, compile_cache, hlo, quant, random_weights  # no
 from model_runtime.config import DIFFUCODER_7B, DreamConfig  # noqa: E402
 from model_runtime.sharding import weight_bytes_per_device  # noqa: E402
 from model_runtime.weights import ParamSpec, by_path  # noqa: E402
+from scripts.device_report import markdown, targets  # noqa: E402
 
 MODES = ("bf16", "int8", "int4", "w8a8")
 PROMPTS = [
@@ -75,14 +76,6 @@ PROMPTS = [
     "def word_count(text):\n",
     "def parse_args():\n",
 ]
-# The issue's targets (one H100, 7B shapes, batch 1): (figure, mode, bound, "max" or "min", against).
-TARGETS = (
-    ("block step vs bf16", "int8", 0.6, "max"),
-    ("refresh vs bf16", "int8", 1.1, "max"),
-    ("block step vs bf16", "int4", 0.45, "max"),
-    ("fast tokens/s at batch 8 vs bf16", "int8", 1.0, "min"),
-    ("block step ms", "bf16", 5.0, "max"),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +322,12 @@ def _projection(check: Check, k: int, n: int, m: int) -> dict[str, Any]:
         "bf16_ms": _median_ms(lambda: jax.jit(jnp.matmul)(x, w), s.repeat),
     }
     kernel = "interpret" if s.small else "pallas"
-    variants = [("int8", "xla", None), ("int8", kernel, None), ("int4", "xla", None), ("int4", kernel, None)]
+    variants: list[tuple[str, str, str | None]] = [
+        ("int8", "xla", None),
+        ("int8", kernel, None),
+        ("int4", "xla", None),
+        ("int4", kernel, None),
+    ]
     if m >= quant.W8A8_MIN_ROWS:
         variants.append(("int8", "xla", "int8"))
     for mode, impl, act in variants:
@@ -380,128 +378,6 @@ def cost_model(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# -- the report -----------------------------------------------------------------------------------------
-
-
-def _figure(result: dict[str, Any], name: str, mode: str) -> float | None:
-    """A figure of one mode by its table name (None where it was not measured)."""
-    r = result["modes"].get(mode, {})
-    p = r.get("parts", {})
-    simple = {"forward ms": "forward_ms", "refresh ms": "refresh_ms", "block step ms": "block_step_ms"}
-    if name in simple:
-        return p.get(simple[name])
-    if name.endswith(" vs bf16"):
-        base_name = name[: -len(" vs bf16")]
-        base_name = {"refresh": "refresh ms", "block step": "block step ms"}.get(base_name, base_name)
-        mine, base = _figure(result, base_name, mode), _figure(result, base_name, "bf16")
-        return None if mine is None or not base else mine / base
-    if name.startswith("fast tokens/s at batch "):
-        batch = name.split()[-1]
-        g = r.get("batch", {}).get(batch) if batch != "1" else r.get("generation", {}).get("fast")
-        return None if g is None else g["tokens_per_second"]
-    if name.endswith(" tokens/s at batch 1"):
-        g = r.get("generation", {}).get(name.split()[0])
-        return None if g is None else g["tokens_per_second"]
-    raise KeyError(name)
-
-
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for name, mode, bound, kind in TARGETS:
-        value = _figure(result, name, mode)
-        met = None if value is None else (value <= bound if kind == "max" else value >= bound)
-        out.append({"figure": name, "mode": mode, "target": f"{'<=' if kind == 'max' else '>='} {bound}",
-                    "value": value, "met": met})  # fmt: skip
-    return out
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-    return str(v)
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
-
-
-def _mode_rows(result: dict[str, Any], modes: list[str]) -> list[list[Any]]:
-    """The main table's rows: one figure per row, one mode per column."""
-    st = result["settings"]
-    names = ["forward ms", "refresh ms", "refresh vs bf16", "block step ms", "block step vs bf16"]
-    names += [f"{d.name} tokens/s at batch 1" for d in bench.DECODERS]
-    names += [f"fast tokens/s at batch {b}" for b in st["batches"][1:]]
-    names += [f"fast tokens/s at batch {st['batches'][1]} vs bf16"]
-    rows = [[name] + [_figure(result, name, m) for m in modes] for name in names]
-    build = [result["modes"][m].get("build", {}) for m in modes]
-    rows.append(["weights GB"] + [b["weight_bytes"] / 1e9 if b else None for b in build])
-    rows.append(["quantized products run by"] + [b.get("kernel") for b in build])
-    for kind in ("refresh", "block"):
-        verdicts = [result["modes"][m].get("fusion", {}).get(kind, {}).get("verdict") for m in modes]
-        rows.append([f"dequantization fused, {kind} program"] + [v and v.split(":")[0] for v in verdicts])
-    for d in bench.DECODERS:
-        agree = [result["modes"][m].get("agreement", {}).get(d.name) for m in modes]
-        cells = [a and f"{100 * a['token_agree']:.1f}% ({a['identical']}/{a['of']})" for a in agree]
-        rows.append([f"{d.name}: tokens equal to bf16 (identical answers)"] + cells)
-    return rows
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """The results as the tables that go into docs/performance.md and docs/quantization.md."""
-    env, st = result["environment"], result["settings"]
-    modes = list(result["modes"])
-    small = " (SMALL MODE: a tiny model, the figures mean nothing)" if st["small"] else ""
-    lines = [
-        f"# Device check: {env['device']}, JAX {env['jax']}{small}",
-        "",
-        f"Random bf16 weights, canvas {st['canvas']} ({st['prompt_tokens']}-token prompt, "
-        f"{st['new_tokens']} new tokens), block {st['block_length']}, greedy; "
-        f"{result['elapsed_seconds']:.0f} s of a {st['budget_seconds']:.0f} s budget.",
-    ]
-    c = result.get("ceilings")
-    if c:
-        lines += [
-            "",
-            f"Ceilings: bf16 matmul {_fmt(c['matmul_tflops'])} TFLOP/s, "
-            f"copy {_fmt(c['copy_gbytes_per_s'])} GB/s (bytes read + written).",
-        ]
-    lines += ["", *_table(["figure", *modes], _mode_rows(result, modes))]
-    lines += ["", "Targets (one H100, DiffuCoder-7B shapes, batch 1):", ""]
-    t_rows = [[t["figure"], t["mode"], t["target"], t["value"], t["met"]] for t in result["targets"]]
-    lines += _table(["figure", "mode", "target", "value", "met"], t_rows)
-    if result.get("cost_model"):
-        lines += ["", "Cost model: tokens/s measured, and predicted from the forward times at the measured "
-                  "tokens per forward (TPF) and at TPF 1, 2, 3:", ""]  # fmt: skip
-        keys = [
-            "mode",
-            "decoder",
-            "measured",
-            "tokens_per_forward",
-            "modeled",
-            "modeled_tpf1",
-            "modeled_tpf2",
-        ]
-        keys += ["modeled_tpf3"]
-        header = ["mode", "decoder", "measured", "TPF", "modeled", "TPF 1", "TPF 2", "TPF 3"]
-        lines += _table(header, [[r[k] for k in keys] for r in result["cost_model"]])
-    if result.get("kernels"):
-        cols = ["bf16_ms", "int8_xla_ms", "int8_kernel_ms", "int4_xla_ms", "int4_kernel_ms", "w8a8_xla_ms"]
-        lines += ["", "One projection alone, ms:", ""]
-        rows = [
-            [r["name"], f"{r['m']} x {r['k']} x {r['n']}"] + [r.get(c) for c in cols]
-            for r in result["kernels"]
-        ]
-        lines += _table(["weight", "M x K x N", *cols], rows)
-    for key in ("skipped", "errors"):
-        if result.get(key):
-            lines += ["", f"{key.capitalize()}:", ""]
-            lines += [f"- {e if isinstance(e, str) else e['part'] + ': ' + e['error']}" for e in result[key]]
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -528,12 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = functools.partial(bench.device_ceilings, s.ceiling_n, s.copy_elements)
     check.part(("ceilings",), est(10), ceilings)
     for mode in modes:
-        check.part(("modes", mode, "build"), est(20), lambda mode=mode: build(check, mode))
+        check.part(("modes", mode, "build"), est(20), functools.partial(build, check, mode))
     built = [m for m in modes if m in check.runtimes]
     for mode in built:
-        check.part(("modes", mode, "parts"), est(25), lambda mode=mode: parts(check, mode))
+        check.part(("modes", mode, "parts"), est(25), functools.partial(parts, check, mode))
     for mode in built[1:]:
-        check.part(("modes", mode, "fusion"), est(2), lambda mode=mode: fusion(check, mode))
+        check.part(("modes", mode, "fusion"), est(2), functools.partial(fusion, check, mode))
     for mode in built:
         for case in s.decoders(mode, "generation"):
             one = functools.partial(generation, check, mode, case, 1, keep=False)

@@ -32,10 +32,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from first_contact import ROOT, cpu_name, fresh_install
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.first_contact import ROOT, cpu_name, fresh_install  # noqa: E402
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from assistant.daemon_status import DaemonStatus
+    from tui.app import ChatApp
 
 PROMPTS = (
     "Write a Python function `reverse_string(s)`. Return the string reversed.",
@@ -131,14 +141,12 @@ def show(report: dict[str, Any]) -> list[str]:
 
 async def drive() -> dict[str, Any]:
     """The child: the chat as ``diffu chat`` builds it, driven by Pilot; the figures as a dict."""
-    from textual.widgets import Markdown
-
     from assistant.cli.chat import chat_app
     from assistant.client import Done, Step, Waiting
     from assistant.config import load_config
     from tui.backend import DaemonBackend
+    from tui.settings import ChatSettings
     from tui.store import ChatStore
-    from tui.widgets import AnswerView, PromptInput
 
     records: list[dict[str, Any]] = []
 
@@ -147,14 +155,16 @@ async def drive() -> dict[str, Any]:
 
         what = "first prompt"
 
-        async def generate(self, messages, settings, *, session=None):  # type: ignore[no-untyped-def]
+        async def generate(
+            self, messages: list[dict[str, str]], settings: ChatSettings, *, session: str | None = None
+        ) -> AsyncIterator[Step | Waiting | Done]:
             status = await self.status()
             decode = 1 + sum(1 for r in records if r["what"] == self.what)
             record: dict[str, Any] = {
                 "what": self.what,
                 "decode": decode,
-                "daemon_compiling": status["engine"].get("compiling"),
-                "daemon_stage": status["engine"].get("stage"),
+                "daemon_compiling": status.engine.compiling,
+                "daemon_stage": status.engine.stage,
                 "waits": [],
             }
             sent = time.monotonic()
@@ -179,47 +189,74 @@ async def drive() -> dict[str, Any]:
     started = time.monotonic()
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-
-            async def until(predicate: Any, timeout: float) -> bool:
-                deadline = time.monotonic() + timeout
-                while not predicate():
-                    if time.monotonic() > deadline:
-                        return False
-                    await pilot.pause(0.05)
-                return True
-
-            async def send(what: str, text: str) -> None:
-                backend.what = what
-                before = len(app.query(AnswerView))
-                prompt = app.query_one(PromptInput)
-                prompt.focus()
-                prompt.load_text(text)
-                await pilot.press("enter")
-                await until(lambda: len(app.query(AnswerView)) > before, 60)
-                answer = list(app.query(AnswerView))[-1]
-                if not await until(lambda: not answer.live and answer.query(Markdown), 600):
-                    raise RuntimeError(f"no answer to the {what} within 600 s")
-
-            if not await until(lambda: app.connected, 600):
-                raise RuntimeError("the chat did not connect within 600 s")
-            ready = time.monotonic()
-            await send("first prompt", PROMPTS[0])
-            await send("second prompt, another length", PROMPTS[1])
-            await pilot.press("ctrl+n")
-
-            async def editor_compiling() -> bool:
-                status = await backend.status()
-                return "infill" in (status["engine"].get("compiling") or "")
-
-            deadline = time.monotonic() + EDITOR_WAIT
-            while time.monotonic() < deadline and not await editor_compiling():
-                await pilot.pause(0.2)
-            await send("prompt after ctrl+n", PROMPTS[2])
+            ready = await converse(Conversation(app, pilot, backend))
     finally:
         store.close()
     for r in records:
         r["sent_after_ready"] = round(r.pop("sent") - ready, 3)
     return {"ready_seconds": round(ready - started, 3), "prompts": list(PROMPTS), "requests": records}
+
+
+class Labelled(Protocol):
+    """drive's TimedBackend: the chat's backend, with the label of the request it sends next."""
+
+    what: str
+
+    async def status(self) -> DaemonStatus: ...
+
+
+@dataclass
+class Conversation:
+    """The chat under Pilot, and its backend (whose ``what`` labels the next request)."""
+
+    app: ChatApp
+    pilot: Pilot[None]
+    backend: Labelled
+
+    async def until(self, predicate: Callable[[], object], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            await self.pilot.pause(0.05)
+        return True
+
+    async def send(self, what: str, text: str) -> None:
+        """Type ``text`` and send it; wait for its answer, drawn as Markdown."""
+        from textual.widgets import Markdown
+
+        from tui.widgets import AnswerView, PromptInput
+
+        app = self.app
+        self.backend.what = what
+        before = len(app.query(AnswerView))
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.load_text(text)
+        await self.pilot.press("enter")
+        await self.until(lambda: len(app.query(AnswerView)) > before, 60)
+        answer = list(app.query(AnswerView))[-1]
+        if not await self.until(lambda: not answer.live and answer.query(Markdown), 600):
+            raise RuntimeError(f"no answer to the {what} within 600 s")
+
+    async def editor_compiling(self) -> bool:
+        status = await self.backend.status()
+        return "infill" in (status.engine.compiling or "")
+
+
+async def converse(chat: Conversation) -> float:
+    """The prompts, as a user sends them once the chat connected; when it connected (monotonic)."""
+    if not await chat.until(lambda: chat.app.connected, 600):
+        raise RuntimeError("the chat did not connect within 600 s")
+    ready = time.monotonic()
+    await chat.send("first prompt", PROMPTS[0])
+    await chat.send("second prompt, another length", PROMPTS[1])
+    await chat.pilot.press("ctrl+n")
+    deadline = time.monotonic() + EDITOR_WAIT
+    while time.monotonic() < deadline and not await chat.editor_compiling():
+        await chat.pilot.pause(0.2)
+    await chat.send("prompt after ctrl+n", PROMPTS[2])
+    return ready
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzz_daemon import rss_mb  # noqa: E402  (this directory is on the path when run as a script)
-
+from scripts.fuzz_daemon import rss_mb  # noqa: E402
 from tests.lsp.fuzz import PING, check, malformed_messages  # noqa: E402
 from tests.lsp.rawclient import RawServer  # noqa: E402
 

@@ -51,6 +51,14 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def hlo_text(compiled: jax.stages.Compiled) -> str:
+    """A compiled program's HLO text (what the fusion verdict reads)."""
+    text = compiled.as_text()
+    if text is None:
+        raise RuntimeError("this backend prints no HLO text for a compiled program")
+    return text
+
+
 def hlo_checks(cfg: DreamConfig, kernel: str, hlo_dir: Path | None) -> dict[str, Any]:
     """Compile one quantized projection (the MLP's gate at the block step's 32 rows) and a one-layer
     forward per mode; the verdict on each."""
@@ -63,7 +71,7 @@ def hlo_checks(cfg: DreamConfig, kernel: str, hlo_dir: Path | None) -> dict[str,
         qw = jax.jit(lambda w, q=q: quant.stored(*quant.quantize_device(w, spec, q), spec, q))(w)
         x = jax.random.normal(jax.random.key(1), (1, 32, d), jnp.bfloat16)
         proj = jax.jit(lambda x, qw: quant.dense("bld,df->blf", x, qw))
-        text = proj.lower(x, qw).compile().as_text()
+        text = hlo_text(proj.lower(x, qw).compile())
         exact = jnp.einsum("bld,df->blf", x, w)
         err = float(jnp.max(jnp.abs(proj(x, qw) - exact)) / jnp.max(jnp.abs(exact)))
         res = {"projection": f"[1, 32, {d}] x [{d}, {f}] {mode}", "kernel": q.kernel, "rel_err_vs_bf16": err}
@@ -81,7 +89,7 @@ def hlo_checks(cfg: DreamConfig, kernel: str, hlo_dir: Path | None) -> dict[str,
         qgraph, qstate = quantize_state(state, one, q)
         ids = jnp.asarray(np.arange(32)[None] % 1000, jnp.int32)
         fwd = jax.jit(lambda s, x, g=qgraph: nnx.merge(g, s)(x))
-        text = fwd.lower(qstate, ids).compile().as_text()
+        text = hlo_text(fwd.lower(qstate, ids).compile())
         shapes = {s.shape for s in by_path(one).values() if q.applies(s)}
         res = {"forward": f"1 layer + lm_head, [1, 32] {mode}"} | hlo.fusion_verdict(text, shapes)
         if hlo_dir:

@@ -16,12 +16,15 @@ The figures go in docs/quantization.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -126,31 +129,35 @@ def measure(model_dir: Path, label: str, use_qwix: bool, say, rounds: int = 5) -
     from model_runtime.quant import QuantSpec
     from model_runtime.sharding import weight_bytes_per_device
 
-    kw = dict(length_buckets=(64, 128), batch_buckets=(4,))
-    base = model_runtime.load(model_dir, **kw)
+    def load(quantize: QuantSpec | None = None) -> model_runtime.Runtime:
+        return model_runtime.load(model_dir, quantize=quantize, length_buckets=(64, 128), batch_buckets=(4,))
+
+    base = load()
     cfg = base.config
     x = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size - 64, (4, 128)), jnp.int32)
     f = logits_fn(base.graphdef)
     ref = np.asarray(f(base.state, x))
-    result = {
+    result: dict[str, Any] = {
         "model": label,
         "float": {
-            "dtype": base.dtype,
+            "dtype": base.info.dtype,
             "forward_ms": None,
             "weight_bytes_bf16": weight_bytes_per_device(cfg, 1),
         },
         "modes": [],
     }
     gens = {d: greedy(base, d) for d in ("reference", "fast")}
-    timers = {"float": (result["float"], lambda: f(base.state, x))}
+    timers: dict[str, tuple[dict[str, Any], Callable[[], Any]]] = {
+        "float": (result["float"], lambda: f(base.state, x))
+    }
     # The tiny model's dimensions (64 hidden, 16 per head) are below 128: int4 uses its smallest
     # contracted dimension as the group so that qwix (one tile size for every weight) can match it.
     group = 128 if cfg.head_dim >= 128 else cfg.head_dim
     for mode in ("int8", "int4"):
         spec = QuantSpec(mode, group=group)
-        rt = model_runtime.load(model_dir, quantize=spec, **kw)
+        rt = load(spec)
         fq = logits_fn(rt.graphdef)
-        row = {
+        row: dict[str, Any] = {
             "mode": mode,
             "impl": "einsum+scales",
             "group": group if mode == "int4" else None,
@@ -161,12 +168,12 @@ def measure(model_dir: Path, label: str, use_qwix: bool, say, rounds: int = 5) -
         for d in ("reference", "fast"):
             row[d] = agreement(gens[d], greedy(rt, d))
         result["modes"].append(row)
-        timers[f"{mode} einsum+scales"] = (row, lambda rt=rt, fq=fq: fq(rt.state, x))
+        timers[f"{mode} einsum+scales"] = (row, functools.partial(fq, rt.state, x))
         say(f"{label} {mode} einsum+scales: {row}")
         if use_qwix:
             graphdef, state = qwix_state(base, mode, group, x)
             fw = logits_fn(graphdef)
-            qrow = {
+            qrow: dict[str, Any] = {
                 "mode": mode,
                 "impl": "qwix",
                 "group": row["group"],
@@ -174,7 +181,7 @@ def measure(model_dir: Path, label: str, use_qwix: bool, say, rounds: int = 5) -
                 **compare_logits(ref, fw(state, x)),
             }
             result["modes"].append(qrow)
-            timers[f"{mode} qwix"] = (qrow, lambda fw=fw, state=state: fw(state, x))
+            timers[f"{mode} qwix"] = (qrow, functools.partial(fw, state, x))
             say(f"{label} {mode} qwix: {qrow}")
     # Forward times interleaved over rounds, the best round's median kept: the machine is shared, and a
     # busy moment should not land on one variant only.
@@ -207,7 +214,7 @@ def main() -> int:
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    out = {"environment": bench.environment(), "results": []}
+    out: dict[str, Any] = {"environment": bench.environment(), "results": []}
     models = [
         (args.model or bundled_model_dir(), "bundled demo model" if args.model is None else str(args.model))
     ]

@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -144,6 +145,94 @@ def bootstrap(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, 
     return means[int(0.025 * n)], means[int(0.975 * n)]
 
 
+class Suggester:
+    """Each target's suggestion in one condition, asked as the language server asks: a prompt fitted to
+    the context by characters per token, learnt again from a refusal (as ``DaemonLink.fitting``)."""
+
+    def __init__(self, client: Client, settings: Settings, max_context: int, chars_per_token: float) -> None:
+        self.client, self.settings = client, settings
+        self.max_context, self.chars_per_token = max_context, chars_per_token
+
+    def __call__(self, job: tuple[Target, str]) -> dict[str, Any]:
+        target, condition = job
+        ratio = self.chars_per_token
+        for attempt in range(3):
+            p, prompt = prompt_for(target, condition, self.settings, ratio, self.max_context)
+            try:
+                done = self.client.infill(
+                    prompt.prefix,
+                    prompt.suffix,
+                    canvas_tokens=p.canvas,
+                    sampling=SamplingOptions(steps=p.steps),
+                )
+                break
+            except APIError as exc:
+                tokens, _ = overflow_facts(exc)
+                if attempt == 2 or not is_overflow(exc) or not tokens:
+                    raise
+                ratio = 0.9 * (len(prompt.prefix) + len(prompt.suffix)) / tokens
+        suggestion = clean(done.text, p, prompt.suffix, min_chars=1) or ""
+        exact, similarity = score(suggestion, target.text.splitlines()[target.line])
+        return {
+            "commit": target.commit,
+            "path": target.path,
+            "line": target.line + 1,
+            "condition": condition,
+            "suggestion": suggestion,
+            "exact": exact,
+            "similarity": similarity,
+            "context": [s.name for s in prompt.snippets],
+            "prompt_tokens": done.usage.get("prompt_tokens", 0),
+        }
+
+
+def suggest_all(model: str, items: list[Target], workers: int) -> list[dict[str, Any]]:
+    """Every target's suggestion in every condition, from a daemon started for ``model``."""
+    root = Path(tempfile.mkdtemp(prefix="diffu-repo-infill-"))
+    daemon = start_daemon(root, model, env=isolated_env(root))
+    rows: list[dict[str, Any]] = []
+    try:
+        with Client(daemon.url, daemon.token, autostart=False) as client:
+            max_context = client.models().data[0].context_length
+            if max_context is None:
+                raise RuntimeError("the daemon's /v1/models does not say its context length")
+            # The server learns characters per token from the daemon's answers; measure it once here.
+            sample = items[0].text[:2000]
+            probe = client.infill(sample, "", canvas_tokens=1, sampling=SamplingOptions(steps=1))
+            used = probe.usage["prompt_tokens"]
+            run = Suggester(client, Settings(), max_context, len(sample) / max(used, 1))
+            jobs = [(t, c) for t in items for c in CONDITIONS]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(workers) as pool:
+                for i, row in enumerate(pool.map(run, jobs)):
+                    rows.append(row)
+                    if (i + 1) % 60 == 0:
+                        print(f"  {i + 1}/{len(jobs)} in {time.perf_counter() - start:.0f} s", flush=True)
+    finally:
+        daemon.stop()
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> None:
+    """Each condition's rates, and its paired differences from the file alone."""
+    by = {c: [r for r in rows if r["condition"] == c] for c in CONDITIONS}
+    print(f"\n{'condition':<12} {'exact line':>11} {'similarity':>11} {'with context':>13}")
+    for c in CONDITIONS:
+        exact = statistics.fmean(r["exact"] for r in by[c])
+        sim = statistics.fmean(r["similarity"] for r in by[c])
+        with_ctx = statistics.fmean(bool(r["context"]) for r in by[c])
+        print(f"{c:<12} {exact:>10.1%} {sim:>11.3f} {with_ctx:>12.0%}")
+    for c in CONDITIONS[1:]:
+        sim_diff = [b["similarity"] - a["similarity"] for a, b in zip(by["file"], by[c], strict=True)]
+        wins = sum(b["exact"] and not a["exact"] for a, b in zip(by["file"], by[c], strict=True))
+        losses = sum(a["exact"] and not b["exact"] for a, b in zip(by["file"], by[c], strict=True))
+        lo, hi = bootstrap(sim_diff)
+        print(
+            f"{c} - file: similarity {statistics.fmean(sim_diff):+.3f} (95% CI {lo:+.3f}..{hi:+.3f}), "
+            f"exact lines gained {wins}, lost {losses}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -163,76 +252,8 @@ def main() -> int:
     items = targets(args.rev, args.per_commit, args.seed)
     rev = git("rev-parse", "--short", args.rev).strip()
     print(f"{len(items)} targets from {len({t.commit for t in items})} commits (the history of {rev})")
-    root = Path(tempfile.mkdtemp(prefix="diffu-repo-infill-"))
-    daemon = start_daemon(root, model, env=isolated_env(root))
-    settings = Settings()
-    rows: list[dict] = []
-    try:
-        with Client(daemon.url, daemon.token, autostart=False) as client:
-            max_context = int(client.models()["data"][0]["context_length"])
-            # The server learns characters per token from the daemon's answers; measure it once here.
-            sample = items[0].text[:2000]
-            used = client.infill(sample, "", canvas_tokens=1, sampling=SamplingOptions(steps=1))
-            used = used.usage["prompt_tokens"]
-            chars_per_token = len(sample) / max(used, 1)
-
-            def run(job: tuple[Target, str]) -> dict:
-                target, condition = job
-                ratio = chars_per_token
-                for attempt in range(3):  # as the server's DaemonLink.fitting: learn from a refusal
-                    p, prompt = prompt_for(target, condition, settings, ratio, max_context)
-                    try:
-                        done = client.infill(
-                            prompt.prefix,
-                            prompt.suffix,
-                            canvas_tokens=p.canvas,
-                            sampling=SamplingOptions(steps=p.steps),
-                        )
-                        break
-                    except APIError as exc:
-                        tokens, _ = overflow_facts(exc)
-                        if attempt == 2 or not is_overflow(exc) or not tokens:
-                            raise
-                        ratio = 0.9 * (len(prompt.prefix) + len(prompt.suffix)) / tokens
-                suggestion = clean(done.text, p, prompt.suffix, min_chars=1) or ""
-                exact, similarity = score(suggestion, target.text.splitlines()[target.line])
-                return {
-                    "commit": target.commit,
-                    "path": target.path,
-                    "line": target.line + 1,
-                    "condition": condition,
-                    "suggestion": suggestion,
-                    "exact": exact,
-                    "similarity": similarity,
-                    "context": [s.name for s in prompt.snippets],
-                    "prompt_tokens": done.usage.get("prompt_tokens", 0),
-                }
-
-            jobs = [(t, c) for t in items for c in CONDITIONS]
-            start = time.perf_counter()
-            with ThreadPoolExecutor(args.workers) as pool:
-                for i, row in enumerate(pool.map(run, jobs)):
-                    rows.append(row)
-                    if (i + 1) % 60 == 0:
-                        print(f"  {i + 1}/{len(jobs)} in {time.perf_counter() - start:.0f} s", flush=True)
-    finally:
-        daemon.stop()
-    by = {c: [r for r in rows if r["condition"] == c] for c in CONDITIONS}
-    print(f"\n{'condition':<12} {'exact line':>11} {'similarity':>11} {'with context':>13}")
-    for c in CONDITIONS:
-        exact = statistics.fmean(r["exact"] for r in by[c])
-        sim = statistics.fmean(r["similarity"] for r in by[c])
-        with_ctx = statistics.fmean(bool(r["context"]) for r in by[c])
-        print(f"{c:<12} {exact:>10.1%} {sim:>11.3f} {with_ctx:>12.0%}")
-    for c in CONDITIONS[1:]:
-        sim_diff = [b["similarity"] - a["similarity"] for a, b in zip(by["file"], by[c], strict=True)]
-        wins = sum(b["exact"] and not a["exact"] for a, b in zip(by["file"], by[c], strict=True))
-        losses = sum(a["exact"] and not b["exact"] for a, b in zip(by["file"], by[c], strict=True))
-        lo, hi = bootstrap(sim_diff)
-        print(
-            f"{c} - file: similarity {statistics.fmean(sim_diff):+.3f} (95% CI {lo:+.3f}..{hi:+.3f}), "
-            f"exact lines gained {wins}, lost {losses}"
-        )
+    rows = suggest_all(model, items, args.workers)
+    summary(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -1,26 +1,25 @@
-"""The rules of the house that a reader of the code can check: imports point down the floors, and no
-file or function is too long to read.
+"""The rules of the house that a reader of the code can check: no import circle, every import points down
+the floors of ``LAYERS``, the clients load no JAX, and no file or function is too long to read.
 
 The import graph is read from the source (every ``import`` statement anywhere in a file: at the top,
 inside functions, under ``TYPE_CHECKING``, and ``importlib.import_module`` with a literal name), so a lazy
-import cannot hide a circle. A file depends on the most specific module an import names: ``from a.b
-import c`` on ``a.b.c`` when that is a module, else on ``a.b``.
+import cannot hide a circle or an upward import. A file depends on the most specific module an import
+names: ``from a.b import c`` on ``a.b.c`` when that is a module, else on ``a.b``. The rules cover the four
+packages and ``scripts/`` (the top floor: the scripts whose figures the docs publish).
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from tests.assistant.helpers import REPO
 
-PACKAGES = ("assistant", "model_runtime", "lsp", "tui")
+PACKAGES = ("assistant", "model_runtime", "lsp", "tui", "scripts")
 
-# Import circles that other branches of issue #33 remove, each as the files it joins. The lead deletes an
-# entry when its branch lands: ``test_a_known_circle_is_still_there`` fails as soon as one is gone, so an
-# entry never outlives its circle.
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last line of its body, nested functions included
 
@@ -178,61 +177,178 @@ def test_no_import_circle_between_files() -> None:
     assert not found, "import circles:\n" + "\n".join(found)
 
 
-def test_only_the_command_line_imports_the_editor_and_chat_clients() -> None:
-    """``tui`` and ``lsp`` are front ends: the ``diffu`` commands start them, nothing else imports them
-    (and neither imports the other)."""
-    wrong = []
-    for name, targets in graph().items():
-        own = name.split(".")[0]
-        for target in sorted(targets):
-            front_end = target.split(".")[0]
-            in_cli = name == "assistant.cli" or name.startswith("assistant.cli.")
-            if front_end in ("tui", "lsp") and front_end != own and not in_cli:
-                wrong.append(f"{name} imports {target}")
-    assert not wrong, "\n".join(wrong)
+# -- the floors ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layer:
+    """One floor of the house (or one room of a floor): the modules it holds, by dotted prefix, and the
+    layers right below it, which it stands on. A module belongs to the layer with its longest prefix."""
+
+    name: str
+    prefixes: tuple[str, ...]
+    over: tuple[str, ...]
+    jax_free: bool = False  # loads nothing of JAX, numpy or the HTTP server, however deep its imports go
 
 
-# What the front ends (``tui``, ``lsp``) may use of ``assistant/``: the client library's public import and
-# the JAX-free modules below it. Not the server, the command line, the evaluation, nor the client
-# library's own modules (``assistant.client`` is the one import both front ends use).
-FRONT_END_IMPORTS = frozenset(
-    {
-        "assistant",  # the package itself, for __version__ (the editors' server info)
-        "assistant.client",
-        "assistant.wire",
-        "assistant.config",
-        "assistant.paths",
-        "assistant.errors",
-        "assistant.code_blocks",
-    }
+# Top to bottom. A module may import its own layer's modules and those of every layer below it (the
+# layers its layer stands on, theirs, and so on); nothing else. Rooms side by side on a floor (the chat,
+# the editors, the evaluation, the server) do not import each other, so each names its footing:
+# - the front ends and the evaluation reach the daemon through the client (HTTP), never the server;
+# - the server stands on the wire and the model runtime, not on the client (the daemon writes what the
+#   client reads: the wire types and assistant.discovery, both below the two);
+# - training is the model runtime's and stands on it alone (it knows nothing of assistant/: the RL
+#   rewards that run code in the sandbox are wired in by the command line);
+# - the wire floor (``assistant`` itself: wire, config, paths, errors, discovery, sse, code blocks, the
+#   token; a new module of assistant/ lands here unless it is in a sub-package) stands on the model
+#   runtime, of which the JAX-free rule below lets it reach only the plain-Python declarations (options,
+#   SamplingParams, model references); so do the client and the front ends above it.
+# ``jax_free`` layers are the ones an editor or the chat loads: checked by test_the_clients_load_no_jax.
+LAYERS: tuple[Layer, ...] = (
+    Layer("scripts", ("scripts",), over=("cli",)),
+    Layer("cli", ("assistant.cli", "assistant.__main__"), over=("tui", "lsp", "evals", "server", "train")),
+    Layer("tui", ("tui",), over=("client", "infill"), jax_free=True),
+    Layer("lsp", ("lsp",), over=("client", "infill"), jax_free=True),
+    Layer("evals", ("assistant.evals",), over=("client", "infill")),
+    Layer("server", ("assistant.server",), over=("wire", "model_runtime")),
+    Layer("train", ("model_runtime.train",), over=("model_runtime",)),
+    Layer("client", ("assistant.client",), over=("wire",), jax_free=True),
+    Layer("infill", ("assistant.infill",), over=("wire",), jax_free=True),
+    Layer("wire", ("assistant",), over=("model_runtime",), jax_free=True),
+    Layer("model_runtime", ("model_runtime",), over=()),
 )
-FRONT_END_PACKAGES = ("assistant.infill", "assistant.workspace")  # and every module in them
+
+# What a JAX-free layer must never load (rule 1: an editor starting ``diffu lsp`` is ready at once).
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "numpy", "starlette", "uvicorn")
 
 
-def front_end_may_import(target: str) -> bool:
-    """Whether a module of ``tui`` or ``lsp`` may import ``target``, a module of the four packages."""
-    if not (target == "assistant" or target.startswith("assistant.")):
-        return True  # the rule is about assistant/ only; the other rules hold for the rest
-    return target in FRONT_END_IMPORTS or any(
-        target == package or target.startswith(package + ".") for package in FRONT_END_PACKAGES
+def layer_of(module: str, layers: tuple[Layer, ...] = LAYERS) -> Layer:
+    """The layer holding ``module``: the one with the longest prefix of it."""
+    best: tuple[int, Layer] | None = None
+    for layer in layers:
+        for prefix in layer.prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), layer)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of LAYERS")
+    return best[1]
+
+
+def below(layers: tuple[Layer, ...] = LAYERS) -> dict[str, frozenset[str]]:
+    """Each layer's name and the names of the layers it may import: itself and everything under it."""
+    by_name = {layer.name: layer for layer in layers}
+    reach: dict[str, frozenset[str]] = {}
+    for layer in reversed(layers):  # bottom up: a layer's footing is known before the layer
+        reach[layer.name] = frozenset({layer.name}).union(*(reach[name] for name in layer.over))
+    assert set(reach) == set(by_name), "two layers share a name"
+    return reach
+
+
+def upward(edges: dict[str, frozenset[str]], layers: tuple[Layer, ...] = LAYERS) -> list[str]:
+    """Every import in ``edges`` that does not point down ``layers``, as ``a (layer) imports b (layer)``."""
+    reach = below(layers)
+    wrong = []
+    for name, targets in sorted(edges.items()):
+        home = layer_of(name, layers)
+        for target in sorted(targets):
+            there = layer_of(target, layers)
+            if there.name not in reach[home.name]:
+                wrong.append(f"{name} ({home.name}) imports {target} ({there.name})")
+    return wrong
+
+
+def test_the_layers_are_a_list_from_top_to_bottom() -> None:
+    """Each layer stands only on layers listed after it (so the list is the order of the floors, and the
+    layers have no circle), and every module of ours is in one."""
+    names = [layer.name for layer in LAYERS]
+    for i, layer in enumerate(LAYERS):
+        assert set(layer.over) <= set(names[i + 1 :]), f"{layer.name} stands on a layer above it"
+    assert {layer.name for layer in LAYERS if not layer.over} == {names[-1]}, "one bottom floor"
+    assert sorted(names) == sorted(set(names))
+    for module in modules():
+        layer_of(module)
+
+
+def test_every_import_points_down_the_layers() -> None:
+    """Every import of every module (lazy and ``TYPE_CHECKING`` ones included) points to its own layer or
+    one below it: the floors of LAYERS, as docs/architecture.md draws them."""
+    wrong = upward(graph())
+    assert not wrong, "imports that do not point down LAYERS:\n" + "\n".join(wrong)
+
+
+def test_an_upward_import_anywhere_fails_the_layers() -> None:
+    """The check itself: each upward import, added to the real graph, is reported, and nothing else."""
+    edges = graph()
+    refused = {
+        "model_runtime.hlo": "assistant.cli.eval_table",  # the model runtime knows nothing of assistant/
+        "model_runtime.config": "assistant.server.job",
+        "model_runtime.params": "assistant.wire",
+        "model_runtime.train.loop": "assistant.evals.rewards",  # training stands on the model runtime alone
+        "assistant.server.scheduler": "assistant.cli.main",  # the server under the command line
+        "assistant.server.bootstrap": "assistant.client.locate",  # ... and beside the client, not on it
+        "assistant.client.core": "assistant.server.job",  # the client reaches the server over HTTP only
+        "assistant.evals.runner": "assistant.server.scheduler",  # the evaluation too
+        "tui.app": "assistant.server.protocol",  # the front ends too
+        "lsp.server": "tui.app",  # rooms side by side
+        "tui.backend": "assistant.evals.runner",
+        "assistant.wire": "assistant.client.core",  # the wire floor under the client
+        "assistant.infill.context": "lsp.fill",
+        "assistant.cli.main": "scripts.decoder_table",  # scripts are the top floor
+    }
+    for source, target in refused.items():
+        assert source in edges and target in modules(), (source, target)
+        changed = {**edges, source: edges[source] | {target}}
+        assert upward(changed) == [
+            f"{source} ({layer_of(source).name}) imports {target} ({layer_of(target).name})"
+        ], (source, target)
+    allowed = {
+        "scripts.decoder_table": "model_runtime.params",
+        "assistant.cli.main": "tui.app",
+        "tui.app": "assistant.client.core",
+        "lsp.server": "model_runtime.options",
+        "assistant.server.scheduler": "assistant.discovery",
+        "model_runtime.train.loop": "model_runtime.runtime",
+    }
+    for source, target in allowed.items():
+        assert not upward({**edges, source: edges[source] | {target}}), (source, target)
+
+
+def heavy_imports(module: str) -> frozenset[str]:
+    """The HEAVY packages ``module``'s own source imports (anywhere in the file)."""
+    tree = ast.parse(modules()[module].read_text(encoding="utf-8"))
+    return frozenset(n.split(".")[0] for n in _named(tree)) & frozenset(HEAVY)
+
+
+def heavy_paths(edges: dict[str, frozenset[str]], start: str) -> list[str]:
+    """An import chain from ``start`` through modules of ours to a HEAVY package, for each such package
+    (breadth first, so each chain is a shortest one)."""
+    paths = {start: [start]}
+    frontier, found = [start], {}
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for package in sorted(heavy_imports(node)):
+                found.setdefault(package, " -> ".join([*paths[node], package]))
+            for child in sorted(edges[node]):
+                if child not in paths:
+                    paths[child] = [*paths[node], child]
+                    nxt.append(child)
+        frontier = nxt
+    return [found[p] for p in sorted(found)]
+
+
+def test_the_clients_load_no_jax() -> None:
+    """A module of a ``jax_free`` layer (the chat, the editors, the client library, the infill text and
+    the wire floor) reaches no JAX, numpy or server framework through any import of ours, lazy ones
+    included: whatever an editor calls, it never pays for the model runtime."""
+    edges = graph()
+    wrong = [chain for name in sorted(edges) if layer_of(name).jax_free for chain in heavy_paths(edges, name)]
+    assert not wrong, "a JAX-free layer reaches a heavy import:\n" + "\n".join(wrong)
+    # The check itself: a lazy import of the runtime in the editors' settings would be found.
+    changed = {**edges, "lsp.settings": edges["lsp.settings"] | {"model_runtime.runtime"}}
+    assert any(
+        c.startswith("lsp.settings -> model_runtime.runtime") for c in heavy_paths(changed, "lsp.settings")
     )
-
-
-def test_the_front_ends_import_only_the_client_side_of_assistant() -> None:
-    """The chat and the editors reach the daemon through ``assistant.client`` and share only pure,
-    JAX-free pieces of ``assistant/`` (the wire types, config, paths, the infill text handling, the code
-    blocks of an answer); what the evaluation and the chat both need lives below both."""
-    refused = ("assistant.evals.instructions", "assistant.server.job", "assistant.cli", "assistant.sse")
-    assert not any(map(front_end_may_import, refused))
-    assert front_end_may_import("assistant.infill.context") and front_end_may_import("model_runtime.params")
-    wrong = [
-        f"{name} imports {target}"
-        for name, targets in graph().items()
-        if name.split(".")[0] in ("tui", "lsp")
-        for target in sorted(targets)
-        if not front_end_may_import(target)
-    ]
-    assert not wrong, "\n".join(wrong)
 
 
 def long_parts() -> dict[str, int]:
@@ -258,20 +374,3 @@ def test_no_file_or_function_is_too_long() -> None:
     assert not new, f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a function: {new}"
     gone = sorted(set(KNOWN_LONG) - set(found))
     assert not gone, f"no longer too long, take them out of KNOWN_LONG: {gone}"
-
-
-def test_the_clients_import_no_server_code() -> None:
-    """The client library and the front ends talk to the daemon over HTTP only: none of them imports the
-    server (editors start ``diffu lsp`` on every file open; it must stay light and independent)."""
-
-    def client(name: str) -> bool:
-        return name.split(".")[0] in ("tui", "lsp") or (name + ".").startswith("assistant.client.")
-
-    wrong = [
-        f"{name} imports {target}"
-        for name, targets in graph().items()
-        if client(name)
-        for target in sorted(targets)
-        if target == "assistant.server" or target.startswith("assistant.server.")
-    ]
-    assert not wrong, "\n".join(wrong)

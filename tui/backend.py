@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from assistant.client import AsyncClient, Done, Endpoint, SamplingOptions, Step, Waiting, resolve_endpoint
 from assistant.config import Config
+from assistant.daemon_status import DaemonStatus
 from assistant.infill.holes import FillOptions
 from assistant.wire import Stage
 from tui.settings import ChatSettings
@@ -83,9 +84,9 @@ class DaemonBackend:
             finally:
                 self._client.progress = None
             status = await self._client.status()
-            self.model = str(status.get("model") or self.config.model or "")
-            self.chat_defaults = dict(status.get("chat_defaults") or {})
-            self.max_context = int(status["max_context"]) if status.get("max_context") else None
+            self.model = status.model or self.config.model or ""
+            self.chat_defaults = dict(status.chat_defaults)
+            self.max_context = status.max_context
             return self.model
 
     async def generate(
@@ -113,7 +114,7 @@ class DaemonBackend:
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> DaemonStatus:
         """The daemon's ``/v1/diffu/status`` (its stage and what it compiles now among it)."""
         return await self._client.status()
 

@@ -92,8 +92,8 @@ def run_once(
         ):
             status = client.status()
             if for_model is not None:
-                settings = for_model(status.get("chat_defaults") or {})
-            limit = Limit(status.get("max_context"), settings.max_new_tokens)
+                settings = for_model(dict(status.chat_defaults))
+            limit = Limit(status.max_context, settings.max_new_tokens)
             blocks, in_context = _context_files(client, files, root or Path.cwd(), limit)
             messages = [{"role": "user", "content": with_files(blocks, prompt)}]
             trace, done = _answer(client, live, watched, messages, settings)

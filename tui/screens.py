@@ -18,12 +18,12 @@ from textual.timer import Timer
 from textual.widgets import Button, Footer, Input, Label, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
-from model_runtime import decoders
+from model_runtime.params import decoder_knobs
 from tui import keys
 from tui.commands import COMMANDS
 from tui.denoise import DenoiseView
 from tui.render import Trace
-from tui.settings import FIELDS, ChatSettings, SettingsError, decoder_knobs, format_field, parse_field
+from tui.settings import FIELDS, ChatSettings, SettingsError, decoder_knobs_of, format_field, parse_field
 from tui.store import ConversationInfo
 from tui.widgets import AnswerView
 
@@ -240,8 +240,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def _sync_decoder(self) -> None:
         choice = self.query_one("#field-decoder", Select).value
         # What the chosen decoder reads; for "model", every decoder's (it may pick any).
-        reads = decoder_knobs(str(choice))
-        for name in decoders.knobs():
+        reads = decoder_knobs_of(str(choice))
+        for name in decoder_knobs():
             if self.query(f"#field-{name}"):
                 self.query_one(f"#field-{name}").disabled = name not in reads
 

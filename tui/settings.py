@@ -31,10 +31,9 @@ from typing import Any
 from assistant.code_blocks import unparsed_code
 from assistant.errors import UsageError
 from assistant.wire import SamplingOptions
-from model_runtime import decoders
 from model_runtime.generation_config import retry_block_problem, retry_request
 from model_runtime.options import Flat, Option, OptionError, like, option, options, validate
-from model_runtime.params import DECODERS, ParamError, SamplingParams
+from model_runtime.params import DECODERS, ParamError, SamplingParams, decoder_knobs
 
 
 class SettingsError(UsageError):
@@ -56,11 +55,10 @@ def requested_decoder(choice: str) -> str | None:
     return None if choice == MODEL_DECODER else choice
 
 
-def decoder_knobs(choice: str) -> frozenset[str]:
+def decoder_knobs_of(choice: str) -> frozenset[str]:
     """The sampling options the decoder of a ``decoder`` setting reads beyond the common ones; for
     "model", every decoder's (the daemon may pick any)."""
-    named = requested_decoder(choice)
-    return decoders.knobs() if named is None else decoders.get(named).knobs
+    return decoder_knobs(requested_decoder(choice))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +154,7 @@ class ChatSettings:
 
     def request_sampling(self) -> SamplingOptions:
         """The knobs a request sends; unset ones are left to the daemon's defaults."""
-        reads = decoder_knobs(self.decoder)  # a knob the decoder ignores is left unset
+        reads = decoder_knobs_of(self.decoder)  # a knob the decoder ignores is left unset
         return dataclasses.replace(
             self.sampling,
             steps=self.steps,

@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 from assistant.cli.generate import add_generation_options, build_rows, check_prompt_args
 from assistant.cli.model_options import add_quantize_option, model_decoder, sampling_params
@@ -37,7 +38,7 @@ def _pair(text: str) -> tuple[int, int]:
     return new, steps
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench",
         help="benchmark the model in this process",
@@ -156,7 +157,7 @@ def run_suite(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_suite(result: dict) -> None:
+def _print_suite(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

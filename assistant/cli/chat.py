@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from assistant.errors import UsageError
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tui.store import ChatStore
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "chat",
         help="chat with the model in a terminal UI that shows the denoising live",
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             store.close()
 
-        def for_model(model_defaults: dict) -> ChatSettings:
+        def for_model(model_defaults: Mapping[str, object]) -> ChatSettings:
             # The settings screen's saved values apply here too: one set of settings per user.
             baseline, problem = chat_config.for_model(model_defaults)
             settings, saved_problem = apply_saved(baseline, saved)
@@ -184,7 +184,8 @@ def chat_app(
 def after_chat(config: Config, started: Endpoint) -> None:
     """What becomes of the daemon this chat started, said on stderr: stopped with the chat
     (``stop_daemon_with_chat``), or left running with the model warm, and how to stop it."""
-    from assistant.client import discovery
+    from assistant import discovery
+    from assistant.client import spawn
     from model_runtime.memory import resident_bytes
 
     info = started.info
@@ -201,7 +202,7 @@ def after_chat(config: Config, started: Endpoint) -> None:
         print(f"diffu: the daemon this chat started (pid {info.pid}) has exited; {running}", file=sys.stderr)
         return
     if config.stop_daemon_with_chat:
-        stopped = discovery.stop_daemon(info, timeout=config.shutdown_grace + 5)
+        stopped = spawn.stop_daemon(info, timeout=config.shutdown_grace + 5)
         state = "stopped" if stopped else "could not stop (see 'diffu daemon logs')"
         print(f"diffu: {state} the daemon this chat started (pid {info.pid})", file=sys.stderr)
         return

@@ -12,15 +12,20 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from assistant.daemon_status import DaemonStatus, EngineStatus, ProgramsStatus
 from assistant.errors import UsageError
-from assistant.wire import DaemonCounters, Stage
+from assistant.wire import Stage
+
+if TYPE_CHECKING:
+    from assistant.discovery import DaemonInfo
 
 NOT_RUNNING = 3
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from assistant.cli.serve import add_server_flags
 
     parser = subparsers.add_parser(
@@ -53,9 +58,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from assistant import client
+    from assistant import client, discovery
     from assistant.cli.serve import flags_of
-    from assistant.client import discovery
     from assistant.config import load_config
 
     config, _ = load_config(flags_of(args))
@@ -80,7 +84,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 progress=client.stderr_progress("diffu daemon"),
             ) as c:
                 c.wait_ready(endpoint)
-                engine = c.status().get("engine", {})
+                engine = c.status().engine
             print(f"diffu daemon: ready to serve{_warming(engine, ', ')}", flush=True)
     except client.DaemonUnavailable as exc:
         raise UsageError(str(exc)) from None
@@ -88,7 +92,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from assistant.client import discovery
+    from assistant import discovery
+    from assistant.client import spawn
 
     if args.model:
         targets = [d for d in [discovery.find_daemon(args.model)] if d]
@@ -100,7 +105,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     failed = []
     for info in targets:
         print(f"diffu daemon: stopping pid {info.pid} ({info.model}) ...", flush=True)
-        if discovery.stop_daemon(info, timeout=args.timeout):
+        if spawn.stop_daemon(info, timeout=args.timeout):
             print(f"diffu daemon: stopped pid {info.pid}")
         else:
             failed.append(info)
@@ -115,7 +120,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from assistant.client import discovery
+    from assistant import discovery
 
     infos = discovery.running_daemons()
     rows = [{**discovery.info_dict(info), "server": _query_status(info)} for info in infos]
@@ -133,52 +138,51 @@ def cmd_status(args: argparse.Namespace) -> int:
         if "error" in server:
             print(f"  state:   not answering ({server['error']})")
             continue
-        engine, queue = server.get("engine", {}), server.get("queue", {})
-        stage, detail = engine.get("stage"), engine.get("detail") or ""
+        status = DaemonStatus.from_dict(server)  # --json prints the daemon's answer as it came
+        engine, queue = status.engine, status.queue
+        stage, detail = engine.stage, engine.detail or ""
         if stage == Stage.WARMING:
             state = f"ready to serve{_warming(engine, ', ')}"
-        elif stage == "compiling":  # it takes requests, but a chat's first one would wait for these
+        elif stage == Stage.COMPILING:  # it takes requests, but a chat's first one would wait for these
             state = f"serving, {detail}; ready once they are in"
         else:
             state = stage if detail in ("", stage) else f"{stage} ({detail})"
-        if engine.get("compiling"):
-            state += f"\n  compiling: {engine['compiling']}"
+        if engine.compiling:
+            state += f"\n  compiling: {engine.compiling}"
         print(
             f"  state:   {state}\n"
-            f"  device:  {server.get('device')} ({server.get('dtype')}), "
-            f"context {server.get('max_context')}\n"
-            f"  queue:   {queue.get('pending', 0)} waiting, {queue.get('running', 0)} running\n"
-            f"  served:  {DaemonCounters.from_dict(server.get('counters') or {}).completed} requests, "
-            f"up {server.get('uptime_seconds', 0):.0f}s"
+            f"  device:  {status.device} ({status.dtype}), context {status.max_context}\n"
+            f"  queue:   {queue.pending} waiting, {queue.running} running\n"
+            f"  served:  {status.counters.completed} requests, up {status.uptime_seconds:.0f}s"
         )
-        if server.get("programs"):
-            print(f"  programs: {_programs(server['programs'])}")
+        if status.programs is not None:
+            print(f"  programs: {_programs(status.programs)}")
     return 0 if rows else NOT_RUNNING
 
 
-def _programs(info: dict[str, Any]) -> str:
+def _programs(info: ProgramsStatus) -> str:
     """``12 of at most 64 compiled programs held (15 built, 3 evicted); memory 1.2 GiB, at most 3.4 GiB``."""
     text = (
-        f"{info.get('held', 0)} of at most {info.get('max_programs')} compiled programs held "
-        f"({info.get('compiled', 0)} built, {info.get('evicted', 0)} evicted)"
+        f"{info.held} of at most {info.max_programs} compiled programs held "
+        f"({info.compiled} built, {info.evicted} evicted)"
     )
-    resident, ceiling = info.get("resident_bytes"), info.get("memory_ceiling_bytes")
+    resident, ceiling = info.resident_bytes, info.memory_ceiling_bytes
     if resident is not None and ceiling is not None:
         text += f"; memory {resident / 2**30:.1f} GiB, at most {ceiling / 2**30:.1f} GiB"
     return text
 
 
-def _warming(engine: dict[str, Any], sep: str) -> str:
+def _warming(engine: EngineStatus, sep: str) -> str:
     """``, warming up 2 of 9 request shapes in the background (about 40 s left)`` while warming."""
-    if engine.get("stage") != Stage.WARMING:
+    if engine.stage != Stage.WARMING:
         return ""
-    eta = engine.get("eta_seconds")
+    eta = engine.eta_seconds
     left = f" (about {eta:.0f} s left)" if eta is not None else ""
-    done, total = engine.get("warmed", 0), engine.get("shapes", 0)
+    done, total = engine.warmed, engine.shapes
     return f"{sep}warming up {done} of {total} request shapes in the background{left}"
 
 
-def _query_status(info: Any) -> dict[str, Any]:
+def _query_status(info: DaemonInfo) -> dict[str, Any]:
     import httpx
 
     from assistant.client import client_api_key
@@ -197,8 +201,8 @@ def _query_status(info: Any) -> dict[str, Any]:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from assistant import paths
-    from assistant.client import discovery
+    from assistant import discovery, paths
+    from assistant.client import spawn
 
     if args.model:
         path = discovery.log_path(discovery.model_key(args.model))
@@ -217,7 +221,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             path = logs[-1]
     if not path.exists():
         raise UsageError(f"no log at {path}")
-    text = discovery.tail_lines(path, max(args.lines, 0))
+    text = spawn.tail_lines(path, max(args.lines, 0))
     if text:
         print(text)
     if args.follow:
@@ -225,7 +229,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(path: Any) -> None:
+def _follow(path: Path) -> None:
     """Print lines appended to ``path`` until interrupted (re-opening it when the log rotates)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         f.seek(0, os.SEEK_END)

@@ -17,7 +17,11 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from assistant.evals import humaneval as he
+    from assistant.evals import runner
 
 BENCHMARKS = ("humaneval", "humaneval-infill", "tasks", "lines")
 STYLES = ("base", "instruct")
@@ -29,7 +33,7 @@ SWEEP_BLOCK_THRESHOLD = 0.9  # the fast decoder's default threshold, for the blo
 DEFAULT_TOKENS = {"humaneval": 256, "single-line": 32, "multi-line": 128, "tasks": 256, "lines": 32}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from assistant.cli.model_options import add_multihost_options, add_sampling_options, add_where_options
 
     p = subparsers.add_parser(
@@ -233,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tasks(args: argparse.Namespace, problems: list) -> tuple[str, int, list]:
+def _tasks(args: argparse.Namespace, problems: list[he.Problem]) -> tuple[str, int, list[runner.Task]]:
     """The benchmark's name, its answers' canvas and the tasks selected (--task, --limit)."""
     from assistant.errors import UsageError
     from assistant.evals import humaneval as he
@@ -281,8 +285,8 @@ def _tasks(args: argparse.Namespace, problems: list) -> tuple[str, int, list]:
 
 
 def _generate_and_score(
-    args: argparse.Namespace, tasks: list, tokens: int, ks: list[int], limits: Any, progress: Any
-) -> tuple[list, list[str]]:
+    args: argparse.Namespace, tasks: list[runner.Task], tokens: int, ks: list[int], limits: Any, progress: Any
+) -> tuple[list[runner.Report], list[str]]:
     """One report per setting (the flags, or the sweep's decoders), and its label."""
     from assistant.client import APIError, DaemonUnavailable
     from assistant.errors import UsageError
@@ -310,7 +314,7 @@ def _generate_and_score(
     return reports, labels
 
 
-def _all_ids(args: argparse.Namespace, problems: list) -> set[str]:
+def _all_ids(args: argparse.Namespace, problems: list[he.Problem]) -> set[str]:
     """Every id of the benchmark (a samples file may hold tasks beyond --limit; they are ignored)."""
     from assistant.evals import humaneval as he
 
@@ -394,7 +398,7 @@ def _generators(args: argparse.Namespace, progress: Any) -> tuple[dict[str, Any]
 
         said = stderr_progress("diffu eval")
         with Client(config=config, autostart=args.daemon, progress=said, wait_compiled=False) as client:
-            model = dict(client.status().get("chat_defaults") or {})
+            model = dict(client.status().chat_defaults)
 
         def daemon(params: Any) -> runner.Generator:
             skip = {"max_new_tokens", "seed"} | (

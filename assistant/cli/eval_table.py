@@ -4,12 +4,16 @@ statuses mean, and where each task's details are."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from model_runtime import decoders
 from model_runtime.params import SamplingParams
 
+if TYPE_CHECKING:
+    from assistant.evals.runner import Report
 
-def print_table(name: str, reports: list, labels: list[str], *, json_out: bool) -> None:
+
+def print_table(name: str, reports: list[Report], labels: list[str], *, json_out: bool) -> None:
     """The results on stderr: one row per setting, then what its columns mean."""
     from rich.console import Console
     from rich.table import Table
@@ -73,7 +77,7 @@ STATUS_WORDS = {
 }
 
 
-def _legend(reports: list, *, json_out: bool) -> list[str]:
+def _legend(reports: list[Report], *, json_out: bool) -> list[str]:
     """What the columns say: the time columns, every failure status seen (errors by exception), and
     where the per-task details are."""
     lines = []

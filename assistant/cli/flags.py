@@ -22,30 +22,47 @@ def flag(name: str) -> str:
 
 
 def add_flag(
-    p: argparse.ArgumentParser,
+    p: argparse._ActionsContainer,
     opt: Option,
     *,
     default: Any = _UNSET,
     default_text: str | None = None,
+    name: str | None = None,
+    show_help: bool = True,
     **extra: Any,
 ) -> None:
-    """Add ``opt``'s flag to ``p``.
+    """Add ``opt``'s flag to ``p`` (a parser or one of its argument groups).
 
     ``default``: another default than the declared one (None: "not given", for a command that leaves the
-    option to a later layer); ``default_text`` says what that default means in the help. ``extra`` goes
-    to ``add_argument`` (``metavar``, ``dest``, ...).
+    option to a later layer); ``default_text`` says what that default means in the help ("": say
+    nothing). ``name``: the flag's name where it is not the option's (``--lr`` for ``learning_rate``); the
+    value still lands under the option's name. ``show_help``: False shows the flag alone, without help.
+    A tuple option is a repeatable flag (``--suffix .py --suffix .pyi``), None when not given.
+    ``extra`` goes to ``add_argument`` (``metavar``, ``dest``, ...).
     """
+    if opt.kind is bool:
+        raise TypeError(f"{opt.name}: no derived flag for a bool option; add it by hand")
     value = opt.default if default is _UNSET else default
     if default_text is None and value is not None:
-        default_text = str(value)
+        default_text = ", ".join(map(str, value)) if opt.kind is tuple else str(value)
+    if default_text is None and opt.kind is tuple:
+        default_text = ", ".join(map(str, opt.default))
     help_text = opt.help + (f" (default: {default_text})" if default_text else "")
-    if opt.kind in (bool, tuple):
-        raise TypeError(f"{opt.name}: no derived flag for a {opt.kind.__name__} option; add it by hand")
-    # A closed vocabulary of words: argparse lists it in --help and refuses others with the choices.
-    choices = opt.choices if opt.kind is str else None
-    p.add_argument(flag(opt.name), type=opt.base, choices=choices, default=value, help=help_text, **extra)
+    if name is not None:
+        extra.setdefault("dest", opt.name)
+        if not (opt.kind is str and opt.choices):
+            extra.setdefault("metavar", name.upper().replace("-", "_"))
+    if opt.kind is tuple:
+        extra.update(action="append", default=None if default is _UNSET else default)
+    else:
+        # A closed vocabulary of words: argparse lists it in --help and refuses others with the choices.
+        extra.update(choices=opt.choices if opt.kind is str else None, default=value)
+    # argparse formats help with %-style placeholders: a literal % is written %%.
+    shown = help_text.replace("%", "%%") if show_help else None
+    p.add_argument("--" + name if name else flag(opt.name), type=opt.base, help=shown, **extra)
 
 
-def flag_error(exc: OptionError) -> str:
-    """An option's error as the command line words it: ``--steps: must be >= 1, got 0``."""
-    return f"{flag(exc.field)}: {exc.problem}"
+def flag_error(exc: OptionError, name: str | None = None) -> str:
+    """An option's error as the command line words it: ``--steps: must be >= 1, got 0`` (``name``: the
+    flag's name where it is not the option's)."""
+    return f"{'--' + name if name else flag(exc.field)}: {exc.problem}"

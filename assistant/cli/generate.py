@@ -42,12 +42,13 @@ if TYPE_CHECKING:
 
     from assistant.client import Client, Done, Step, Waiting
     from assistant.config import Config
+    from model_runtime.rows import CanvasRow
 
 
 MAX_NEW = SAMPLING["max_new_tokens"].default  # the canvas when neither a flag nor the model says
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate text with the model (through the running daemon, else in this process)",
@@ -136,7 +137,7 @@ def _run_daemon(args: argparse.Namespace, config: Config) -> int:
             config=config, autostart=args.daemon, progress=stderr_progress(), wait_compiled=False
         ) as client:
             # The model's settings where no flag is given, as in-process (the daemon reports them).
-            params = sampling_params(args, model=client.status().get("chat_defaults"))
+            params = sampling_params(args, model=client.status().chat_defaults)
             results = [_daemon_answer(client, args, prompt, params) for prompt in args.prompt]
     except (DaemonUnavailable, APIError) as exc:
         raise UsageError(str(exc)) from None
@@ -256,7 +257,7 @@ def _json_shape(
     return out
 
 
-def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list:
+def build_rows(rt, args: argparse.Namespace, params: SamplingParams) -> list[CanvasRow]:
     """One canvas row per --prompt (chat template unless --raw), or the infill row with --suffix."""
     if args.suffix is not None:
         return [rt.rows.make_infill_row(args.prompt[0], args.suffix, params.max_new_tokens)]

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "lsp",
         help="run the language server (infill completions, fill holes) over stdio",

@@ -72,7 +72,7 @@ def flags_of(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in FLAG_KEYS}
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the diffu daemon in the foreground",

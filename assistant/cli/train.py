@@ -9,6 +9,10 @@ resumes from the last checkpoint; Ctrl-C or SIGTERM checkpoints before stopping.
 ``--sft DATA.jsonl --init-from MODEL`` instruction-tunes MODEL on conversations instead
 (``model_runtime/train/sft.py``); SOURCE is then optional and, when given, its held-out code is evaluated
 as in pre-training.
+
+The flags of the training options are derived from their declarations (``model_runtime/train/config.py``
+through ``train_flags.py``); the ones here by hand are the command's shape: SOURCE, --out, --init-from,
+--sft, --quiet and --prepare-only.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from assistant.cli import train_rl
+from assistant.cli.train_flags import CORPUS, LOOP, RL_LOOP, RUN, SFT, SHAPE, TRAIN, add, check, given
+
+if TYPE_CHECKING:
+    from model_runtime.train.config import CorpusOptions, ModelShape, RunOptions, TrainConfig
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a small DiffuCoder-architecture model, or fine-tune one on your code",
@@ -57,91 +65,49 @@ def _add_sft_options(p: argparse.ArgumentParser) -> None:
         metavar="DATA",
         help='instruction-tune --init-from on DATA: JSONL, one {"messages": [...]} conversation a line',
     )
-    g.add_argument(
-        "--mix-code",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="with SOURCE: this share of every batch is code windows of SOURCE, trained as in pre-training, "
-        "so the model keeps completing and infilling raw code (default 0: conversations only)",
-    )
-    g.add_argument(
-        "--on-bad-line",
-        choices=("stop", "skip"),
-        default="stop",
-        help="a DATA line that cannot be used: stop with its line number, or skip it and say so (stop)",
-    )
+    add(g, SFT["mix_code"], metavar="SHARE")
+    add(g, SFT["on_bad_line"])
 
 
 def _add_corpus_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("corpus")
-    g.add_argument(
-        "--suffix", action="append", default=None, help="file suffix to include; repeatable (default .py)"
-    )
-    g.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="skip paths with a component matching GLOB; repeatable (added to .*, __pycache__, "
-        "site-packages, node_modules, venv, build, dist)",
-    )
-    g.add_argument("--max-file-bytes", type=int, default=300_000, help="skip larger files (default 300000)")
-    g.add_argument(
-        "--heldout-permille",
-        type=int,
-        default=20,
-        help="files (with --sft: conversations) per thousand held out for evaluation (20)",
-    )
+    add(g, CORPUS["suffixes"])
+    add(g, CORPUS["excludes"], metavar="GLOB")
+    add(g, CORPUS["max_file_bytes"])
+    add(g, CORPUS["heldout_permille"])
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (from scratch; ignored with --init-from)")
-    g.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (8192)")
-    g.add_argument("--hidden-size", type=int, default=256)
-    g.add_argument("--intermediate-size", type=int, default=768)
-    g.add_argument("--layers", type=int, default=6, help="num_hidden_layers (6)")
-    g.add_argument("--heads", type=int, default=4, help="num_attention_heads (4)")
-    g.add_argument("--kv-heads", type=int, default=2, help="num_key_value_heads (2)")
-    g.add_argument("--max-position", type=int, default=1024, help="max_position_embeddings (1024)")
+    for name in SHAPE:
+        # Bare flags (no help) keep diffu train --help as it was before the options were declared.
+        bare = name in ("hidden_size", "intermediate_size")
+        if name != "rope_theta":  # not a flag: the architecture's base, as the published model's
+            add(g, SHAPE[name], show_help=not bare)
 
 
 def _add_optimisation_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=None, help="optimizer steps (1000)")
-    g.add_argument("--batch-size", type=int, default=16, help="sequences per step, over all devices (16)")
-    g.add_argument("--seq-len", type=int, default=256)
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (1e-3)")
-    g.add_argument(
-        "--warmup", type=int, default=None, help="linear warmup steps (10%% of --steps, at most 100)"
-    )
-    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor / peak (0.1)")
-    g.add_argument("--weight-decay", type=float, default=0.1)
-    g.add_argument("--ema-decay", type=float, default=0.995)
-    g.add_argument("--seed", type=int, default=0)
+    # --steps, --lr and --warmup: --rl has its own defaults (the group's title says), so "not given".
+    add(g, TRAIN["steps"], default=None, default_text=str(TRAIN["steps"].default))
+    add(g, TRAIN["batch_size"])
+    add(g, TRAIN["seq_len"], show_help=False)
+    add(g, TRAIN["learning_rate"], default=None, default_text=str(TRAIN["learning_rate"].default))
+    add(g, TRAIN["warmup_steps"], default=None, default_text="10% of --steps, at most 100")  # default_warmup
+    add(g, TRAIN["min_lr_ratio"])
+    for name in ("weight_decay", "ema_decay", "seed"):  # bare, as they always were (see the model's)
+        add(g, TRAIN[name], show_help=False)
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
-    g.add_argument(
-        "--checkpoint-every", type=int, default=None, help="steps between checkpoints (100; --rl: 10)"
-    )
-    g.add_argument("--log-every", type=int, default=10, help="steps between lines in OUT/metrics.jsonl (10)")
-    g.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: end)")
-    g.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="stop after STEP of the --steps schedule, then evaluate (not with --rl) and export (a time-boxed"
-        " run); the same command without it continues towards --steps",
-    )
-    g.add_argument(
-        "--eval-infill-cases", type=int, default=256, help="held-out lines for the final infill eval (256)"
-    )
-    g.add_argument(
-        "--export-dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights of OUT/model"
-    )
+    every = f"{LOOP['checkpoint_every'].default}; --rl: {RL_LOOP['checkpoint_every'].default}"
+    add(g, LOOP["checkpoint_every"], default=None, default_text=every)
+    add(g, LOOP["log_every"])
+    add(g, LOOP["eval_every"])
+    add(g, LOOP["stop_at"], metavar="STEP")
+    add(g, RUN["eval_infill_cases"])
+    add(g, RUN["export_dtype"], default_text="")  # its help never showed the default: it still does not
     g.add_argument("--quiet", action="store_true", help="no progress bar (logs still go to OUT)")
     g.add_argument(
         "--prepare-only",
@@ -167,12 +133,10 @@ def run(args: argparse.Namespace) -> int:
         cfg, shape, copts, ropts = _run_options(args, lambda msg: console.print(msg, highlight=False))
         common = {"init_from": args.init_from, "cfg": cfg, "ropts": ropts, "copts": copts}
         if args.sft is not None:
+            from model_runtime.train.config import SFTOptions
             from model_runtime.train.sft import train_sft
-            from model_runtime.train.sft_data import SFTOptions
 
-            sopts = SFTOptions(
-                on_bad_line=args.on_bad_line, heldout_permille=args.heldout_permille, mix_code=args.mix_code
-            )
+            sopts = SFTOptions(**given(args, SFT))
             facts = train_sft(args.out, args.sft, sopts=sopts, source=args.source, **common)
         else:
             facts = train_model(args.out, args.source, shape=shape, prepare_only=args.prepare_only, **common)
@@ -194,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """The flags of pre-training and SFT checked (one line each), and their defaults where --rl has its
-    own."""
+    """The flags of pre-training and SFT checked (one line each, by their options), and their defaults
+    where --rl has its own."""
     from assistant.errors import UsageError
 
     if args.sft is not None:
@@ -212,64 +176,40 @@ def _check(args: argparse.Namespace) -> None:
             "SOURCE is required: a directory of source files (or instruction-tune with --sft, "
             "or --rl with --tasks)"
         )
+    check(args, (TRAIN, SHAPE, CORPUS, SFT, LOOP, RUN))
     # Defaults that --rl sets its own way (the recipe's); pre-training's and SFT's.
-    args.steps = 1000 if args.steps is None else args.steps
-    args.lr = 1e-3 if args.lr is None else args.lr
-    args.checkpoint_every = 100 if args.checkpoint_every is None else args.checkpoint_every
+    for name, declared in (("steps", TRAIN), ("learning_rate", TRAIN), ("checkpoint_every", LOOP)):
+        if getattr(args, name) is None:
+            setattr(args, name, declared[name].default)
     if args.source is not None and not args.source.is_dir():
         raise UsageError(f"SOURCE {args.source} is not a directory")
-    if args.checkpoint_every < 1:
-        raise UsageError("--checkpoint-every: must be >= 1")
-    if args.log_every < 1:
-        raise UsageError("--log-every: must be >= 1")
-    if args.eval_every < 0:
-        raise UsageError("--eval-every: must be >= 0")
-    if args.stop_at is not None and args.stop_at < 1:
-        raise UsageError("--stop-at: must be >= 1")
 
 
-def _run_options(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, Any, Any, Any]:
+def _run_options(
+    args: argparse.Namespace, log: Callable[[str], None]
+) -> tuple[TrainConfig, ModelShape, CorpusOptions, RunOptions]:
     """The flags as the trainer's option objects: (TrainConfig, ModelShape, CorpusOptions, RunOptions)."""
-    from model_runtime.train.corpus import DEFAULT_EXCLUDES
-    from model_runtime.train.loop import LoopOptions, TrainConfig, default_warmup
-    from model_runtime.train.run import CorpusOptions, ModelShape, RunOptions
+    from model_runtime.train.config import (
+        DEFAULT_EXCLUDES,
+        CorpusOptions,
+        LoopOptions,
+        ModelShape,
+        RunOptions,
+        TrainConfig,
+        default_warmup,
+    )
 
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        learning_rate=args.lr,
-        warmup_steps=args.warmup if args.warmup is not None else default_warmup(args.steps),
-        min_lr_ratio=args.min_lr_ratio,
-        weight_decay=args.weight_decay,
-        ema_decay=args.ema_decay,
-        seed=args.seed,
-    )
-    shape = ModelShape(
-        vocab_size=args.vocab_size,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.max_position,
-    )
+    warmup = args.warmup_steps if args.warmup_steps is not None else default_warmup(args.steps)
+    cfg = TrainConfig(**{**given(args, TRAIN), "warmup_steps": warmup})
+    shape = ModelShape(**given(args, SHAPE))
     copts = CorpusOptions(
-        suffixes=tuple(args.suffix or (".py",)),
-        excludes=DEFAULT_EXCLUDES + tuple(args.exclude),
-        max_file_bytes=args.max_file_bytes,
-        heldout_permille=args.heldout_permille,
+        **{
+            **given(args, CORPUS),
+            "suffixes": tuple(args.suffixes or CORPUS["suffixes"].default),
+            # A user's globs are skipped as well as the defaults, not instead of them.
+            "excludes": DEFAULT_EXCLUDES + tuple(args.excludes or ()),
+        }
     )
-    ropts = RunOptions(
-        eval_infill_cases=args.eval_infill_cases,
-        export_dtype=args.export_dtype,
-        log=log,
-        loop=LoopOptions(
-            checkpoint_every=args.checkpoint_every,
-            eval_every=args.eval_every,
-            log_every=args.log_every,
-            show_progress=not args.quiet,
-            stop_at=args.stop_at,
-        ),
-    )
+    loop = LoopOptions(**given(args, LOOP), show_progress=not args.quiet)
+    ropts = RunOptions(**given(args, RUN), log=log, loop=loop)
     return cfg, shape, copts, ropts

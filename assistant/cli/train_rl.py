@@ -13,74 +13,42 @@ import json
 from pathlib import Path
 from typing import Any
 
-DEFAULT_LR = 1e-6  # recipes/config_coupled_code.yaml
-DEFAULT_CHECKPOINT_EVERY = 10  # an RL step is a rollout's worth of work: checkpoint often
+from assistant.cli.train_flags import RL, RL_LOOP, add, check, given
+from model_runtime.train.rl.config import RLConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from assistant.evals.rewards import DEFAULT_REWARDS
+
     g = p.add_argument_group(
-        "reinforcement learning (--rl coupled-grpo; --steps defaults to one epoch of the tasks, --lr to 1e-6,"
-        " --warmup to 0; --warmup 1 is the recipe's one step at learning rate 0)"
+        f"reinforcement learning (--rl coupled-grpo; --steps defaults to one epoch of the tasks, --lr to "
+        f"{RL['learning_rate'].default}, --warmup to {RL['warmup_steps'].default}; --warmup 1 is the "
+        "recipe's one step at learning rate 0)"
     )
     g.add_argument("--rl", choices=("coupled-grpo",), default=None, help="improve --init-from with rewards")
     g.add_argument("--tasks", type=Path, default=None, metavar="TASKS", help="AceCode-format JSONL tasks")
+    rewards = " and ".join(f"{name}={weight}" for name, weight in DEFAULT_REWARDS)
     g.add_argument(
         "--reward",
         action="append",
         default=None,
         metavar="NAME[=WEIGHT]",
         help="a reward: code, code_format, or a callable's import path (pkg.mod:fn); repeatable "
-        "(default: code=2.0 and code_format=0.5)",
+        f"(default: {rewards})",
     )
-    g.add_argument("--num-generations", type=int, default=10, help="completions per prompt (10)")
-    g.add_argument("--prompts-per-step", type=int, default=8, help="prompts per rollout (8)")
-    g.add_argument("--chunk", type=int, default=5, help="completions per token-normalised loss chunk (5)")
-    g.add_argument(
-        "--accumulation",
-        type=int,
-        default=2,
-        help="chunks per published device (its gradient_accumulation_steps); each --chunk x this rows draw "
-        "their own masks (2)",
-    )
-    g.add_argument("--num-iterations", type=int, default=2, help="updates per rollout (2)")
-    g.add_argument(
-        "--mask-seed-pick",
-        choices=("iteration", "published"),
-        default="iteration",
-        help="iteration: step s uses iteration s %% num-iterations's masks; published: the published pick, "
-        "after its micro-step counter moved (default iteration)",
-    )
-    g.add_argument("--beta", type=float, default=0.01, help="KL weight (0.01)")
-    g.add_argument("--epsilon", type=float, default=0.5, help="ratio clip (0.5)")
-    g.add_argument("--ref-sync-steps", type=int, default=64, help="steps between reference syncs (64)")
-    g.add_argument("--ref-mixup-alpha", type=float, default=0.6, help="policy share in a ref sync (0.6)")
-    g.add_argument(
-        "--max-prompt-length", type=int, default=200, help="prompt tokens kept, from the end (200)"
-    )
-    g.add_argument("--max-completion-length", type=int, default=256, help="completion tokens (256)")
-    g.add_argument(
-        "--diffusion-steps",
-        type=int,
-        default=None,
-        help="denoising steps (default: one per completion token)",
-    )
-    g.add_argument("--rollout-temperature", type=float, default=1.0, help="sampling temperature (1.0)")
-    g.add_argument("--rollout-top-p", type=float, default=0.95, help="nucleus (0.95)")
-    g.add_argument("--generation-batch-size", type=int, default=10, help="rows generated together (10)")
-    g.add_argument(
-        "--rollout-decoder",
-        choices=("reference", "fast"),
-        default="reference",
-        help="reference (published: one token per step) or fast (block-wise; for small models whose "
-        "reference rollouts collapse); default reference",
-    )
-    g.add_argument("--rollout-block-length", type=int, default=32, help="fast rollouts: block (32)")
-    g.add_argument("--rollout-threshold", type=float, default=0.9, help="fast rollouts: threshold (0.9)")
-    g.add_argument(
-        "--micro-batch", type=int, default=None, help="rows per forward/backward (default: the whole batch)"
-    )
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel devices per model replica (1)")
-    g.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: the other devices)")
+    for name in ("num_generations", "prompts_per_step", "chunk", "accumulation", "num_iterations"):
+        add(g, RL[name])
+    for name in ("mask_seed_pick", "beta", "epsilon", "ref_sync_steps", "ref_mixup_alpha"):
+        add(g, RL[name])
+    add(g, RL["max_prompt_length"])
+    add(g, RL["max_completion_length"])
+    add(g, RL["diffusion_steps"], default=None, default_text="one per completion token")
+    for name in ("temperature", "top_p", "generation_batch_size", "rollout_decoder", "block_length"):
+        add(g, RL[name])
+    add(g, RL["threshold"])
+    add(g, RL_LOOP["micro_batch"], default_text="the whole batch")
+    add(g, RL_LOOP["tp"])
+    add(g, RL_LOOP["dp"], default_text="the other devices")
 
 
 def parse_rewards(specs: list[str] | None) -> list[tuple[str, float]]:
@@ -139,13 +107,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _rl_config(args)
         rewards, closers = _build_rewards(reward_specs)
-        options = RLOptions(
-            checkpoint_every=args.checkpoint_every or DEFAULT_CHECKPOINT_EVERY,
-            micro_batch=args.micro_batch,
-            show_progress=not args.quiet,
-            log=log,
-            stop_at=args.stop_at,
-        )
+        options = RLOptions(**given(args, RL_LOOP), show_progress=not args.quiet, log=log)
         facts = train_rl(
             args.out,
             args.tasks,
@@ -153,8 +115,6 @@ def run(args: argparse.Namespace) -> int:
             rewards=rewards,
             cfg=cfg,
             options=options,
-            tp=args.tp,
-            dp=args.dp,
             export_dtype=args.export_dtype,
             log=log,
         )
@@ -182,47 +142,24 @@ def _check(args: argparse.Namespace) -> list[tuple[str, float]]:
         )
     if args.source is not None or getattr(args, "sft", None) is not None:
         raise UsageError("--rl trains on --tasks only; leave out SOURCE and --sft")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise UsageError("--checkpoint-every: must be >= 1")
-    if args.stop_at is not None and args.stop_at < 1:
-        raise UsageError("--stop-at: must be >= 1")
+    check(args, (RL, RL_LOOP))
+    if args.checkpoint_every is None:  # pre-training's default does not apply
+        args.checkpoint_every = RL_LOOP["checkpoint_every"].default
     return parse_rewards(args.reward)
 
 
-def _rl_config(args: argparse.Namespace) -> Any:
+def _rl_config(args: argparse.Namespace) -> RLConfig:
     """The flags as the trainer's RLConfig; without --steps, one epoch as the recipe (every task once,
     each rollout used num_iterations times)."""
-    from model_runtime.train.rl.config import RLConfig
     from model_runtime.train.rl.tasks import read_tasks
 
     steps = args.steps
     if steps is None:
         n_tasks = len(read_tasks(args.tasks))
         steps = max(1, n_tasks // max(args.prompts_per_step, 1)) * max(args.num_iterations, 1)
-    return RLConfig(
-        steps=steps,
-        prompts_per_step=args.prompts_per_step,
-        num_generations=args.num_generations,
-        chunk=args.chunk,
-        accumulation=args.accumulation,
-        num_iterations=args.num_iterations,
-        mask_seed_pick=args.mask_seed_pick,
-        beta=args.beta,
-        epsilon=args.epsilon,
-        ref_sync_steps=args.ref_sync_steps,
-        ref_mixup_alpha=args.ref_mixup_alpha,
-        learning_rate=args.lr if args.lr is not None else DEFAULT_LR,
-        warmup_steps=args.warmup or 0,
-        min_lr_ratio=args.min_lr_ratio,
-        weight_decay=args.weight_decay,
-        max_prompt_length=args.max_prompt_length,
-        max_completion_length=args.max_completion_length,
-        diffusion_steps=args.diffusion_steps or args.max_completion_length,
-        temperature=args.rollout_temperature,
-        top_p=args.rollout_top_p,
-        generation_batch_size=args.generation_batch_size,
-        rollout_decoder=args.rollout_decoder,
-        block_length=args.rollout_block_length,
-        threshold=args.rollout_threshold,
-        seed=args.seed,
-    )
+    values = given(args, RL)
+    for name in ("learning_rate", "warmup_steps"):  # the recipe's where the flag is left out
+        if values[name] is None:
+            values[name] = RL[name].default
+    values.update(steps=steps, diffusion_steps=args.diffusion_steps or args.max_completion_length)
+    return RLConfig(**values)

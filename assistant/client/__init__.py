@@ -7,9 +7,10 @@ detail)``. If the daemon goes away between calls, the next call finds or starts 
 
 The sync client lives in ``sync``, the async one in ``aio``, both made from one call table (``calls``:
 every call's signature, request body and how its answer is read); events, parsing and errors live in
-``core`` and finding or starting the daemon in ``locate`` (the discovery file and background start in
-``discovery``), shared by both clients. Importing this package must stay cheap (editors start
-``diffu lsp`` on every file open): no JAX, no model_runtime beyond its plain-Python parts, no server code.
+``core`` and finding or starting the daemon in ``locate`` (background start and stop in ``spawn``; the
+discovery file the daemon publishes is ``assistant.discovery``), shared by both clients. Importing this
+package must stay cheap (editors start ``diffu lsp`` on every file open): no JAX, no model_runtime beyond
+its plain-Python parts, no server code.
 
 Example::
 

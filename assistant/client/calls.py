@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from assistant.client.core import APIError, Done, Step, Waiting, WarmShape, parse_done
+from assistant.daemon_status import DaemonStatus, ModelList
 from assistant.wire import SamplingOptions
 
 T = TypeVar("T")
@@ -48,14 +49,14 @@ def _json(data: Any) -> dict[str, Any]:
 
 
 # -- the table ------------------------------------------------------------------------------------------
-def status() -> Call[dict[str, Any]]:
+def status() -> Call[DaemonStatus]:
     """The daemon's ``/v1/diffu/status``: model, device, buckets, queue, counters, limits."""
-    return Call("GET", "/v1/diffu/status", None, _json)
+    return Call("GET", "/v1/diffu/status", None, DaemonStatus.from_dict)
 
 
-def models() -> Call[dict[str, Any]]:
+def models() -> Call[ModelList]:
     """OpenAI's ``/v1/models``: the one model this daemon serves."""
-    return Call("GET", "/v1/models", None, _json)
+    return Call("GET", "/v1/models", None, ModelList.from_dict)
 
 
 def warm(shapes: list[WarmShape]) -> Call[dict[str, Any]]:

@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 
-from assistant import sse
-from assistant.client import discovery
+from assistant import discovery, sse
 from assistant.config import Config, load_config
 from assistant.wire import ENDED, HEALTH_OK, DoneStats, SamplingOptions
 

@@ -1,7 +1,7 @@
 """Finding a running diffu daemon, or starting one in the background, for both clients.
 
 ``DIFFU_URL``/``DIFFU_API_KEY`` (or ``url``/``api_key`` in config.toml) first, then the discovery file a
-running daemon publishes (``assistant.client.discovery``); ``start_daemon`` starts one for the configured
+running daemon publishes (``assistant.discovery``); ``start_daemon`` starts one for the configured
 model. Cheap to import, like the clients.
 """
 
@@ -11,8 +11,9 @@ import os
 import socket
 import sys
 
+from assistant import discovery
 from assistant.api_token import read_token
-from assistant.client import discovery
+from assistant.client import spawn
 from assistant.client.core import DaemonUnavailable, Endpoint, Progress
 from assistant.config import Config
 from assistant.wire import ENDED, HEALTH_OK
@@ -75,7 +76,7 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
     if config.api_key:
         env["DIFFU_API_KEY"] = config.api_key
     try:
-        info = discovery.start_background(config.model, host=config.host, port=port, extra_args=args, env=env)
+        info = spawn.start_background(config.model, host=config.host, port=port, extra_args=args, env=env)
     except discovery.DaemonError as exc:
         raise DaemonUnavailable(f"could not start the diffu daemon: {exc}") from None
     return Endpoint(info.url, client_api_key(config), info)

@@ -12,13 +12,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from assistant.evals import humaneval as he
 from assistant.evals import judge
 from assistant.evals.sandbox import Limits
-from assistant.evals.scoring import Advance, Report, confidence_interval, pass_at_k, score
+from assistant.evals.scoring import Advance, Report, score
+from assistant.evals.stats import confidence_interval, pass_at_k
 from model_runtime import decoders
+
+if TYPE_CHECKING:
+    from assistant.daemon_status import DaemonStatus
 
 __all__ = [
     "Advance",
@@ -155,12 +159,12 @@ class DaemonGenerator:
         self.config = config
         self.knobs = knobs
         self.concurrency = max(1, concurrency)
-        self._status: dict[str, Any] = {}
+        self._status: DaemonStatus | None = None  # the daemon's, once a generation asked for it
 
     def describe(self) -> dict[str, Any]:
         return {
-            "model": self._status.get("model"),
-            "device": self._status.get("device"),
+            "model": self._status.model if self._status is not None else None,
+            "device": self._status.device if self._status is not None else None,
             "through": "daemon",
             "sampling": self.knobs,
         }

@@ -10,13 +10,13 @@ answer itself (``check``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from assistant.evals import judge
 from assistant.evals.sandbox import Calls, Limits, Sandbox
+from assistant.evals.stats import confidence_interval, pass_at_k
 
 Advance = Callable[[int], None]
 
@@ -35,30 +35,6 @@ class Scorable(Protocol):
 class Report:
     summary: dict[str, Any]
     results: list[dict[str, Any]]
-
-
-def confidence_interval(rates: Sequence[float], z: float = 1.96) -> tuple[float, float]:
-    """The 95% interval of the mean of per-task pass rates: Wilson's score interval when every rate is 0
-    or 1 (one sample per task: a binomial share, for which the normal interval is poor near 0 and 1),
-    else the normal interval of the mean over tasks."""
-    n = len(rates)
-    if n == 0:
-        return 0.0, 0.0
-    mean = sum(rates) / n
-    if all(r in (0.0, 1.0) for r in rates):
-        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half)
-    var = sum((r - mean) ** 2 for r in rates) / max(n - 1, 1)
-    half = z * math.sqrt(var / n)
-    return max(0.0, mean - half), min(1.0, mean + half)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k), as a stable product."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def judging(tasks: Sequence[Scorable]) -> list[judge.Spec | judge.Fallback | None]:

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from assistant import api_token
-from assistant.client import discovery
+from assistant import api_token, discovery
 from assistant.config import Config
 from assistant.errors import UsageError
 from assistant.server import security

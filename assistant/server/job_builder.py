@@ -18,7 +18,7 @@ from assistant.server.job import Job
 from assistant.server.protocol import GenSpec
 from assistant.server.request_fields import RequestError
 from assistant.server.warmup import Shape, WarmTask, shape_rows
-from assistant.wire import ErrorCode
+from assistant.wire import ErrorCode, SamplingOptions
 from model_runtime import decoders
 from model_runtime.errors import InputError
 from model_runtime.interface import CanvasRow, RuntimeProtocol
@@ -105,14 +105,14 @@ def warm_task(rt: RuntimeProtocol, shape: Shape, config: Config) -> WarmTask:
             },
         )
     mode = "infill" if shape.infill else "chat"
-    spec = GenSpec(mode=mode, canvas_tokens=shape.max_new_tokens, sampling=dict(shape.sampling))
+    spec = GenSpec(mode=mode, canvas_tokens=shape.max_new_tokens, sampling=SamplingOptions(**shape.sampling))
     params = _params(rt, spec, config)
     return WarmTask(shape_rows(rt, shape), params, f"{shape.describe()}, {params.decoder} decoder")
 
 
 def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParams:
     """The request's sampling parameters with the daemon's defaults and limits applied."""
-    sampling = dict(spec.sampling)
+    sampling = spec.sampling.body()
     if "decoder" not in sampling and spec.canvas_tokens:
         # A request that names no decoder gets the one its model recommends, for a one-line answer the
         # model's one-line knobs under the request's own (holes inside a prompt, canvas_tokens 0, always
@@ -170,6 +170,6 @@ def _prompt_row(
         )
     # Every mask is denoised together; steps default to one per mask, as for a canvas.
     changes: dict[str, Any] = {"max_new_tokens": row.canvas_tokens}
-    if "steps" not in spec.sampling:
+    if spec.sampling.steps is None:
         changes["steps"] = min(masks, config.max_steps)
     return row, dataclasses.replace(params, **changes)

@@ -9,7 +9,7 @@ features we cannot honour (``n > 1``, logprobs, tools) rather than silently doin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Re-exported: the routes read bodies and raise errors through this module.
@@ -23,6 +23,7 @@ from assistant.server.request_fields import (
     reject_unknown,
 )
 from assistant.server.warmup import Shape
+from assistant.wire import SamplingOptions
 from model_runtime.options import OptionError, options
 from model_runtime.params import ParamError, SamplingParams
 
@@ -42,7 +43,7 @@ class GenSpec:
 
     mode: str  # "chat" | "prompt" | "infill"
     canvas_tokens: int
-    sampling: dict[str, Any]
+    sampling: SamplingOptions  # the knobs the request set (None: unset, the daemon's defaults apply)
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     prompt_ids: list[int] | None = None
@@ -58,7 +59,7 @@ class GenSpec:
     return_ids: bool = False  # the native routes' done body then carries the token ids too
 
 
-def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> dict[str, Any]:
+def _sampling(data: dict[str, Any], *, temperature_default: float | None = None) -> SamplingOptions:
     """The sampling fields present in ``data``, each read and checked by its declaration (a bad one is
     a 400 naming it); :func:`check_sampling` then checks them together, as SamplingParams."""
     out: dict[str, Any] = {}
@@ -71,15 +72,16 @@ def _sampling(data: dict[str, Any], *, temperature_default: float | None = None)
             raise RequestError(str(exc), param=name) from None
     if "temperature" not in out and temperature_default is not None:
         out["temperature"] = temperature_default
-    return out
+    return SamplingOptions(**out)
 
 
 def check_sampling(spec: GenSpec) -> GenSpec:
     """Validate ``spec.sampling`` as SamplingParams would (``steps`` defaults to one per canvas token)."""
-    if spec.canvas_tokens > 0:  # a holes-only request gets its default once its masks are counted
-        spec.sampling.setdefault("steps", spec.canvas_tokens)
+    # A holes-only request (no canvas) gets its default once its masks are counted.
+    if spec.canvas_tokens > 0 and spec.sampling.steps is None:
+        spec.sampling = replace(spec.sampling, steps=spec.canvas_tokens)
     try:
-        SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **spec.sampling)
+        SamplingParams(max_new_tokens=max(spec.canvas_tokens, 1), **spec.sampling.body())
     except ParamError as exc:
         raise RequestError(str(exc), param=exc.field) from None
     return spec
@@ -252,7 +254,7 @@ def _warm_shape(item: Any) -> Shape:
     tokens = get_int(item, "max_new_tokens", lo=1) or 1
     spec = GenSpec(mode="prompt", canvas_tokens=tokens, sampling=_sampling(item))
     check_sampling(spec)  # the same checks and defaults a request of this shape gets
-    sampling = {k: v for k, v in spec.sampling.items() if k in item}
+    sampling = {k: v for k, v in spec.sampling.body().items() if k in item}
     return Shape(
         prompt_tokens,
         tokens,

@@ -9,10 +9,8 @@ to compile; ``failed`` if the model could not be loaded, ``stopping`` at the end
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from assistant.wire import ErrorType, Stage
+from assistant.daemon_status import EngineStatus
+from assistant.wire import ErrorType
 
 
 class SchedulerError(Exception):
@@ -38,29 +36,6 @@ class ShuttingDown(SchedulerError):
     kind = ErrorType.SHUTTING_DOWN
 
 
-@dataclass
-class SchedulerStatus:
-    """Where the scheduler is. While compiling or warming: ``warmed`` of ``shapes`` done (each the
-    programs of one request shape), ``eta_seconds`` once one compile was timed. ``compiling``: what is
-    being compiled right now, the warm-up's and a request's joined by "; " (None: nothing)."""
-
-    stage: Stage = Stage.STARTING
-    progress: float = 0.0
-    detail: str = ""
-    error: str | None = None
-    warmed: int = 0
-    shapes: int = 0
-    eta_seconds: float | None = None
-    compiling: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "progress": round(self.progress, 4),
-            "detail": self.detail,
-            "error": self.error,
-            "warmed": self.warmed,
-            "shapes": self.shapes,
-            "eta_seconds": self.eta_seconds,
-            "compiling": self.compiling,
-        }
+# The scheduler's status is what ``/v1/diffu/status`` sends as ``engine`` and ``/health`` inlines: a wire
+# record, declared once for the daemon and the clients that read it back.
+SchedulerStatus = EngineStatus

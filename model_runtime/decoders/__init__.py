@@ -16,7 +16,7 @@ from model_runtime.decoders.reference import REFERENCE
 from model_runtime.decoders.sliding import SLIDING
 from model_runtime.params import DECODERS
 
-__all__ = ["REGISTRY", "Decoder", "Device", "Layout", "ProgramKey", "get", "knobs"]
+__all__ = ["REGISTRY", "Decoder", "Device", "Layout", "ProgramKey", "get"]
 
 REGISTRY: dict[str, Decoder] = {d.name: d for d in (REFERENCE, FAST, SLIDING)}
 
@@ -30,8 +30,3 @@ if tuple(REGISTRY) != DECODERS:
 def get(name: str) -> Decoder:
     """The decoder called ``name`` (a ``SamplingParams`` has already checked it is one)."""
     return REGISTRY[name]
-
-
-def knobs() -> frozenset[str]:
-    """The sampling options some decoder reads that others do not (the union of every decoder's)."""
-    return frozenset().union(*(d.knobs for d in REGISTRY.values()))

@@ -81,8 +81,8 @@ class Decoder(Protocol):
 
     @property
     def knobs(self) -> frozenset[str]:
-        """The sampling options only this decoder family reads (beyond the common sampler knobs): a front
-        end shows and sends them for it alone."""
+        """The sampling options only some decoders read that this one reads (``params.decoder_knobs``:
+        each option declares which decoders read it)."""
         ...
 
     @property

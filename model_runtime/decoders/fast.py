@@ -24,7 +24,7 @@ from model_runtime.decoders.base import (
 )
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchEvents, BatchStep, CanvasRow, CompileReport
-from model_runtime.params import SamplingParams, fast_block_size
+from model_runtime.params import SamplingParams, decoder_knobs, fast_block_size
 from model_runtime.specs import FastSpec, SamplerSpec
 from model_runtime.strategies import EARLY_STOPS, EarlyStop, commit_rule, finished
 
@@ -37,13 +37,16 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Fast:
     name: str = "fast"
-    knobs: frozenset[str] = frozenset({"block_length", "threshold", "factor"})
     fills_prompt_holes: bool = False  # it unmasks the canvas after the prompt only, block by block
     aligned_rows: bool = True
     accepts_hooks: bool = False
     full_forwards: bool = False
     # Checked on the host after each block (the whole block is decoded by then).
     stops: tuple[EarlyStop, ...] = field(default=EARLY_STOPS)
+
+    @property
+    def knobs(self) -> frozenset[str]:
+        return decoder_knobs(self.name)
 
     def label(self, params: SamplingParams) -> str:
         rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"

@@ -28,7 +28,7 @@ from model_runtime.decoders.base import (
     row_seeds,
 )
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
-from model_runtime.params import SamplingParams
+from model_runtime.params import SamplingParams, decoder_knobs
 from model_runtime.specs import SamplerSpec
 from model_runtime.strategies import EARLY_STOPS, EarlyStop, finished
 
@@ -57,11 +57,14 @@ def logits_window(layout: Layout, rows: Sequence[CanvasRow], n: int) -> int:
 @dataclass(frozen=True)
 class Reference:
     name: str = "reference"
-    knobs: frozenset[str] = frozenset()
     fills_prompt_holes: bool = True
     aligned_rows: bool = False
     accepts_hooks: bool = True
     full_forwards: bool = True
+
+    @property
+    def knobs(self) -> frozenset[str]:
+        return decoder_knobs(self.name)
 
     def label(self, params: SamplingParams) -> str:
         return "reference"

@@ -15,7 +15,7 @@ import numpy as np
 from model_runtime.batch import PlacedBatch
 from model_runtime.decoders.base import Device, HostLimits, Layout, ProgramKey, finish, region_mask, row_seeds
 from model_runtime.interface import BatchEvents, CanvasRow, CompileReport
-from model_runtime.params import SamplingParams
+from model_runtime.params import SamplingParams, decoder_knobs
 from model_runtime.specs import SlidingSpec
 
 if TYPE_CHECKING:
@@ -26,11 +26,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Sliding:
     name: str = "sliding"
-    knobs: frozenset[str] = frozenset({"threshold", "factor", "window", "commit_rule", "refresh_every"})
     fills_prompt_holes: bool = False  # its window follows the masks of the region after the prompt
     aligned_rows: bool = False  # each row has its own window
     accepts_hooks: bool = False
     full_forwards: bool = False
+
+    @property
+    def knobs(self) -> frozenset[str]:
+        return decoder_knobs(self.name)
 
     def label(self, params: SamplingParams) -> str:
         rule = f"factor {params.factor}" if params.factor is not None else f"threshold {params.threshold}"

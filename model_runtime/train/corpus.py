@@ -25,26 +25,14 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from model_runtime.errors import InputError
 from model_runtime.tokenizer import DreamTokenizer
+from model_runtime.train.config import DEFAULT_EXCLUDES, DEFAULT_MAX_FILE_BYTES, DEFAULT_SUFFIXES
 
-# Directories nobody wants in a code corpus: VCS data, caches, virtual environments, build outputs.
-DEFAULT_EXCLUDES = (
-    ".*",
-    "__pycache__",
-    "site-packages",
-    "node_modules",
-    "venv",
-    "build",
-    "dist",
-)
-DEFAULT_SUFFIXES = (".py",)
-# Generated tables and data dumps (unicode databases, pydoc topic text) teach a code model little and
-# would take a large share of a small corpus.
-DEFAULT_MAX_FILE_BYTES = 300_000
 SHARD_TOKENS = 1 << 24
 CORPUS_VERSION = 1
 
@@ -137,13 +125,13 @@ def build_corpus(
     heldout_permille: int,
     tokenizer_id: str,
     shard_tokens: int = SHARD_TOKENS,
-) -> dict:
+) -> dict[str, Any]:
     """Tokenize the split into shards under ``out_dir`` and write ``meta.json`` last (its presence marks
     a complete corpus). Returns the meta dict."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = _token_dtype(tok.vocab_size)
-    shards: list[dict] = []
+    shards: list[dict[str, Any]] = []
     buf: list[np.ndarray] = []
     n_buf = 0
 
@@ -241,7 +229,7 @@ def bundled_sources(corpus_dir: Path) -> Iterator[tuple[str, str]]:
     return read_sources(corpus_dir, files)
 
 
-def load_meta(corpus_dir: Path) -> dict:
+def load_meta(corpus_dir: Path) -> dict[str, Any]:
     path = Path(corpus_dir) / "meta.json"
     if not path.is_file():
         raise InputError(f"{corpus_dir} is not a built corpus (no meta.json)")

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,48 +29,9 @@ from model_runtime.config import DreamConfig
 from model_runtime.errors import InputError
 from model_runtime.model import DreamModel
 from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
-from model_runtime.train.objective import DEFAULT_EPS, Objective, masked_diffusion_objective
+from model_runtime.train.config import LoopOptions, TrainConfig
+from model_runtime.train.objective import Metrics, Objective, masked_diffusion_objective
 from model_runtime.train.progress import ProgressBar
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings. Everything that changes the computed weights is here (and in run.json)."""
-
-    steps: int = 1000
-    batch_size: int = 16
-    seq_len: int = 256
-    learning_rate: float = 1e-3
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    grad_clip: float = 1.0
-    ema_decay: float = 0.995
-    eps: float = DEFAULT_EPS
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise InputError("seq_len: must be >= 2 (position 0 is never a target)")
-        if not 0 <= self.warmup_steps <= self.steps:
-            raise InputError(f"warmup_steps: must be in [0, steps={self.steps}], got {self.warmup_steps}")
-        if not self.learning_rate > 0:
-            raise InputError(f"learning_rate: must be > 0, got {self.learning_rate}")
-        if not 0 <= self.ema_decay < 1:
-            raise InputError(f"ema_decay: must be in [0, 1), got {self.ema_decay}")
-        if not 0 < self.eps < 1:
-            raise InputError(f"eps: must be in (0, 1), got {self.eps}")
-
-
-def default_warmup(steps: int) -> int:
-    """Warm-up steps when none are asked for: 10% of the run, at most 100 (the old fixed default), so a
-    short run (``--steps 50``) gets a warm-up it can hold instead of an error."""
-    return min(100, steps // 10)
 
 
 class Batches(Protocol):
@@ -81,24 +41,6 @@ class Batches(Protocol):
     """
 
     def batch(self, seed: int, step: int, batch_size: int) -> Any: ...
-
-
-@dataclass
-class LoopOptions:
-    """How the loop runs (not what it computes): changing these never changes the weights."""
-
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
-    eval_every: int = 0  # 0: only the caller's final evaluation
-    # Stop after this step of the ``steps`` schedule (a time-boxed run); the same command without it
-    # resumes towards ``steps``. None: train to the end.
-    stop_at: int | None = None
-    log_every: int = 10
-    show_progress: bool = True
-    # Called after every step with (step, metrics); tests use it to record losses or stop a run.
-    on_step: Callable[[int, dict[str, float]], None] | None = None
-    # Called every eval_every steps with (step, ema params); returns metrics to log.
-    evaluate: Callable[[int, nnx.State], dict[str, Any]] | None = None
 
 
 def schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -114,7 +56,7 @@ def schedule(cfg: TrainConfig) -> optax.Schedule:
 
 def _decay_mask(params: nnx.State) -> Any:
     # Decay matrices only: norms and biases are scales/offsets whose natural value is not 0.
-    def is_matrix(path: tuple, _: Any) -> bool:
+    def is_matrix(path: tuple[object, ...], _: Any) -> bool:
         last = str(getattr(path[-1], "key", path[-1]))
         return last.endswith("kernel") or last in ("embed", "lm_head")
 
@@ -197,11 +139,11 @@ class Trainer:
         self.checkpoints = RunCheckpoints(self.run_dir, self.options.keep_checkpoints)
 
     # -- the step ---------------------------------------------------------------------------------
-    def _step_fn(self, state: dict, batch: Any, step: jax.Array) -> tuple[dict, dict]:
+    def _step_fn(self, state: dict[str, Any], batch: Any, step: jax.Array) -> tuple[dict[str, Any], Metrics]:
         cfg, graphdef = self.cfg, self.graphdef
         key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), step)  # the step's masking noise
 
-        def loss_fn(params: nnx.State) -> tuple[jax.Array, dict]:
+        def loss_fn(params: nnx.State) -> tuple[jax.Array, Metrics]:
             return self.objective(nnx.merge(graphdef, params), batch, key)
 
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])

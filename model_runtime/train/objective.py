@@ -38,12 +38,13 @@ import jax.numpy as jnp
 import optax
 
 from model_runtime.model import shift_logits
+from model_runtime.train.config import DEFAULT_EPS
 
-DEFAULT_EPS = 1e-3
+Metrics = dict[str, jax.Array]  # a step's auxiliary figures (scalars), by name
 
 # What a training step minimises: (model, batch, key) -> (loss, aux metrics). ``model`` maps token ids
 # [B, L] to logits [B, L, V]; ``key`` is the step's noise (a pure function of the step: exact resume).
-Objective = Callable[[Callable[[jax.Array], jax.Array], Any, jax.Array], tuple[jax.Array, dict]]
+Objective = Callable[[Callable[[jax.Array], jax.Array], Any, jax.Array], tuple[jax.Array, Metrics]]
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def token_losses(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(shifted, tokens)
 
 
-def diffusion_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch) -> tuple[jax.Array, dict]:
+def diffusion_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch) -> tuple[jax.Array, Metrics]:
     """The 1/t-weighted masked-diffusion loss (see the module docstring) and a few diagnostics.
 
     ``logits`` are the model's unshifted outputs on ``batch.noisy``. Returns ``(loss, aux)`` where aux
@@ -106,7 +107,9 @@ def diffusion_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch) -> 
     return loss, _masked_metrics(logits, tokens, ce, m, n_scored)
 
 
-def _masked_metrics(logits: jax.Array, tokens: jax.Array, ce: jax.Array, m: jax.Array, n_scored: Any) -> dict:
+def _masked_metrics(
+    logits: jax.Array, tokens: jax.Array, ce: jax.Array, m: jax.Array, n_scored: Any
+) -> Metrics:
     """Unweighted CE and argmax accuracy over the masked positions, and the share of scorable ones masked."""
     n_masked = jnp.maximum(jnp.sum(m), 1.0)
     pred = jnp.argmax(shift_logits(logits), axis=-1)
@@ -120,14 +123,18 @@ def _masked_metrics(logits: jax.Array, tokens: jax.Array, ce: jax.Array, m: jax.
 def masked_diffusion_objective(mask_id: int, eps: float = DEFAULT_EPS) -> Objective:
     """Pre-training: every position but the first may be noised; the 1/t loss of ``diffusion_loss``."""
 
-    def objective(model: Callable[[jax.Array], jax.Array], tokens: jax.Array, key: jax.Array) -> tuple:
+    def objective(
+        model: Callable[[jax.Array], jax.Array], tokens: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, Metrics]:
         noised = add_noise(key, tokens, mask_id, eps)
         return diffusion_loss(model(noised.noisy), tokens, noised)  # [B, L, V], no padding in training
 
     return objective
 
 
-def response_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch, response: jax.Array) -> tuple:
+def response_loss(
+    logits: jax.Array, tokens: jax.Array, batch: NoisedBatch, response: jax.Array
+) -> tuple[jax.Array, Metrics]:
     """SFT's loss, as DiffuCoder's instruction tuning computes it (LLaMA-Factory with a diffusion loss,
     apple/ml-diffucoder issue #9): ``sum_{masked i} CE_i / t`` over the batch, divided by the number of
     masked tokens. Only response positions are ever masked, so only they are scored; the end-of-turn and
@@ -141,7 +148,9 @@ def response_loss(logits: jax.Array, tokens: jax.Array, batch: NoisedBatch, resp
     return loss, _masked_metrics(logits, tokens, ce, m, jnp.sum(response))
 
 
-def sft_noise(batch: dict, key: jax.Array, mask_id: int, eps: float) -> tuple[NoisedBatch, jax.Array]:
+def sft_noise(
+    batch: dict[str, jax.Array], key: jax.Array, mask_id: int, eps: float
+) -> tuple[NoisedBatch, jax.Array]:
     """The noised SFT batch and its response positions ([B, L] bool): the prompt is never masked."""
     tokens = batch["tokens"]
     response = jnp.arange(tokens.shape[1])[None, :] >= batch["prompt_len"][:, None]  # [B, L]
@@ -151,7 +160,9 @@ def sft_noise(batch: dict, key: jax.Array, mask_id: int, eps: float) -> tuple[No
 def sft_objective(mask_id: int, eps: float = DEFAULT_EPS) -> Objective:
     """SFT on batches ``{"tokens": [B, L], "prompt_len": [B]}`` (``sft_noise``, ``response_loss``)."""
 
-    def objective(model: Callable[[jax.Array], jax.Array], batch: dict, key: jax.Array) -> tuple:
+    def objective(
+        model: Callable[[jax.Array], jax.Array], batch: dict[str, jax.Array], key: jax.Array
+    ) -> tuple[jax.Array, Metrics]:
         noised, response = sft_noise(batch, key, mask_id, eps)
         return response_loss(model(noised.noisy), batch["tokens"], noised, response)
 

@@ -19,7 +19,7 @@ import os
 import platform
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,44 +33,10 @@ from model_runtime.tiny import tiny_config
 from model_runtime.tokenizer import DreamTokenizer, load_tokenizer, save_published_layout, train_bpe
 from model_runtime.train import corpus as corpus_lib
 from model_runtime.train.checkpoints import devices_note, resume, stop_note
+from model_runtime.train.config import CorpusOptions, ModelShape, RunOptions, TrainConfig
 from model_runtime.train.evaluate import build_eval_set, evaluate
 from model_runtime.train.export import export_model
-from model_runtime.train.loop import LoopOptions, TrainConfig, Trainer, init_params, run_config_dict
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Architecture of a from-scratch model (ignored with ``init_from``)."""
-
-    vocab_size: int = 8192
-    hidden_size: int = 256
-    intermediate_size: int = 768
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 1024
-    rope_theta: float = 10000.0
-
-
-@dataclass(frozen=True)
-class CorpusOptions:
-    suffixes: tuple[str, ...] = corpus_lib.DEFAULT_SUFFIXES
-    excludes: tuple[str, ...] = corpus_lib.DEFAULT_EXCLUDES
-    max_file_bytes: int = corpus_lib.DEFAULT_MAX_FILE_BYTES
-    heldout_permille: int = 20
-
-
-@dataclass
-class RunOptions:
-    """Evaluation and export settings, and where messages go."""
-
-    eval_windows: int = 256
-    eval_infill_cases: int = 256
-    periodic_eval_windows: int = 32
-    periodic_eval_infill_cases: int = 32
-    export_dtype: str = "bfloat16"
-    log: Callable[[str], None] = print
-    loop: LoopOptions = field(default_factory=LoopOptions)
+from model_runtime.train.loop import Trainer, init_params, run_config_dict
 
 
 def prepare_tokenizer(
@@ -143,7 +109,9 @@ def scratch_config(tok_dir: Path, shape: ModelShape) -> dict[str, Any]:
     )
 
 
-def load_base(init_from: str | os.PathLike, log: Callable[[str], None]) -> tuple[Runtime, dict[str, Any]]:
+def load_base(
+    init_from: str | os.PathLike[str], log: Callable[[str], None]
+) -> tuple[Runtime, dict[str, Any]]:
     """The checkpoint to fine-tune, loaded in float32, and its ``config.json`` as a dict."""
     from model_runtime.checkpoint import resolve_model_dir
     from model_runtime.loader import load
@@ -279,7 +247,7 @@ def export_run(
     trainer: Trainer,
     cfg_dict: dict[str, Any],
     ropts: RunOptions,
-    init_from: str | os.PathLike | None,
+    init_from: str | os.PathLike[str] | None,
     evals: dict[str, Any],
     extra: dict[str, Any],
 ) -> dict[str, Any]:
@@ -313,12 +281,12 @@ def export_run(
 
 
 def train_model(
-    run_dir: str | os.PathLike,
-    source: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    source: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike | None = None,
-    shape: ModelShape = ModelShape(),
-    copts: CorpusOptions = CorpusOptions(),
+    init_from: str | os.PathLike[str] | None = None,
+    shape: ModelShape | None = None,
+    copts: CorpusOptions | None = None,
     cfg: TrainConfig | None = None,
     ropts: RunOptions | None = None,
     prepare_only: bool = False,
@@ -331,6 +299,7 @@ def train_model(
     """
     ropts = ropts or RunOptions()
     cfg = cfg or TrainConfig()
+    shape, copts = shape or ModelShape(), copts or CorpusOptions()
     log = ropts.log
     run_dir, source = Path(run_dir), Path(source)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -33,14 +33,12 @@ from model_runtime.errors import InputError
 from model_runtime.tokenizer import DreamTokenizer
 from model_runtime.train import corpus as corpus_lib
 from model_runtime.train import sft_data
+from model_runtime.train.config import CorpusOptions, ModelShape, RunOptions, SFTOptions, TrainConfig
 from model_runtime.train.evaluate import EvalSet, evaluate
-from model_runtime.train.loop import Batches, TrainConfig, Trainer, run_config_dict
+from model_runtime.train.loop import Batches, Trainer, run_config_dict
 from model_runtime.train.objective import sft_objective
 from model_runtime.train.run import (
     CodeEval,
-    CorpusOptions,
-    ModelShape,
-    RunOptions,
     check_run_record,
     copy_tokenizer,
     export_run,
@@ -59,14 +57,14 @@ def sft_eval_set(rows: sft_data.SFTRows, top_token: int, max_rows: int) -> EvalS
 
 
 def train_sft(
-    run_dir: str | os.PathLike,
-    data: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    data: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike,
+    init_from: str | os.PathLike[str],
     cfg: TrainConfig | None = None,
     ropts: RunOptions | None = None,
-    sopts: sft_data.SFTOptions | None = None,
-    source: str | os.PathLike | None = None,
+    sopts: SFTOptions | None = None,
+    source: str | os.PathLike[str] | None = None,
     copts: CorpusOptions | None = None,
 ) -> dict[str, Any]:
     """Instruction-tune ``init_from`` on the conversations of ``data`` in ``run_dir`` (resumable).
@@ -74,7 +72,7 @@ def train_sft(
     Returns the facts written to ``RUN/model/metrics.json``: ``sft_heldout`` (held-out conversations)
     and, with ``source``, ``heldout`` (the held-out code of that corpus, as pre-training reports it).
     """
-    ropts, cfg, sopts = ropts or RunOptions(), cfg or TrainConfig(), sopts or sft_data.SFTOptions()
+    ropts, cfg, sopts = ropts or RunOptions(), cfg or TrainConfig(), sopts or SFTOptions()
     copts = copts or CorpusOptions()
     log = ropts.log
     run_dir, data = Path(run_dir), Path(data)
@@ -136,7 +134,7 @@ def _run_record(
     cfg: TrainConfig,
     init_from: str,
     sha: str,
-    sopts: sft_data.SFTOptions,
+    sopts: SFTOptions,
     copts: CorpusOptions,
     with_code: bool,
 ) -> dict[str, Any]:
@@ -154,7 +152,7 @@ def _read_conversations(
     tok: DreamTokenizer,
     tok_dir: Path,
     cfg: TrainConfig,
-    sopts: sft_data.SFTOptions,
+    sopts: SFTOptions,
     log: Callable[[str], None],
 ) -> tuple[dict[str, sft_data.SFTRows], dict[str, Any]]:
     """RUN/sft (built unless already there): the training and held-out rows, and the data's facts."""

@@ -30,6 +30,7 @@ import numpy as np
 
 from model_runtime.errors import InputError
 from model_runtime.tokenizer import DreamTokenizer
+from model_runtime.train.config import SFTOptions
 from model_runtime.train.corpus import TokenShards
 
 ROLES = ("system", "user", "assistant")
@@ -87,23 +88,6 @@ def encode_conversation(
             f"prompt and answer are {n} tokens ({len(prompt)} + {len(answer)}), more than --seq-len {seq_len}"
         )
     return prompt + answer + [pad_id(tok)] * (seq_len - n), len(prompt)
-
-
-@dataclass(frozen=True)
-class SFTOptions:
-    """How a data file becomes rows; ``on_bad_line``: ``stop`` (raise, naming the line) or ``skip``."""
-
-    on_bad_line: str = "stop"
-    heldout_permille: int = 20  # conversations per thousand held out (by a hash of the line) for eval
-    mix_code: float = 0.0  # share of each batch that is pre-training code windows (MixedRows)
-
-    def __post_init__(self) -> None:
-        if self.on_bad_line not in ("stop", "skip"):
-            raise InputError(f"on_bad_line: expected stop or skip, got {self.on_bad_line!r}")
-        if not 0 <= self.heldout_permille < 1000:
-            raise InputError(f"heldout_permille: must be in [0, 1000), got {self.heldout_permille}")
-        if not 0 <= self.mix_code < 1:
-            raise InputError(f"mix_code: must be in [0, 1), got {self.mix_code}")
 
 
 def is_heldout_line(text: str, permille: int) -> bool:

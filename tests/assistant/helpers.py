@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def start_daemon(
 
 def stop_background_daemons(root: Path) -> None:
     """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it."""
-    from assistant.client.discovery import wait_exit
+    from assistant.client.spawn import wait_exit
 
     for path in (root / "run").glob("*.json"):
         try:
@@ -151,7 +152,7 @@ def stop_background_daemons(root: Path) -> None:
         wait_exit(pid, 30)
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
     """For tests only: wait for an outside process's state to change (nothing to subscribe to)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

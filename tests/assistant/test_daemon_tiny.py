@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from assistant import sse
+from assistant.daemon_status import DaemonStatus, ModelList
 from tests.assistant.helpers import (
     REPO,
     TINY_ENV,
@@ -193,6 +194,11 @@ def test_models_and_status(tiny_daemon: DaemonProcess) -> None:
     assert status["dtype"] == "float32" and status["device"].startswith("cpu")
     assert sorted(status["buckets"]) == [[1, 128], [4, 128], [16, 128]] and status["max_context"] == 128
     assert status["queue"]["capacity"] == 64 and status["uptime_seconds"] > 0
+    # The typed records hold every field a real runtime's daemon sends (its program cache's included) and
+    # give them back as sent, in the same order.
+    assert status["programs"] is not None
+    assert json.dumps(DaemonStatus.from_dict(status).to_dict()) == json.dumps(status)
+    assert json.dumps(ModelList.from_dict(models).to_dict()) == json.dumps(models)
     assert status["engine"]["stage"] == "ready"
     # The counters count what happens: one request more, completed, with the tokens its answer reports.
     # (A module's tests share the daemon but run one at a time, so nothing else moves them meanwhile.)
@@ -585,9 +591,10 @@ def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
     discovery = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     old_pid = discovery["pid"]
     os.kill(old_pid, signal.SIGKILL)
-    from assistant.client import discovery
+    from assistant import discovery
+    from assistant.client.spawn import wait_exit
 
-    assert discovery.wait_exit(old_pid, 10)
+    assert wait_exit(old_pid, 10)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     from assistant.client import Client, SamplingOptions
@@ -598,9 +605,9 @@ def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
             done = c.generate(messages=CHAT, max_new_tokens=8, sampling=SamplingOptions(steps=4))
             status = c.status()
         assert isinstance(done.text, str) and done.finish_reason in ("stop", "length")
-        assert status["pid"] != old_pid and "loading" in stages and stages[-1] == "ok"
+        assert status.pid != old_pid and "loading" in stages and stages[-1] == "ok"
         info = discovery.find_daemon(str(micro_dir))
-        assert info is not None and info.pid == status["pid"]
+        assert info is not None and info.pid == status.pid
         stop = subprocess.run(
             [sys.executable, "-m", "assistant.cli", "daemon", "stop"],
             cwd=REPO,

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import math
 import subprocess
 import sys
 
@@ -220,25 +218,6 @@ def test_infill_scoring_passes_the_hidden_lines_and_fails_without_them(problems,
         == 0
     )
     assert json.loads(capsys.readouterr().out)["summary"]["passed_samples"] < 10
-
-
-def test_pass_at_k_is_the_unbiased_estimator():
-    for n, c, k in [(10, 3, 1), (10, 3, 5), (20, 0, 10), (5, 5, 2), (7, 2, 7)]:
-        # The probability that k of n samples drawn without replacement hold at least one correct one.
-        combos = list(itertools.combinations([True] * c + [False] * (n - c), k))
-        expected = sum(any(x) for x in combos) / len(combos)
-        assert math.isclose(runner.pass_at_k(n, c, k), expected, rel_tol=1e-9)
-
-
-def test_pass_at_1_comes_with_its_95_percent_interval():
-    # 45 of 1,033 (the reference decoder on the single-line infills): Wilson's interval, 3.3% to 5.8%.
-    low, high = runner.confidence_interval([1.0] * 45 + [0.0] * 988)
-    assert (round(low, 4), round(high, 4)) == (0.0327, 0.0578)
-    low, high = runner.confidence_interval([0.0] * 100)  # none passed: still an upper bound
-    assert low == 0.0 and 0.03 < high < 0.04
-    # Several samples per task: the normal interval of the per-task rates' mean.
-    low, high = runner.confidence_interval([0.5, 0.25, 0.75, 0.5])
-    assert low < 0.5 < high and round(high - 0.5, 4) == round(1.96 * math.sqrt(1 / 24 / 4), 4)
 
 
 def test_instruct_answers_are_extracted_from_the_fence(problems):

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant import api_token, paths
-from assistant.client import discovery
+from assistant import api_token, discovery, paths
 from assistant.server import security
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +81,7 @@ def test_loopback_bind_detection() -> None:
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from assistant.client import discovery
+    from assistant import discovery
     lock = discovery.DaemonLock(sys.argv[1])
     lock.acquire()
     lock.publish(discovery.DaemonInfo(url="http://127.0.0.1:1", pid=__import__("os").getpid(),
@@ -153,7 +152,7 @@ def test_garbage_discovery_files_are_ignored(diffu_dirs: Path) -> None:
 
 def test_importing_the_client_loads_no_jax() -> None:
     code = (
-        "import sys, assistant.client, assistant.client.discovery, assistant.config; "
+        "import sys, assistant.client, assistant.client.spawn, assistant.discovery, assistant.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'numpy', "
         "'starlette', 'uvicorn')))"
     )

@@ -152,9 +152,9 @@ def test_a_warmed_shape_is_the_program_its_requests_run(runtime, decoder: str, m
     config = Config()
     sampling = {"decoder": decoder, "temperature": 0.3, "top_p": 0.9}
     if mode == "chat":
-        spec = GenSpec(mode="chat", canvas_tokens=24, sampling=dict(sampling), messages=CHAT)
+        spec = GenSpec(mode="chat", canvas_tokens=24, sampling=SamplingOptions(**sampling), messages=CHAT)
     else:
-        spec = GenSpec(mode="infill", canvas_tokens=8, sampling=dict(sampling),
+        spec = GenSpec(mode="infill", canvas_tokens=8, sampling=SamplingOptions(**sampling),
                        prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n")  # fmt: skip
     job, _ = build_job(runtime, spec, config)
     shape = Shape(job.prompt_tokens, spec.canvas_tokens, infill=mode == "infill", sampling=sampling)

@@ -99,7 +99,7 @@ def test_native_generate_accepts_every_sampling_parameter() -> None:
         default_tokens=16,
     )
     assert spec.mode == "prompt" and spec.canvas_tokens == 12 and not spec.stream
-    assert spec.sampling == {
+    assert spec.sampling.body() == {
         "steps": 6,
         "top_k": 0,
         "seed": 3,
@@ -133,7 +133,7 @@ def test_openai_chat_parsing_tolerates_extra_fields_and_refuses_unsupported_feat
     )
     assert spec.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert spec.canvas_tokens == 20 and spec.include_usage and spec.stop == ["\n\n"]
-    assert spec.sampling["temperature"] == 0.0
+    assert spec.sampling.temperature == 0.0
     for extra, message in [
         ({"n": 2}, "n: only n=1"),
         ({"tools": [{"type": "function"}]}, "tools"),
@@ -182,7 +182,7 @@ def test_llama_infill_fields() -> None:
     )
     assert spec.prefix == "def f():\n    ret" and spec.suffix == "\n" and spec.canvas_tokens == 40
     assert spec.extra == [("util.py", "X = 1\n")] and spec.max_seconds == 0.5 and spec.n_indent == 4
-    assert spec.sampling["top_k"] == 40 and spec.sampling["top_p"] == 0.99
+    assert spec.sampling.top_k == 40 and spec.sampling.top_p == 0.99
     assert protocol.parse_llama_infill({"n_predict": 0}, default_tokens=32).canvas_tokens == 0
     assert protocol.parse_llama_infill({"n_predict": -1}, default_tokens=32).canvas_tokens == 32
     with pytest.raises(RequestError, match=r"input_extra\[0\]: expected an object with a string text"):

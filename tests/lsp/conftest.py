@@ -120,13 +120,15 @@ class Session:
         )
 
     async def complete(self, uri: str, line: int, character: int) -> types.CompletionList:
-        return await self.client.text_document_completion_async(
+        result = await self.client.text_document_completion_async(
             types.CompletionParams(
                 text_document=types.TextDocumentIdentifier(uri=uri),
                 position=types.Position(line, character),
                 context=types.CompletionContext(trigger_kind=types.CompletionTriggerKind.Invoked),
             )
         )
+        assert isinstance(result, types.CompletionList), result  # the server always answers a list
+        return result
 
     async def command(self, name: str, *args: Any) -> Any:
         return await self.client.workspace_execute_command_async(
@@ -193,6 +195,7 @@ async def lsp(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         (root / "ws").mkdir(parents=True)
         server_env = isolated_env(root, **{"DIFFU_AUTOSTART": "0", **(env or {})})
         client = await ClientServerConfig(server_command=LSP_COMMAND, server_env=server_env).start()
+        assert isinstance(client, LanguageClient)  # the config's default client_factory makes one
         session = Session(client, root)
         sessions.append(session)
         _record_editor_requests(session)

@@ -155,7 +155,12 @@ def malformed_messages(seed: int, count: int, uri: str) -> Iterator[Case]:
         )
         if kind == "params":
             method, params = rng.choice(requests)
-            body = {"jsonrpc": "2.0", "id": msg_id, "method": method, "params": _mutate(params, rng)}
+            body: dict[str, Any] = {
+                "jsonrpc": "2.0",
+                "id": msg_id,
+                "method": method,
+                "params": _mutate(params, rng),
+            }
             yield Case(kind, frame(_dump(body)), id=msg_id)
         elif kind == "notification":
             method, params = rng.choice(notifications)
@@ -169,22 +174,26 @@ def malformed_messages(seed: int, count: int, uri: str) -> Iterator[Case]:
                 kind, frame(_dump(rng.choice([3, "s", None, [], [{"jsonrpc": "2.0"}], True]))), null=True
             )
         elif kind == "id":
-            bad = rng.choice([1.5, True, None, {}, [], -0.0])
-            body = {"jsonrpc": "2.0", "id": bad, "method": "textDocument/completion", "params": {}}
+            bad: object = rng.choice([1.5, True, None, {}, [], -0.0])
+            body = {
+                "jsonrpc": "2.0",
+                "id": bad,
+                "method": "textDocument/completion",
+                "params": {},
+            }
             data = _dump(body).replace(b'"id": 1.5', b'"id": 1e999') if rng.random() < 0.3 else _dump(body)
             yield Case(kind, frame(data), null=True)
         elif kind == "method":
-            body = rng.choice(
-                [
-                    {"jsonrpc": "1.0", "id": msg_id, "method": "textDocument/completion"},
-                    {"jsonrpc": "2.0", "id": msg_id, "method": rng.choice([1, None, "", ["x"]])},
-                    {"jsonrpc": "2.0", "id": msg_id, "method": f"fuzz/{rng.randint(0, 999)}"},
-                    {"jsonrpc": "2.0", "id": msg_id, "method": "$/fuzz"},
-                    {"jsonrpc": "2.0", "id": msg_id, "method": "textDocument/didSave", "params": {}},
-                    {"jsonrpc": "2.0", "id": msg_id, "method": "workspace/executeCommand", "params": "x"},
-                    {"jsonrpc": "2.0", "id": msg_id},
-                ]
-            )
+            methods: list[dict[str, Any]] = [
+                {"jsonrpc": "1.0", "id": msg_id, "method": "textDocument/completion"},
+                {"jsonrpc": "2.0", "id": msg_id, "method": rng.choice([1, None, "", ["x"]])},
+                {"jsonrpc": "2.0", "id": msg_id, "method": f"fuzz/{rng.randint(0, 999)}"},
+                {"jsonrpc": "2.0", "id": msg_id, "method": "$/fuzz"},
+                {"jsonrpc": "2.0", "id": msg_id, "method": "textDocument/didSave", "params": {}},
+                {"jsonrpc": "2.0", "id": msg_id, "method": "workspace/executeCommand", "params": "x"},
+                {"jsonrpc": "2.0", "id": msg_id},
+            ]
+            body = rng.choice(methods)
             yield Case(kind, frame(_dump(body)), id=msg_id)
         elif kind == "frame":
             yield Case(kind, rng.choice(BROKEN_FRAMES), null=True)

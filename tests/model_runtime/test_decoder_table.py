@@ -54,13 +54,3 @@ def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path,
     assert smaller["excluded_tasks"] == 1
     assert {e["tasks"] for e in smaller["benchmarks"]["lines"].values()} == {1}
     assert "| lines (1) | sliding |" in (out / "table.md").read_text()
-
-
-def test_the_speed_up_interval_comes_from_the_chunks_paired_ratios() -> None:
-    # Three chunks, the reference 10x slower in each up to noise: about 10x, an interval around it.
-    mean, low, high = decoder_table.time_ratio([(100.0, 10.0), (110.0, 10.0), (90.0, 10.0)])
-    assert abs(mean - 10.0) < 1e-9 and low < mean < high and 8.0 < low and high < 12.0
-    # The same ratio in every chunk: no spread.
-    mean, low, high = decoder_table.time_ratio([(50.0, 5.0), (80.0, 8.0)])
-    assert round(mean, 6) == round(low, 6) == round(high, 6) == 10.0
-    assert decoder_table.time_ratio([(100.0, 10.0)]) is None  # one chunk is no interval

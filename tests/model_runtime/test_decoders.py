@@ -13,7 +13,7 @@ from model_runtime import SamplingParams, decoders
 from model_runtime.batch import answer_length
 from model_runtime.decoders.base import HostLimits
 from model_runtime.lines import line_table
-from model_runtime.params import DECODERS
+from model_runtime.params import DECODERS, decoder_knobs
 from model_runtime.strategies import EARLY_STOPS, ScopeEnd, commit_rule, finished
 
 
@@ -21,7 +21,7 @@ def test_the_registry_holds_every_decoder_the_option_offers():
     assert tuple(decoders.REGISTRY) == DECODERS
     assert all(decoders.get(name).name == name for name in DECODERS)
     # What only some decoders read is what the chat's settings screen switches on and off.
-    assert decoders.knobs() == {
+    assert decoder_knobs() == {
         "block_length",
         "threshold",
         "factor",
@@ -30,6 +30,7 @@ def test_the_registry_holds_every_decoder_the_option_offers():
         "refresh_every",
     }
     assert decoders.get("reference").knobs == frozenset()
+    assert decoders.get("sliding").knobs == {"threshold", "factor", "window", "commit_rule", "refresh_every"}
 
 
 def test_the_early_stops_decide_alike_on_the_host_and_on_the_device():

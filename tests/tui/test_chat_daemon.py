@@ -20,8 +20,9 @@ import pytest
 from rich.console import Console
 from textual.widgets import Button
 
+from assistant import discovery
 from assistant.cli.chat import after_chat
-from assistant.client import Client, SamplingOptions, discovery
+from assistant.client import Client, SamplingOptions
 from assistant.client import start_daemon as start_background
 from assistant.config import Config, load_config
 from tests.assistant.helpers import (

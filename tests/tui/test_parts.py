@@ -247,6 +247,7 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
     from assistant.server.job_builder import build_job, warm_task
     from assistant.server.protocol import GenSpec
     from assistant.server.warmup import default_plan
+    from assistant.wire import SamplingOptions
     from tui.settings import ChatConfig
 
     defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
@@ -263,7 +264,10 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
     for shape, settings in zip(ready, (chat, chat.retry_settings(), chat), strict=True):
         body = settings.request_params()
         spec = GenSpec(
-            mode="chat", canvas_tokens=body.pop("max_new_tokens"), sampling=body, messages=messages
+            mode="chat",
+            canvas_tokens=body.pop("max_new_tokens"),
+            sampling=SamplingOptions(**body),
+            messages=messages,
         )
         job, _ = build_job(rt, spec, Config())
         task = warm_task(rt, shape, Config())

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp
 
 from assistant import __version__, sse
 from assistant.config import Config
+from assistant.daemon_status import DaemonLimits, DaemonStatus, ProgramsStatus, QueueStatus
 from assistant.server import protocol, request_fields, warmup
 from assistant.server.http import llama, native, openai
 from assistant.server.http.service import JobService
@@ -286,28 +287,32 @@ class HttpApp:
         del request
         sched = self.sched
         rt = self._ready_runtime()
-        return JSONResponse(
-            {
-                "model": self.model_name(),
-                "model_path": self.config.model,
-                "version": __version__,
-                "pid": os.getpid(),
-                **_runtime_status(rt, self._loaded_chat_defaults()),
-                "engine": sched.status.to_dict(),
-                "queue": sched.queue_info(),
-                "counters": sched.counters.to_dict(),
-                "uptime_seconds": round(time.time() - self.started, 3),
-                "limits": {
-                    "max_steps": self.config.max_steps,
-                    "max_seconds": self.config.max_seconds,
-                    "max_body_bytes": self.config.max_body_bytes,
-                    "queue_size": self.config.queue_size,
-                },
-                "auth": self.config.auth,
+        status = _with_runtime(
+            DaemonStatus(
+                model=self.model_name(),
+                model_path=self.config.model,
+                version=__version__,
+                pid=os.getpid(),
+                # The model's chat defaults (generation_config.json); diffu chat starts from them. Known once
+                # the weights are loaded, while programs may still compile.
+                chat_defaults=self._loaded_chat_defaults(),
+                engine=sched.status,
+                queue=QueueStatus(**sched.queue_info()),
+                counters=sched.counters,
+                uptime_seconds=round(time.time() - self.started, 3),
+                limits=DaemonLimits(
+                    max_steps=self.config.max_steps,
+                    max_seconds=self.config.max_seconds,
+                    max_body_bytes=self.config.max_body_bytes,
+                    queue_size=self.config.queue_size,
+                ),
+                auth=self.config.auth,
                 # What clients may rely on beyond the basic routes (``diffu lsp`` checks "holes").
-                "features": ["holes"] if rt is not None and rt.info.supports_holes else [],
-            }
+                features=("holes",) if rt is not None and rt.info.supports_holes else (),
+            ),
+            rt,
         )
+        return JSONResponse(status.to_dict())
 
     async def cancel(self, request: Request) -> Response:
         data = request_fields.parse_json(await request.body())
@@ -355,24 +360,24 @@ class HttpApp:
         )
 
 
-def _runtime_status(rt: RuntimeProtocol | None, chat_defaults: dict[str, Any]) -> dict[str, Any]:
-    """The serving runtime's part of ``/v1/diffu/status`` (nulls while the model is not ready)."""
-    info = rt.info if rt is not None else None
-    return {
-        "device": info.device if info else None,
-        "dtype": info.dtype if info else None,
-        "quantize": info.quantize_mode if info else None,
-        "max_context": info.max_context if info else None,
-        "default_decoder": info.default_decoder if info else None,
-        "one_line_defaults": dict(info.one_line_defaults) if info else None,
-        # The model's chat defaults (generation_config.json); diffu chat starts from them. Known once the
-        # weights are loaded, while programs may still compile.
-        "chat_defaults": chat_defaults,
-        "mesh": dict(info.mesh) if info and info.mesh is not None else None,
-        "buckets": [list(b) for b in info.buckets] if info else [],
+def _with_runtime(status: DaemonStatus, rt: RuntimeProtocol | None) -> DaemonStatus:
+    """``status`` with the serving runtime's fields (left null or empty while the model is not ready)."""
+    if rt is None:
+        return status
+    info, programs = rt.info, rt.program_cache()
+    return dataclasses.replace(
+        status,
+        device=info.device,
+        dtype=info.dtype,
+        quantize=info.quantize_mode,
+        max_context=info.max_context,
+        default_decoder=info.default_decoder,
+        one_line_defaults=info.one_line_defaults,
+        mesh=info.mesh,
+        buckets=info.buckets,
         # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
-        "programs": rt.program_cache() if rt is not None else None,
-    }
+        programs=ProgramsStatus.from_dict(programs) if programs is not None else None,
+    )
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from assistant import sse
+from assistant.daemon_status import ModelEntry, ModelList
 from assistant.server import protocol, request_fields
 from assistant.server.http.service import JobService, job_error_event, usage
 from assistant.server.job import Job, JobDone, JobError, JobStep, JobWaiting
@@ -49,19 +50,17 @@ class _OpenAI:
     def __init__(self, app: JobService) -> None:
         self.app = app
 
-    def model_entry(self, info: RuntimeInfo) -> dict[str, Any]:
-        return {
-            "id": self.app.model_name(),
-            "object": "model",
-            "created": int(self.app.started),
-            "owned_by": "diffu",
-            "max_model_len": info.max_context,
-            "context_length": info.max_context,
-        }
+    def model_entry(self, info: RuntimeInfo) -> ModelEntry:
+        return ModelEntry(
+            id=self.app.model_name(),
+            created=int(self.app.started),
+            max_model_len=info.max_context,
+            context_length=info.max_context,
+        )
 
     async def models(self, request: Request) -> Response:
         del request
-        return JSONResponse({"object": "list", "data": [self.model_entry(self.app.runtime.info)]})
+        return JSONResponse(ModelList((self.model_entry(self.app.runtime.info),)).to_dict())
 
     async def model(self, request: Request) -> Response:
         info = self.app.runtime.info
@@ -74,7 +73,7 @@ class _OpenAI:
                 kind=ErrorType.NOT_FOUND,
                 code=ErrorCode.MODEL_NOT_FOUND,
             )
-        return JSONResponse(self.model_entry(info))
+        return JSONResponse(self.model_entry(info).to_dict())
 
     async def chat_completions(self, request: Request) -> Response:
         data = request_fields.parse_json(await request.body())

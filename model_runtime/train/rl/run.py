@@ -30,7 +30,7 @@ from model_runtime.train.run import check_run_record, hardware_facts
 
 
 def load_policy(
-    init_from: str | os.PathLike, cfg: RLConfig, *, tp: int = 1, dp: int | None = None
+    init_from: str | os.PathLike[str], cfg: RLConfig, *, tp: int = 1, dp: int | None = None
 ) -> Runtime:
     """The starting model in float32 (the trained weights), on a tp x dp mesh when asked, with one batch
     bucket of ``generation_batch_size`` rows for the rollouts."""
@@ -44,15 +44,13 @@ def _digest(path: Path) -> str:
 
 
 def train_rl(
-    run_dir: str | os.PathLike,
-    tasks_path: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    tasks_path: str | os.PathLike[str],
     *,
-    init_from: str | os.PathLike,
+    init_from: str | os.PathLike[str],
     rewards: Sequence[Reward],
     cfg: RLConfig | None = None,
     options: RLOptions | None = None,
-    tp: int = 1,
-    dp: int | None = None,
     export_dtype: str = "bfloat16",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -62,7 +60,7 @@ def train_rl(
     run_dir, tasks_path = Path(run_dir), Path(tasks_path)
     tasks = read_tasks(tasks_path)
     log(f"{len(tasks)} tasks from {tasks_path}; loading {init_from}")
-    rt = load_policy(init_from, cfg, tp=tp, dp=dp)
+    rt = load_policy(init_from, cfg, tp=options.tp, dp=options.dp)
     cfg_dict = json.loads((rt.model_dir / "config.json").read_text(encoding="utf-8"))
     record = {
         "model": cfg_dict,

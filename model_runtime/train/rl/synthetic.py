@@ -37,7 +37,7 @@ WORDS = (
     "xyz",
     "a",
 )
-Args = tuple
+Args = tuple[object, ...]  # one call's arguments
 
 
 @dataclass(frozen=True)

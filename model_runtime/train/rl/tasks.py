@@ -77,7 +77,7 @@ def parse_task(row: object, where: str) -> Task:
     return Task(str(tid), question, tuple(tests), extra)
 
 
-def read_tasks(path: str | os.PathLike) -> list[Task]:
+def read_tasks(path: str | os.PathLike[str]) -> list[Task]:
     """Every task of a JSONL file, in file order; the first bad line raises InputError naming it."""
     path = Path(path)
     try:
@@ -108,7 +108,7 @@ def read_tasks(path: str | os.PathLike) -> list[Task]:
     return tasks
 
 
-def write_tasks(path: str | os.PathLike, tasks: list[Task]) -> None:
+def write_tasks(path: str | os.PathLike[str], tasks: list[Task]) -> None:
     """Write tasks as AceCode JSONL lines (the inverse of ``read_tasks``)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for t in tasks:

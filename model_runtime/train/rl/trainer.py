@@ -40,7 +40,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from model_runtime.errors import InputError
 from model_runtime.runtime import Runtime
 from model_runtime.train.checkpoints import RunCheckpoints, checkpoint_due, interruptible, last_step
-from model_runtime.train.loop import TrainConfig, make_optimizer, schedule
+from model_runtime.train.config import TrainConfig
+from model_runtime.train.loop import make_optimizer, schedule
 from model_runtime.train.rl import coupled, rollout
 from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.progress import Progress
@@ -161,7 +162,7 @@ class RLTrainer:
             seed=c.seed,
         )
 
-    def _apply_fn(self, state: dict, grads: Any) -> dict:
+    def _apply_fn(self, state: dict[str, Any], grads: Any) -> dict[str, Any]:
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         return dict(state, params=optax.apply_updates(state["params"], updates), opt_state=opt_state)
 
@@ -233,7 +234,7 @@ class RLTrainer:
         """
         prompts = [t.messages() for t in tasks]
         completions = [[{"role": "assistant", "content": text}] for text in texts]
-        columns: dict[str, list] = {}
+        columns: dict[str, list[object]] = {}
         for t in tasks:
             for k, v in t.columns().items():
                 columns.setdefault(k, []).append(v)
