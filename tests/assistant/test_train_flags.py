@@ -79,4 +79,5 @@ def test_a_bad_rl_flag_is_its_options_message(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit) as exit_info:
         main([*rl, "--steps", "1", "--rollout-decoder", "slidng"])
     assert exit_info.value.code == 2
-    assert "invalid choice 'slidng' (one of reference, fast, sliding); did you mean sliding?" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "invalid choice 'slidng' (one of reference, fast, sliding); did you mean sliding?" in said
