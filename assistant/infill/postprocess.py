@@ -1,9 +1,8 @@
 """Post-processing of an infill before it is shown: the pipeline editor completion servers converged on.
 
-Order matters: special tokens first (they end the text), then the single-line cut (or, on a blank
-line, the blank lines a block starts with), suffix overlap, repeated lines, indentation scope, and last
-the minimum length. Every step is a pure function on strings
-so each is tested alone.
+Order matters: special tokens first (they end the text), then the single-line cut (or the blank lines a
+block starts with), suffix overlap, repeated lines, indentation scope, and last the minimum length.
+Every step is a pure function on strings so each is tested alone.
 """
 
 from __future__ import annotations
@@ -44,12 +43,17 @@ def first_line(text: str) -> str:
 
 
 def drop_leading_blank_lines(text: str, cursor_line: str) -> str:
-    """On a blank cursor line, the lines the text starts with that hold nothing: the cursor's line is
-    the empty line already, so accepting them would insert blank lines before the code. (After an
-    opener *on* the cursor line the leading newline is what starts the body, and stays.)"""
-    if cursor_line.strip():
-        return text
+    """The lines that hold nothing at the start of the suggestion: accepting them would insert blank
+    lines before the code. On a blank cursor line the text's first line is a whole line and goes with
+    them; after text on the cursor line (an opener such as ``class Mode(Enum):``) the first line
+    continues the cursor's line, and when it holds nothing, one line break stays to start the body."""
     lines = text.split("\n")
+    if cursor_line.strip():
+        if lines[0].strip() or len(lines) == 1:
+            return text  # code continues the cursor's line: later blank lines are the code's own
+        lines = lines[1:]
+        first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+        return "\n" + "\n".join(lines[first:])
     first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
     return "\n".join(lines[first:])
 

@@ -182,6 +182,18 @@ def test_leading_blank_lines_on_a_blank_cursor_line() -> None:
     assert drop_leading_blank_lines(" \n\t\n", "") == ""
 
 
+def test_after_an_opener_on_the_cursor_line_the_body_starts_on_the_next_line() -> None:
+    """#44 G: after ``class Mode(Enum):`` a suggestion starting with a blank line inserted one."""
+    assert drop_leading_blank_lines("\n\n    RED = 1", "class Mode(Enum):") == "\n    RED = 1"
+    assert drop_leading_blank_lines(" \n  \n    RED = 1", "class Mode(Enum):") == "\n    RED = 1"
+    assert drop_leading_blank_lines("1\n\nx = 2", "y = ") == "1\n\nx = 2"  # the code's own blank line
+    model_text = "\n\n    RED = 1\n    GREEN = 2\n"
+    cursor = Cursor("a.py", "python", "from enum import Enum\n\nclass Mode(Enum):", "\n", invoked=False)
+    p = plan(cursor, Settings())
+    assert p.mode is Mode.BLOCK
+    assert clean(model_text, p, "\n", 1) == "\n    RED = 1\n    GREEN = 2"
+
+
 @pytest.mark.parametrize("line_above", ["    if x:", "    y = 1"])  # a block body, an empty line
 def test_a_suggestion_on_an_empty_line_starts_with_code(line_above: str) -> None:
     before = f"def f(x):\n{line_above}\n        "
