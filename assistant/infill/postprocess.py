@@ -1,8 +1,9 @@
 """Post-processing of an infill before it is shown: the pipeline editor completion servers converged on.
 
-Order matters: special tokens first (they end the text), then the single-line cut (or the blank lines a
-block starts with), suffix overlap, repeated lines, indentation scope, and last the minimum length.
-Every step is a pure function on strings so each is tested alone.
+Order matters: special tokens first (they end the text), then markdown fences (a model that has seen
+chat answers wraps code in them), then the single-line cut (or the blank lines a block starts with),
+suffix overlap, repeated lines, indentation scope, and last the minimum length. Every step is a pure
+function on strings so each is tested alone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,34 @@ def first_line(text: str) -> str:
     if text.startswith("\n"):
         return "\n" + text[1:].split("\n", 1)[0]
     return text.split("\n", 1)[0]
+
+
+FENCE = "```"  # a markdown code fence; no programming language starts a line with three backticks
+
+
+def is_fence(line: str) -> bool:
+    """A markdown fence line: an opening one (three backticks, a language or none) or a closing one."""
+    return line.lstrip().startswith(FENCE)
+
+
+def cut_fences(text: str, cursor_line: str) -> str:
+    """The code inside markdown fences, never a fence line: a leading fence (on the first line that holds
+    anything) is dropped with the blank lines before it, and the text ends before the next fence (the
+    closing one, or the opening of another block). The code between the fences is often the right code,
+    so it is kept rather than the whole answer dropped; a bare fence leaves nothing, which the minimum
+    length then drops.
+
+    After text on the cursor's line the text's first line continues that line: it is no line of its own,
+    and when it holds code, the code has started and a fence after it can only close.
+    """
+    lines = text.split("\n")
+    own = 1 if cursor_line.strip() else 0
+    head, body = lines[:own], lines[own:]
+    first = next((i for i, line in enumerate(body) if line.strip()), None)
+    if first is not None and is_fence(body[first]) and not (head and head[0].strip()):
+        body = body[first + 1 :]
+    end = next((i for i, line in enumerate(body) if is_fence(line)), len(body))
+    return "\n".join(head + body[:end])
 
 
 def drop_leading_blank_lines(text: str, cursor_line: str) -> str:
@@ -170,7 +199,7 @@ def postprocess(
     text: str, *, suffix: str, mode: Mode, cursor_line: str, line_above: str, min_chars: int
 ) -> str | None:
     """The whole pipeline; None when nothing worth showing is left."""
-    text = cut_special(text)
+    text = cut_fences(cut_special(text), cursor_line)
     if mode is Mode.SINGLE_LINE:
         text = first_line(text)
         if text.startswith("\n"):
