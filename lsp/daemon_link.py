@@ -107,12 +107,8 @@ class Progress:
             log.debug("work done progress refused: %s", exc)
             return
         stage, fraction, detail = self.latest
-        progress.begin(
-            token,
-            types.WorkDoneProgressBegin(
-                title="diffu", message=stage_message(stage, detail), percentage=_percent(stage, fraction)
-            ),
-        )
+        sent = (stage_message(stage, detail), _percent(stage, fraction))
+        progress.begin(token, types.WorkDoneProgressBegin(title="diffu", message=sent[0], percentage=sent[1]))
         while True:
             self._changed.clear()
             stage, fraction, detail = self.latest
@@ -120,12 +116,12 @@ class Progress:
                 message = "model ready" if stage == HEALTH_OK else stage_message(stage, detail)
                 progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
-            progress.report(
-                token,
-                types.WorkDoneProgressReport(
-                    message=stage_message(stage, detail), percentage=_percent(stage, fraction)
-                ),
-            )
+            # The loader reports every tensor: most updates change neither the words nor the whole
+            # percentage the editor shows, and are not worth a message.
+            report = (stage_message(stage, detail), _percent(stage, fraction))
+            if report != sent:
+                sent = report
+                progress.report(token, types.WorkDoneProgressReport(message=report[0], percentage=report[1]))
             await self._changed.wait()
 
 
