@@ -159,6 +159,7 @@ class DaemonLink:
         self._warming: asyncio.Task[None] | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._looking: asyncio.Task[None] | None = None
+        self._following: asyncio.Task[None] | None = None
         self.warmed: dict[str, int] | None = None  # the daemon's answer to the warm request, once it came
         self.progress = Progress(hooks)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
@@ -237,8 +238,7 @@ class DaemonLink:
             # It takes requests now (the chat's programs may still compile: not the editor's business),
             # so the start-up progress ends here rather than at the daemon's "ok".
             self.progress("ok", 1.0, "")
-            models = await client.request("GET", "/v1/models")
-            status = await client.status()
+            facts = await _facts(client)
         except (DaemonUnavailable, APIError) as exc:
             error = describe(exc)
             if self._connecting is me:
@@ -247,19 +247,45 @@ class DaemonLink:
             raise DaemonUnavailable(error) from None
         if self._connecting is not me:
             return client  # the settings changed meanwhile: this attempt's daemon is not the link's
+        self._adopt(client, endpoint.url, *facts, verb="connected to")
+        return client
+
+    def _adopt(self, client: AsyncClient, url: str, models: Any, status: Any, *, verb: str) -> None:
+        """Take the daemon at ``url`` as the link's: its model, context and features, the status item's
+        ready, and the editor's shapes to warm."""
         entry = (models.get("data") or [{}])[0]
         self.model = str(entry.get("id", ""))
         self.max_context = entry.get("context_length") or entry.get("max_model_len")
         self.features = set(status.get("features") or [])
-        self.url = endpoint.url
+        self.url = url
         self.connected_at = time.monotonic()
-        self.hooks.log(
-            f"diffu: connected to {endpoint.url} (model {self.model}, context {self.max_context} tokens)",
-            level="info",
-        )
+        self.warmed = None
+        self.hooks.log(f"diffu: {verb} {url} (model {self.model}, context {self.max_context} tokens)")
         self._set_state(READY, "")  # now, not when the task ends: the status item follows at once
+        self.hooks.changed()  # the model may differ while the state does not
         self._warm(client)
-        return client
+
+    def _follow(self) -> None:
+        """After an answer: the client reconnects on its own when its daemon went away and another took
+        its place (a restart found through the discovery file), and the request succeeds; the link then
+        takes the new daemon as it took the first (its URL in the status, the editor's shapes warmed)."""
+        client = self.client
+        if client is None or self.state != READY or (self._following and not self._following.done()):
+            return
+
+        async def follow() -> None:
+            endpoint = await client.endpoint()  # the one it just answered through: no connection made
+            if endpoint.url == self.url or self.client is not client:
+                return
+            try:
+                facts = await _facts(client)
+            except (DaemonUnavailable, APIError) as exc:  # gone again: the next request says so
+                log.debug("the new daemon's facts: %s", describe(exc))
+                return
+            if self.client is client:
+                self._adopt(client, endpoint.url, *facts, verb="reconnected to")
+
+        self._following = asyncio.ensure_future(follow())
 
     def _warm(self, client: AsyncClient) -> None:
         """Ask the daemon to compile the shapes typing will ask for (answered at once, compiled between
@@ -384,12 +410,20 @@ class DaemonLink:
         for attempt in range(FIT_ATTEMPTS):
             chars, request = build()
             try:
-                return await request
+                answer = await request
             except APIError as exc:
                 if attempt == FIT_ATTEMPTS - 1 or not is_overflow(exc):
                     raise
                 self.learn_from_overflow(chars, exc)
+                continue
+            self._follow()
+            return answer
         raise AssertionError("unreachable")
+
+
+async def _facts(client: AsyncClient) -> tuple[Any, Any]:
+    """What the link keeps of a daemon it connects to: its models and its status."""
+    return await client.request("GET", "/v1/models"), await client.status()
 
 
 def is_overflow(exc: APIError) -> bool:

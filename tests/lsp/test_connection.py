@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 from lsprotocol import types
 
+from assistant.client.calls import warm_body
 from assistant.wire import ENDED, HEALTH_OK, Stage
 from lsp.daemon_link import RETRY_SECONDS, LinkHooks, Progress
+from lsp.settings import Settings
 from lsp.state import STAGES, stage_message, status_item
+from lsp.suggest import warm_shapes
 from tests.assistant.helpers import isolated_env, start_daemon
 from tests.lsp.conftest import wait_for
 
@@ -238,6 +241,49 @@ async def test_reconnects_while_nobody_types(lsp, tmp_path: Path) -> None:
         assert (await session.status())["url"] == second.url
         assert (await session.inline(uri, 3, 17, invoked=True)).items
         assert not [m for m in session.client.messages if m.type == types.MessageType.Error][1:]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_transparent_reconnection_names_the_live_daemon_and_warms_it(lsp, tmp_path: Path) -> None:
+    """#44 E: the daemon is replaced between two requests (found through its discovery file); the client
+    reconnects on its own inside the next request, which succeeds. The server used to keep naming the dead
+    daemon's URL in diffu.status and never asked the new daemon to compile the editor's shapes."""
+    shared = tmp_path / "shared"
+    env = _discovery_env(shared)
+    first = start_daemon(shared, MODEL, env=isolated_env(shared))
+    second = None
+    # A temperature the daemon's own warm-up does not use: those programs come only from the editor.
+    settings = {"temperature": 0.5}
+    session = await lsp("neovim-0.12", env=env, settings=settings)
+    uri = session.open("total.py", SOURCE)
+    try:
+        assert (await session.inline(uri, 3, 17, invoked=True)).items
+        assert (await session.status())["url"] == first.url
+        first.stop()
+        second = start_daemon(shared, MODEL, env=isolated_env(shared))
+        assert (await session.inline(uri, 3, 17, invoked=True)).items  # no failure: reconnected inside
+        assert not any(item["state"] == "unavailable" for item in session.status_items)
+        for _ in range(500):
+            status = await session.status()
+            if status["url"] != first.url:
+                break
+            await asyncio.sleep(0.02)
+        assert status["url"] == second.url
+
+        def asked() -> list[str]:
+            return [m for m in session.logs() if "asked the daemon to warm" in m]
+
+        await wait_for(lambda: len(asked()) == 2, what="a warm request to each daemon")
+        await wait_for(lambda: second.health()["stage"] == "ready", what="the new daemon's warm-up")
+        with second.client() as http:
+            context = http.get("/v1/models").json()["data"][0]["context_length"]
+            shapes = warm_shapes(Settings(temperature=0.5), context)
+            again = http.post("/v1/diffu/warm", json=warm_body(shapes)).json()
+        assert again["queued"] == 0 and again["compiled"] == list(range(len(shapes))), (again, asked())
     finally:
         first.stop()
         if second is not None:
