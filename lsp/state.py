@@ -213,7 +213,7 @@ def _stems(text: str) -> set[str]:
 
 # What a stage's own "ready" means when the daemon is not ready yet: the model loader says "ready" once
 # the weights are in, while the daemon still has its programs to compile.
-STEP_DONE = {Stage.LOADING: "model loaded"}
+STEP_DONE: dict[str, str] = {Stage.LOADING: "model loaded"}
 _BEFORE_READY = (Stage.STARTING, Stage.LOADING, Stage.COMPILING, Stage.WARMING)
 
 
