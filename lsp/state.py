@@ -110,6 +110,7 @@ COUNTERS = (
     "requests",  # suggestion requests received
     "answered",  # ... answered with at least one suggestion from the model
     "cached",  # ... answered from the cache
+    "joined",  # ... answered by an earlier request's model call they waited for, trimmed by what was typed
     "skipped",  # ... not sent to the model (disabled, mid-line while typing)
     "stale",  # ... whose document changed while the model ran (answered empty)
     "superseded",  # ... replaced by a newer request of the same editor (answered empty)
