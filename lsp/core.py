@@ -29,6 +29,7 @@ from assistant import __version__
 from assistant.wire import HEALTH_OK
 from lsp import capabilities
 from lsp.cache import SuggestionCache
+from lsp.flight import Flights
 from lsp.jsonrpc import ConformantProtocol, serve
 from lsp.recent import RecentChunks
 from lsp.settings import Settings, parse_settings
@@ -99,6 +100,7 @@ class DiffuLanguageServer(LanguageServer):
         self.timings = Timings()
         self.touched: dict[str, float] = {}  # document key -> when it was last opened or edited
         self.supersede = Supersede(lambda key: self.touched.get(key, 0.0), self.counters)
+        self.flights = Flights()  # the automatic model call that typing on its line waits for
         self.provider = capabilities.Provider()
         self.registrations: dict[str, str] = {}  # method -> registration id
         self.registration_lock = asyncio.Lock()

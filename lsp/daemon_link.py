@@ -29,7 +29,7 @@ from lsprotocol import types
 
 from assistant.client import APIError, AsyncClient, DaemonUnavailable, WarmShape, resolve_endpoint
 from assistant.config import Config, ConfigError, load_config
-from assistant.daemon_status import ModelEntry
+from assistant.daemon_status import DaemonStatus, ModelEntry, ModelList
 from assistant.wire import ENDED, HEALTH_OK, ErrorCode, Stage, prompt_budget
 from lsp.state import stage_message
 
@@ -108,12 +108,8 @@ class Progress:
             log.debug("work done progress refused: %s", exc)
             return
         stage, fraction, detail = self.latest
-        progress.begin(
-            token,
-            types.WorkDoneProgressBegin(
-                title="diffu", message=stage_message(stage, detail), percentage=_percent(stage, fraction)
-            ),
-        )
+        sent = (stage_message(stage, detail), _percent(stage, fraction))
+        progress.begin(token, types.WorkDoneProgressBegin(title="diffu", message=sent[0], percentage=sent[1]))
         while True:
             self._changed.clear()
             stage, fraction, detail = self.latest
@@ -121,12 +117,12 @@ class Progress:
                 message = "model ready" if stage == HEALTH_OK else stage_message(stage, detail)
                 progress.end(token, types.WorkDoneProgressEnd(message=message))
                 return
-            progress.report(
-                token,
-                types.WorkDoneProgressReport(
-                    message=stage_message(stage, detail), percentage=_percent(stage, fraction)
-                ),
-            )
+            # The loader reports every tensor: most updates change neither the words nor the whole
+            # percentage the editor shows, and are not worth a message.
+            report = (stage_message(stage, detail), _percent(stage, fraction))
+            if report != sent:
+                sent = report
+                progress.report(token, types.WorkDoneProgressReport(message=report[0], percentage=report[1]))
             await self._changed.wait()
 
 
@@ -164,6 +160,7 @@ class DaemonLink:
         self._warming: asyncio.Task[None] | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._looking: asyncio.Task[None] | None = None
+        self._following: asyncio.Task[None] | None = None
         self.warmed: dict[str, int] | None = None  # the daemon's answer to the warm request, once it came
         self.progress = Progress(hooks)
         # Characters per prompt token, learned from the daemon's usage answers; 3 is a cautious start
@@ -242,8 +239,7 @@ class DaemonLink:
             # It takes requests now (the chat's programs may still compile: not the editor's business),
             # so the start-up progress ends here rather than at the daemon's "ok".
             self.progress("ok", 1.0, "")
-            models = await client.models()
-            status = await client.status()
+            facts = await _facts(client)
         except (DaemonUnavailable, APIError) as exc:
             error = describe(exc)
             if self._connecting is me:
@@ -252,19 +248,47 @@ class DaemonLink:
             raise DaemonUnavailable(error) from None
         if self._connecting is not me:
             return client  # the settings changed meanwhile: this attempt's daemon is not the link's
+        self._adopt(client, endpoint.url, *facts, verb="connected to")
+        return client
+
+    def _adopt(
+        self, client: AsyncClient, url: str, models: ModelList, status: DaemonStatus, *, verb: str
+    ) -> None:
+        """Take the daemon at ``url`` as the link's: its model, context and features, the status item's
+        ready, and the editor's shapes to warm."""
         entry = models.data[0] if models.data else ModelEntry()
         self.model = entry.id
         self.max_context = entry.context_length or entry.max_model_len
         self.features = set(status.features)
-        self.url = endpoint.url
+        self.url = url
         self.connected_at = time.monotonic()
-        self.hooks.log(
-            f"diffu: connected to {endpoint.url} (model {self.model}, context {self.max_context} tokens)",
-            level="info",
-        )
+        self.warmed = None
+        self.hooks.log(f"diffu: {verb} {url} (model {self.model}, context {self.max_context} tokens)")
         self._set_state(READY, "")  # now, not when the task ends: the status item follows at once
+        self.hooks.changed()  # the model may differ while the state does not
         self._warm(client)
-        return client
+
+    def _follow(self) -> None:
+        """After an answer: the client reconnects on its own when its daemon went away and another took
+        its place (a restart found through the discovery file), and the request succeeds; the link then
+        takes the new daemon as it took the first (its URL in the status, the editor's shapes warmed)."""
+        client = self.client
+        if client is None or self.state != READY or (self._following and not self._following.done()):
+            return
+
+        async def follow() -> None:
+            endpoint = await client.endpoint()  # the one it just answered through: no connection made
+            if endpoint.url == self.url or self.client is not client:
+                return
+            try:
+                facts = await _facts(client)
+            except (DaemonUnavailable, APIError) as exc:  # gone again: the next request says so
+                log.debug("the new daemon's facts: %s", describe(exc))
+                return
+            if self.client is client:
+                self._adopt(client, endpoint.url, *facts, verb="reconnected to")
+
+        self._following = asyncio.ensure_future(follow())
 
     def _warm(self, client: AsyncClient) -> None:
         """Ask the daemon to compile the shapes typing will ask for (answered at once, compiled between
@@ -389,12 +413,20 @@ class DaemonLink:
         for attempt in range(FIT_ATTEMPTS):
             chars, request = build()
             try:
-                return await request
+                answer = await request
             except APIError as exc:
                 if attempt == FIT_ATTEMPTS - 1 or not is_overflow(exc):
                     raise
                 self.learn_from_overflow(chars, exc)
+                continue
+            self._follow()
+            return answer
         raise AssertionError("unreachable")
+
+
+async def _facts(client: AsyncClient) -> tuple[ModelList, DaemonStatus]:
+    """What the link keeps of a daemon it connects to: its models and its status."""
+    return await client.models(), await client.status()
 
 
 def is_overflow(exc: APIError) -> bool:

@@ -11,7 +11,8 @@ leave an editor showing the previous suggestion), and an answer computed for a d
 changed meanwhile is answered empty too. Requests are async handlers, so pygls answers a
 ``$/cancelRequest`` with RequestCancelled by cancelling the task; the cancellation reaches the HTTP
 request, whose closed connection makes the daemon drop the job at its next denoising step. A newer
-suggestion request of the same editor supersedes the older one the same way (``lsp.supersede``).
+suggestion request of the same editor supersedes the older one the same way (``lsp.supersede``), except
+that typing on the cursor's line waits for the running automatic suggestion instead (``lsp.flight``).
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ async def _suggestions(
             timings=ls.timings,
             others=ls.context_documents(uri),
             session=ls.session,
+            flights=ls.flights,
         )
     except DaemonUnavailable as exc:
         ls.counters["errors"] += 1

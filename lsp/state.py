@@ -110,6 +110,7 @@ COUNTERS = (
     "requests",  # suggestion requests received
     "answered",  # ... answered with at least one suggestion from the model
     "cached",  # ... answered from the cache
+    "joined",  # ... answered by an earlier request's model call they waited for, trimmed by what was typed
     "skipped",  # ... not sent to the model (disabled, mid-line while typing)
     "stale",  # ... whose document changed while the model ran (answered empty)
     "superseded",  # ... replaced by a newer request of the same editor (answered empty)
@@ -211,16 +212,26 @@ def _stems(text: str) -> set[str]:
     return {w[:4] for w in words if len(w) >= 4}
 
 
+# What a stage's own "ready" means when the daemon is not ready yet: the model loader says "ready" once
+# the weights are in, while the daemon still has its programs to compile.
+STEP_DONE: dict[str, str] = {Stage.LOADING: "model loaded"}
+_BEFORE_READY = (Stage.STARTING, Stage.LOADING, Stage.COMPILING, Stage.WARMING)
+
+
 def stage_message(stage: str, detail: str) -> str:
     """A daemon start-up stage in words, for progress reports, the status item and the log.
 
     The daemon's detail often names the stage already (``loading`` / "loading the model", ``ok`` /
     "ready", ``failed`` / "model load failed"): then the detail, the more specific, is said alone rather
-    than after the stage's words ("loading the model: loading the model").
+    than after the stage's words ("loading the model: loading the model"). A detail of "ready" in a stage
+    before the daemon's ready says that stage's step is done ("model loaded", never "loading the model:
+    ready": the status item said ready while the daemon could not answer yet).
     """
     phrase = STAGES.get(stage, stage)
     if not detail:
         return phrase
+    if detail.strip().lower() == STAGES[Stage.READY] and stage in _BEFORE_READY:
+        return STEP_DONE.get(stage, f"{phrase}: done")
     if _stems(phrase) & _stems(detail):
         return detail
     return f"{phrase}: {detail}"

@@ -28,6 +28,7 @@ from lsp.state import Timing, Timings
 if TYPE_CHECKING:
     from assistant.client import AsyncClient, Done, WarmShape
     from lsp.daemon_link import DaemonLink
+    from lsp.flight import Flights
 
 CANDIDATE_TEMPERATURE = 0.8  # Tabby's manual-trigger candidates use the same
 
@@ -229,33 +230,72 @@ async def suggest(
     timings: Timings,
     others: Sequence[tuple[str, str]],
     session: str,
+    flights: Flights,
 ) -> list[str]:
     """Suggestions to show at ``cursor``, best first; [] when there is nothing worth showing.
 
-    Raises DaemonUnavailable or APIError for daemon trouble (the caller logs it and answers empty).
+    An automatic request whose text continues the running automatic call's (typing on the same line)
+    waits for that call rather than cancelling it, and offers its answer trimmed by what was typed since
+    (``lsp.flight``); when that leaves nothing, it asks for itself. Raises DaemonUnavailable or APIError
+    for daemon trouble (the caller logs it and answers empty).
     """
     received = time.perf_counter()
+    key = settings.fingerprint()
+    flight = None
+    if cursor.invoked:
+        flights.cancel()  # an explicit request takes over
+    else:
+        flight = flights.joinable(cursor.path, cursor.before, cursor.after, key)
     if skip_reason(cursor, settings) is not None:
         counters["skipped"] += 1
         return []
     waited = 0.0
-    if not cursor.invoked and settings.debounce_ms:
+    if flight is not None:
+        if await flights.wait(flight) is not None:
+            hit = cache.get(cursor.before, cursor.after, key)
+            if hit is not None:
+                counters["joined"] += 1
+                return [hit]
+    elif not cursor.invoked and settings.debounce_ms:
         # Typing goes on: a newer request of this editor cancels us here, before any model work.
         waited = settings.debounce_ms
         await asyncio.sleep(settings.debounce_ms / 1000)
-    key = settings.fingerprint()
     if not cursor.invoked:
         hit = cache.get(cursor.before, cursor.after, key)
         if hit is not None:
             counters["cached"] += 1
             return [hit]
+
+    def call() -> Awaitable[list[str]]:
+        return _from_model(
+            cursor, settings, link, cache, counters, timings, others, session, received + waited / 1000
+        )
+
+    if cursor.invoked:
+        return await call()  # cancelled with its request, as any request that nothing joins
+    return await flights.run(cursor.path, cursor.before, cursor.after, key, call) or []
+
+
+async def _from_model(
+    cursor: Cursor,
+    settings: Settings,
+    link: DaemonLink,
+    cache: SuggestionCache,
+    counters: Counter[str],
+    timings: Timings,
+    others: Sequence[tuple[str, str]],
+    session: str,
+    since: float,
+) -> list[str]:
+    """Ask the model, note where the time went (``since``: when the request was received, less the
+    debounce) and keep the best answer in the cache, where requests that typing continues find it."""
     client = await link.ready()
     first = timings.claim_first(link.connected_at)
     asked = await ask(link, client, cursor, settings, others, session)
     p, prompt = asked.plan, asked.prompt
     timing = Timing(
         mode=p.mode.value,
-        wall_ms=(time.perf_counter() - received) * 1000 - waited,
+        wall_ms=(time.perf_counter() - since) * 1000,
         daemon_ms=asked.daemon_ms,
         engine_ms=asked.engine_ms,
         queue_ms=asked.queue_ms,
@@ -268,6 +308,6 @@ async def suggest(
     timings.add(timing)
     if not asked.texts:
         return []
-    cache.put(cursor.before, cursor.after, key, asked.texts[0])
+    cache.put(cursor.before, cursor.after, settings.fingerprint(), asked.texts[0])
     counters["answered"] += 1
     return asked.texts

@@ -2,7 +2,8 @@
 
 An editor is one client of this server, and the user looks at one place at a time, so a suggestion
 request supersedes the client's previous one whatever its document (the previous one is answered empty,
-and its daemon job is cancelled with its HTTP connection). Neovim 0.12 asks for inline completion in
+and its daemon job is cancelled with its HTTP connection; an automatic one's job runs on when the newer
+request only continues its line, see ``lsp.flight``). Neovim 0.12 asks for inline completion in
 every buffer that has it enabled, at the same moment and with the current window's cursor; in such a
 burst the request for the document edited last is the one kept.
 """

@@ -1,9 +1,9 @@
 """Post-processing of an infill before it is shown: the pipeline editor completion servers converged on.
 
-Order matters: special tokens first (they end the text), then the single-line cut (or, on a blank
-line, the blank lines a block starts with), suffix overlap, repeated lines, indentation scope, and last
-the minimum length. Every step is a pure function on strings
-so each is tested alone.
+Order matters: special tokens first (they end the text), then markdown fences (a model that has seen
+chat answers wraps code in them), then the single-line cut (or the blank lines a block starts with),
+suffix overlap, repeated lines, indentation scope, and last the minimum length. Every step is a pure
+function on strings so each is tested alone.
 """
 
 from __future__ import annotations
@@ -43,13 +43,46 @@ def first_line(text: str) -> str:
     return text.split("\n", 1)[0]
 
 
-def drop_leading_blank_lines(text: str, cursor_line: str) -> str:
-    """On a blank cursor line, the lines the text starts with that hold nothing: the cursor's line is
-    the empty line already, so accepting them would insert blank lines before the code. (After an
-    opener *on* the cursor line the leading newline is what starts the body, and stays.)"""
-    if cursor_line.strip():
-        return text
+FENCE = "```"  # a markdown code fence; no programming language starts a line with three backticks
+
+
+def is_fence(line: str) -> bool:
+    """A markdown fence line: an opening one (three backticks, a language or none) or a closing one."""
+    return line.lstrip().startswith(FENCE)
+
+
+def cut_fences(text: str, cursor_line: str) -> str:
+    """The code inside markdown fences, never a fence line: a leading fence (on the first line that holds
+    anything) is dropped with the blank lines before it, and the text ends before the next fence (the
+    closing one, or the opening of another block). The code between the fences is often the right code,
+    so it is kept rather than the whole answer dropped; a bare fence leaves nothing, which the minimum
+    length then drops.
+
+    After text on the cursor's line the text's first line continues that line: it is no line of its own,
+    and when it holds code, the code has started and a fence after it can only close.
+    """
     lines = text.split("\n")
+    own = 1 if cursor_line.strip() else 0
+    head, body = lines[:own], lines[own:]
+    first = next((i for i, line in enumerate(body) if line.strip()), None)
+    if first is not None and is_fence(body[first]) and not (head and head[0].strip()):
+        body = body[first + 1 :]
+    end = next((i for i, line in enumerate(body) if is_fence(line)), len(body))
+    return "\n".join(head + body[:end])
+
+
+def drop_leading_blank_lines(text: str, cursor_line: str) -> str:
+    """The lines that hold nothing at the start of the suggestion: accepting them would insert blank
+    lines before the code. On a blank cursor line the text's first line is a whole line and goes with
+    them; after text on the cursor line (an opener such as ``class Mode(Enum):``) the first line
+    continues the cursor's line, and when it holds nothing, one line break stays to start the body."""
+    lines = text.split("\n")
+    if cursor_line.strip():
+        if lines[0].strip() or len(lines) == 1:
+            return text  # code continues the cursor's line: later blank lines are the code's own
+        lines = lines[1:]
+        first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+        return "\n" + "\n".join(lines[first:])
     first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
     return "\n".join(lines[first:])
 
@@ -173,7 +206,7 @@ def postprocess(
     text: str, *, suffix: str, mode: Mode, cursor_line: str, line_above: str, min_chars: int
 ) -> str | None:
     """The whole pipeline; None when nothing worth showing is left."""
-    text = cut_special(text)
+    text = cut_fences(cut_special(text), cursor_line)
     if mode is Mode.SINGLE_LINE:
         text = first_line(text)
         if text.startswith("\n"):

@@ -351,6 +351,8 @@ async def test_progress_while_the_daemon_loads(lsp, tmp_path) -> None:
         assert messages[-1] == "model ready"
         percentages = [r.percentage for r in reports() if r.kind != "end"]
         assert percentages == sorted(percentages)  # the load's progress (it serves once loaded)
+        shown = [(r.message, r.percentage) for r in reports() if r.kind != "end"]
+        assert all(a != b for a, b in zip(shown, shown[1:], strict=False)), shown  # #44 E: no repeats
         stages = [m for m in session.logs() if m.startswith("diffu: ") and "connected to" not in m]
         assert any(m.startswith("diffu: ready") for m in stages), stages
         for message in [*messages, *stages, *(i["message"] for i in session.status_items)]:

@@ -287,3 +287,27 @@ def test_neovim_snooze_and_toggle(editor: RemoteNvim) -> None:
     editor.send("A")
     shown = editor.wait(lambda s: s["ghosts"], "the suggestion once resumed")
     assert shown["ghosts"][0]["row"] == 40
+
+
+def test_neovim_hides_a_ghost_that_no_longer_matches_what_was_typed(editor: RemoteNvim) -> None:
+    """#44 N1: typing that continues the ghost text keeps it, trimmed; a character that leaves it hides it
+    at once. Neovim used to keep showing it, shifted by the typed characters (`Z` over `return item`
+    showed `eturn item`), until the next answer came 0.7-1.2 s later. What is on screen is read right
+    after each keystroke, before any answer to the request it causes can arrive."""
+    line = "def total(items):"
+    editor.send("41GA")
+    ghost = editor.wait(lambda s: s["ghosts"] and s["ghosts"][0]["row"] == 40, "the suggestion")
+    shown = ghost["ghosts"][0]["text"]
+    assert len(shown) >= 3 and "Z" not in shown
+
+    def after(keys: str) -> dict:
+        editor.send(keys.replace("<", "<lt>"))
+        return editor.wait(
+            lambda s: any(t["line"] == line + keys for t in s["typed"] or []), f"{keys!r} to be typed"
+        )
+
+    kept = next(t for t in after(shown[0])["typed"] if t["line"] == line + shown[0])
+    assert [g["text"] for g in kept["ghosts"]] == [shown[1:]]  # its first character typed: the rest
+    line += shown[0]
+    diverged = next(t for t in after("Z")["typed"] if t["line"] == line + "Z")
+    assert not diverged["ghosts"], diverged  # hidden, not shown shifted ("eturn item")

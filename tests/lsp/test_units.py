@@ -8,6 +8,7 @@ import pytest
 from assistant.infill import context as ctx
 from assistant.infill.context import Mode
 from assistant.infill.postprocess import (
+    cut_fences,
     cut_special,
     cut_suffix_overlap,
     drop_leading_blank_lines,
@@ -180,6 +181,41 @@ def test_leading_blank_lines_on_a_blank_cursor_line() -> None:
     assert drop_leading_blank_lines("\n  \n    return x\n", "    ") == "    return x\n"
     assert drop_leading_blank_lines("\n    return x", "def f(x):") == "\n    return x"  # starts the body
     assert drop_leading_blank_lines(" \n\t\n", "") == ""
+
+
+def test_after_an_opener_on_the_cursor_line_the_body_starts_on_the_next_line() -> None:
+    """#44 G: after ``class Mode(Enum):`` a suggestion starting with a blank line inserted one."""
+    assert drop_leading_blank_lines("\n\n    RED = 1", "class Mode(Enum):") == "\n    RED = 1"
+    assert drop_leading_blank_lines(" \n  \n    RED = 1", "class Mode(Enum):") == "\n    RED = 1"
+    assert drop_leading_blank_lines("1\n\nx = 2", "y = ") == "1\n\nx = 2"  # the code's own blank line
+    model_text = "\n\n    RED = 1\n    GREEN = 2\n"
+    cursor = Cursor("a.py", "python", "from enum import Enum\n\nclass Mode(Enum):", "\n", invoked=False)
+    p = plan(cursor, Settings())
+    assert p.mode is Mode.BLOCK
+    assert clean(model_text, p, "\n", 1) == "\n    RED = 1\n    GREEN = 2"
+
+
+FENCED = [
+    # (model text, cursor line, what is offered): a leading fence dropped, the text cut at the next one
+    ("```python\n    y = x + 1\n```\nSome prose.", "    ", "y = x + 1"),
+    ("\n```python\n    y = x + 1\n    return y\n```", "    ", "y = x + 1\n    return y"),
+    ("```\n", "    ", None),  # a bare fence: nothing left
+    ("```python", "    ", None),
+    ("    y = x + 1\n```\n", "    ", "y = x + 1"),  # a closing fence after code
+    ("\n```python\n    RED = 1\n```", "class Mode(Enum):", "\n    RED = 1"),  # a block body
+    ("1\n```", "    y = ", "1"),
+]
+
+
+@pytest.mark.parametrize(("text", "cursor_line", "offered"), FENCED)
+def test_markdown_fences_are_never_offered_as_code(text: str, cursor_line: str, offered: str | None) -> None:
+    """#44 N2: a model that has seen chat answers writes ```python on empty lines; the code between the
+    fences is kept, a fence line never."""
+    cursor = Cursor("a.py", "python", "def f(x):\n" + cursor_line, "\n", invoked=False)
+    out = clean(text, plan(cursor, Settings()), "\n", 1)
+    assert out == offered
+    assert out is None or not any(line.lstrip().startswith("```") for line in out.split("\n"))
+    assert cut_fences("x = '```'", "") == "x = '```'"  # backticks inside a line are code
 
 
 @pytest.mark.parametrize("line_above", ["    if x:", "    y = 1"])  # a block body, an empty line

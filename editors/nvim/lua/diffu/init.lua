@@ -263,11 +263,32 @@ local function follow_current_buffer(bufnr)
   vim.lsp.inline_completion.enable(bufnr == vim.api.nvim_get_current_buf(), { bufnr = bufnr })
 end
 
+-- Neovim 0.12 keeps the ghost text after typing that does not continue it, shifted by the characters
+-- typed (`Z` over `return item` shows `eturn item`), until the next answer comes. Hide it as soon as the
+-- typed text leaves it; while the typed text is its start, Neovim shows the rest.
+local function hide_when_diverged(bufnr)
+  vim.api.nvim_create_autocmd({ "TextChangedI", "TextChangedP" }, {
+    group = vim.api.nvim_create_augroup("diffu.ghost." .. bufnr, { clear = true }),
+    buffer = bufnr,
+    callback = function()
+      local c = completer(bufnr)
+      if c and c.current and not remaining(bufnr, c.current) then
+        c:hide()
+        c.current = nil
+        for _, state in pairs(c.client_state) do
+          state.items = nil -- nor shown again by cycling
+        end
+      end
+    end,
+  })
+end
+
 local function on_attach(_, bufnr)
   local opts = M.options
   local keys = opts.keymaps
   if opts.inline and vim.lsp.inline_completion then
     follow_current_buffer(bufnr)
+    hide_when_diverged(bufnr)
     if keys.accept then
       map_accept(bufnr, keys.accept, "all", keys.accept)
     end
