@@ -147,8 +147,8 @@ def default_plan(
             later.append(_retry(p, chat, chat_new, retry))
     budget = min(EDITOR.context_tokens, rt.info.max_context)
     for n in lengths:
-        if n < budget:  # a file shorter than the budget: a shorter prompt
-            later += editor_shapes(rt.info.max_context, context_tokens=n, client="the editors, a short file")
+        if n < budget:  # a file shorter than the budget: a prompt that fills a shorter bucket
+            later += editor_shapes(n, client="the editors, a short file")
     if accelerator:  # batched buckets: a CPU serves few requests at once, and every bucket is a compile
         for b in sorted({b for b, _ in rt.info.buckets})[1:]:
             later += [Shape(p, chat_new, batch=b, sampling=chat, client="the chat") for p in first + talk]
@@ -164,24 +164,23 @@ def _retry(prompt: int, chat: dict[str, Any], chat_new: int, block: int) -> Shap
     return Shape(prompt, canvas, sampling=again, client="the chat's second decode")
 
 
-def editor_shapes(
-    max_context: int, *, context_tokens: int | None = None, client: str = "the editors"
-) -> list[Shape]:
+def editor_shapes(length: int, *, client: str = "the editors") -> list[Shape]:
     """The editors' suggestions with their built-in settings (:data:`EDITOR`): per kind, automatic (steps
-    half the canvas) and invoked (the whole canvas; its sampled candidates on ``candidates - 1`` rows),
-    with a prompt of ``context_tokens`` (the whole budget by default) within ``max_context``."""
+    half the canvas) and invoked (the whole canvas; its sampled candidates apart and together), with a
+    prompt of the whole context budget that fits ``length`` tokens with the canvas."""
     shapes = []
     for kind, canvas, ends in EDITOR.kinds:
-        budget = prompt_budget(context_tokens or EDITOR.context_tokens, canvas, max_context)
+        budget = prompt_budget(EDITOR.context_tokens, canvas, length)
         if budget <= 0:
             continue
         auto = {"steps": max(1, canvas // 2), "temperature": EDITOR.temperature, **ends}
         shapes.append(Shape(budget, canvas, infill=True, sampling=auto, client=f"{client}, {kind}"))
         if EDITOR.candidates > 1:
+            # Its sampled candidates go together, or one by one when they reach the daemon apart.
             sampled = {"steps": canvas, "temperature": EDITOR.candidate_temperature, "seed": 1, **ends}
             invoked = f"{client}, {kind} (invoked: sampled candidates)"
-            rows = EDITOR.candidates - 1
-            shapes.append(Shape(budget, canvas, infill=True, batch=rows, sampling=sampled, client=invoked))
+            for rows in sorted({1, EDITOR.candidates - 1}):
+                shapes.append(Shape(budget, canvas, infill=True, batch=rows, sampling=sampled, client=invoked))
     return shapes
 
 
