@@ -5,8 +5,10 @@
 CORPUS is what ``scripts/bundled_corpus.py`` builds. Its files are filtered and split exactly as
 ``scripts/train_bundled.sh`` does for pre-training (test suites, codec tables and files over 300 kB left
 out; ``--heldout-permille 25`` by a hash of the path), and the tasks come from the held-out files only,
-which the bundled model never saw (``assistant/evals/lines.py`` says how a task is made). Score them with
-``diffu eval lines --tasks OUT.jsonl``.
+which the bundled model never saw (``assistant/evals/lines.py`` says how a task is made). Held out by
+path is not held out by content (vendored copies of one library in another, generated tables): a task
+whose hidden line with two lines on each side stands verbatim in a training file is dropped, and the
+script says how many (``lines.unseen``). Score them with ``diffu eval lines --tasks OUT.jsonl``.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ def main() -> int:
     args = parser.parse_args()
 
     tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
-    held = [
-        (path, text)
-        for path, text in corpus_lib.bundled_sources(args.corpus)
-        if corpus_lib.is_heldout(path, args.heldout_permille)
-    ]
-    tasks = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
+    held, trained = [], []
+    for path, text in corpus_lib.bundled_sources(args.corpus):
+        (held if corpus_lib.is_heldout(path, args.heldout_permille) else trained).append((path, text))
+    drawn = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
+    tasks, dropped = lines.unseen(drawn, lines.seen_windows(text for _, text in trained))
     lines.write(tasks, args.out)
-    print(f"{len(tasks)} tasks from {len(held)} held-out files -> {args.out}", file=sys.stderr)
+    print(
+        f"{len(tasks)} tasks from {len(held)} held-out files -> {args.out}; {len(dropped)} of the "
+        f"{len(drawn)} drawn left out, their {2 * lines.WINDOW_LINES + 1}-line context verbatim in a "
+        "training file",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -93,6 +93,38 @@ def build(
     return tasks
 
 
+# A task whose hidden line, with this many lines on each side, stands verbatim in a file the model trained
+# on is held out by path only (a vendored copy of a library, a generated table): the check drops it.
+WINDOW_LINES = 2
+
+
+def window(task: LineTask, k: int = WINDOW_LINES) -> str:
+    """The hidden line with ``k`` lines of context on each side (fewer at a file's edge), as text."""
+    before = task.prefix.split("\n")[:-1][-k:]  # the prefix ends with a newline
+    after = task.suffix.split("\n")[:k]
+    return "\n".join([*before, task.middle.rstrip("\n"), *after])
+
+
+def seen_windows(texts: Iterable[str], k: int = WINDOW_LINES) -> set[int]:
+    """The hash of every run of ``2k + 1`` consecutive lines of ``texts`` (the training files)."""
+    seen: set[int] = set()
+    size = 2 * k + 1
+    for text in texts:
+        lines = text.split("\n")
+        for i in range(len(lines) - size + 1):
+            seen.add(hash("\n".join(lines[i : i + size])))
+    return seen
+
+
+def unseen(tasks: Sequence[LineTask], seen: set[int]) -> tuple[list[LineTask], list[LineTask]]:
+    """(tasks whose window stands in no training file, those whose window does): held out by content,
+    not only by path. A window cut short by a file's edge is compared as it is."""
+    kept, dropped = [], []
+    for task in tasks:
+        (dropped if hash(window(task)) in seen else kept).append(task)
+    return kept, dropped
+
+
 def _before(lines: Sequence[str]) -> str:
     """The last whole lines within PREFIX_CHARS (at least one), each with its newline."""
     kept: list[str] = []

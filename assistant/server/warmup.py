@@ -180,7 +180,9 @@ def editor_shapes(length: int, *, client: str = "the editors") -> list[Shape]:
             sampled = {"steps": canvas, "temperature": EDITOR.candidate_temperature, "seed": 1, **ends}
             invoked = f"{client}, {kind} (invoked: sampled candidates)"
             for rows in sorted({1, EDITOR.candidates - 1}):
-                shapes.append(Shape(budget, canvas, infill=True, batch=rows, sampling=sampled, client=invoked))
+                shapes.append(
+                    Shape(budget, canvas, infill=True, batch=rows, sampling=sampled, client=invoked)
+                )
     return shapes
 
 

@@ -57,6 +57,21 @@ def test_tasks_are_drawn_with_a_fixed_seed_and_cut_from_the_file(tmp_path):
         lines.read(out)
 
 
+def test_a_task_whose_context_stands_in_a_training_file_is_dropped():
+    """Held out by path is not held out by content: a vendored copy of a held-out file in the training
+    files gives away its lines, and the check drops their tasks; another file's lines are kept."""
+    held = [("pkg/a.py", SOURCE)]
+    tasks = lines.build(held, 6, lambda s: len(s.split()), seed=0)
+    assert lines.window(tasks[0]).count("\n") <= 2 * lines.WINDOW_LINES
+    other = "def f(x):\n    return x\n\n\nclass A:\n    pass\n"
+    kept, dropped = lines.unseen(tasks, lines.seen_windows([other]))
+    assert [t.task_id for t in kept] == [t.task_id for t in tasks] and dropped == []
+    # The same file vendored elsewhere with more around it: every task's window is in it.
+    vendored = "# vendored copy\n" + SOURCE + "\n# end\n"
+    kept, dropped = lines.unseen(tasks, lines.seen_windows([other, vendored]))
+    assert kept == [] and dropped == tasks
+
+
 def test_a_fill_passes_when_its_first_line_is_the_hidden_line():
     task = lines.LineTask("a.py:L3", "def f(w, h):\n", "    total = w * h\n", "    return total\n")
     tasks = runner.line_tasks([task, task, task], 32)
