@@ -39,7 +39,7 @@ def main() -> int:
     for path, text in corpus_lib.bundled_sources(args.corpus):
         (held if corpus_lib.is_heldout(path, args.heldout_permille) else trained).append((path, text))
     drawn = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
-    tasks, dropped = lines.unseen(drawn, lines.seen_windows(text for _, text in trained))
+    tasks, dropped = lines.unseen(drawn, lines.Seen.of(text for _, text in trained))
     lines.write(tasks, args.out)
     print(
         f"{len(tasks)} tasks from {len(held)} held-out files -> {args.out}; {len(dropped)} of the "

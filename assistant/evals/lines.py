@@ -105,23 +105,39 @@ def window(task: LineTask, k: int = WINDOW_LINES) -> str:
     return "\n".join([*before, task.middle.rstrip("\n"), *after])
 
 
-def seen_windows(texts: Iterable[str], k: int = WINDOW_LINES) -> set[int]:
-    """The hash of every run of ``2k + 1`` consecutive lines of ``texts`` (the training files)."""
-    seen: set[int] = set()
-    size = 2 * k + 1
-    for text in texts:
-        lines = text.split("\n")
-        for i in range(len(lines) - size + 1):
-            seen.add(hash("\n".join(lines[i : i + size])))
-    return seen
+@dataclass(frozen=True)
+class Seen:
+    """What the training files hold: the hash of every run of ``2k + 1`` consecutive lines, and their
+    whole text (for a window a file's edge cut short, looked up as whole lines)."""
+
+    windows: frozenset[int]
+    text: str
+
+    @classmethod
+    def of(cls, texts: Iterable[str], k: int = WINDOW_LINES) -> Seen:
+        windows: set[int] = set()
+        size = 2 * k + 1
+        whole = []
+        for text in texts:
+            lines = text.split("\n")
+            whole.append(text)
+            for i in range(len(lines) - size + 1):
+                windows.add(hash("\n".join(lines[i : i + size])))
+        return cls(frozenset(windows), "\n" + "\n".join(whole) + "\n")
+
+    def holds(self, text: str, k: int = WINDOW_LINES) -> bool:
+        """Whether ``text`` (whole lines) stands in a training file."""
+        if text.count("\n") == 2 * k:
+            return hash(text) in self.windows
+        return "\n" + text + "\n" in self.text
 
 
-def unseen(tasks: Sequence[LineTask], seen: set[int]) -> tuple[list[LineTask], list[LineTask]]:
+def unseen(tasks: Sequence[LineTask], seen: Seen) -> tuple[list[LineTask], list[LineTask]]:
     """(tasks whose window stands in no training file, those whose window does): held out by content,
-    not only by path. A window cut short by a file's edge is compared as it is."""
+    not only by path."""
     kept, dropped = [], []
     for task in tasks:
-        (dropped if hash(window(task)) in seen else kept).append(task)
+        (dropped if seen.holds(window(task)) else kept).append(task)
     return kept, dropped
 
 

@@ -64,11 +64,11 @@ def test_a_task_whose_context_stands_in_a_training_file_is_dropped():
     tasks = lines.build(held, 6, lambda s: len(s.split()), seed=0)
     assert lines.window(tasks[0]).count("\n") <= 2 * lines.WINDOW_LINES
     other = "def f(x):\n    return x\n\n\nclass A:\n    pass\n"
-    kept, dropped = lines.unseen(tasks, lines.seen_windows([other]))
+    kept, dropped = lines.unseen(tasks, lines.Seen.of([other]))
     assert [t.task_id for t in kept] == [t.task_id for t in tasks] and dropped == []
     # The same file vendored elsewhere with more around it: every task's window is in it.
     vendored = "# vendored copy\n" + SOURCE + "\n# end\n"
-    kept, dropped = lines.unseen(tasks, lines.seen_windows([other, vendored]))
+    kept, dropped = lines.unseen(tasks, lines.Seen.of([other, vendored]))
     assert kept == [] and dropped == tasks
 
 
