@@ -61,8 +61,17 @@ class Setting:
 
 
 SETTINGS: dict[str, Setting] = {
+    # The infills ask for one line (max_lines 1): every decoder, the reference's included, stops once the
+    # line is written (a batch once every row's is).
     "reference": Setting({"decoder": "reference"}, {"decoder": "reference"}),
+    "reference-1row": Setting({"decoder": "reference"}, {"decoder": "reference"}, batch=1),
     "fast": Setting({"decoder": "fast", "block_length": 32}, {"decoder": "fast"}),
+    "fast-1row": Setting({"decoder": "fast", "block_length": 32}, {"decoder": "fast"}, batch=1),
+    # Blocks of 8: the fast decoder's early stop after each block reaches the line's end sooner.
+    "fast-b8": Setting(
+        {"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}, batch=1
+    ),
+    "fast-b8-4rows": Setting({"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}),
     # One row at a time: a batch runs until its slowest row ends its line, which doubled the sliding
     # decoder's forwards per answer at 4 rows on the held-out lines. A chat answer gets the chat's block
     # length as its window: windows of 16 broke the answers (30% good blocks on 100 validation requests,
@@ -73,6 +82,10 @@ SETTINGS: dict[str, Setting] = {
         {"decoder": "sliding", "window": 8, "commit_rule": "credit"},
         {"decoder": "sliding", "window": 64, "commit_rule": "credit"},
         batch=1,
+    ),
+    "sliding-credit-4rows": Setting(
+        {"decoder": "sliding", "window": 8, "commit_rule": "credit"},
+        {"decoder": "sliding", "window": 64, "commit_rule": "credit"},
     ),
     "sliding-refresh4": Setting(
         {"decoder": "sliding", "window": 8, "refresh_every": 4},
@@ -218,13 +231,18 @@ def measure(args: argparse.Namespace, out: Path, benchmarks: Sequence[str], sett
 
 
 def report(
-    out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
+    out: Path,
+    benchmarks: Sequence[str],
+    settings: Sequence[str],
+    exclude: frozenset[str] = frozenset(),
+    baseline: str = "reference",
 ) -> dict[str, Any]:
     """Write the table of what is measured; tasks named in ``exclude`` (the set the settings were chosen
-    on, say) are left out of it."""
+    on, say) are left out of it. Every setting's quality and time are set against ``baseline``'s."""
     rows = read_results(out / "results.jsonl")
     table: dict[str, Any] = {"benchmarks": {}, "settings": {s: asdict(SETTINGS[s]) for s in settings}}
     table["excluded_tasks"] = len(exclude)
+    table["baseline"] = baseline
     loads = [r["load_average"] for r in rows.values()]
     table["load_average"] = {
         "mean": round(sum(loads) / len(loads), 2) if loads else None,
@@ -265,19 +283,19 @@ def report(
             if bench == "chat":
                 entry["repeats_line"] = sum(r.get("repeats_line", False) for r in recs) / max(len(recs), 1)
             entries[s] = entry
-        if "reference" in per:
-            ref = [per["reference"][t]["passed"] for t in common]
+        if baseline in per:
+            ref = [per[baseline][t]["passed"] for t in common]
             for s, entry in entries.items():
                 mean, low, high = paired([per[s][t]["passed"] for t in common], ref)
-                entry["minus_reference"] = [mean, low, high]
-                base = entries["reference"]["generate_seconds"]
-                entry["reference_time_over_this"] = (
+                entry["minus_baseline"] = [mean, low, high]
+                base = entries[baseline]["generate_seconds"]
+                entry["baseline_time_over_this"] = (
                     round(base / entry["generate_seconds"], 2) if entry["generate_seconds"] else None
                 )
                 ratio = None
-                if s != "reference":
-                    ratio = time_ratio(chunk_seconds(common, chunk_of, per["reference"], per[s]))
-                entry["reference_time_over_this_ci95"] = (
+                if s != baseline:
+                    ratio = time_ratio(chunk_seconds(common, chunk_of, per[baseline], per[s]))
+                entry["baseline_time_over_this_ci95"] = (
                     [round(ratio[1], 2), round(ratio[2], 2)] if ratio else None
                 )
         table["benchmarks"][bench] = entries
@@ -287,22 +305,23 @@ def report(
 
 
 def speedup(entry: dict[str, Any]) -> str:
-    """The reference's time over this setting's, with the interval of the per-chunk ratios."""
-    value = entry.get("reference_time_over_this")
-    ci = entry.get("reference_time_over_this_ci95")
+    """The baseline's time over this setting's, with the interval of the per-chunk ratios."""
+    value = entry.get("baseline_time_over_this")
+    ci = entry.get("baseline_time_over_this_ci95")
     return "-" if not value else f"{value} ({ci[0]}-{ci[1]})" if ci else f"{value}"
 
 
 def markdown(table: dict[str, Any]) -> str:
     pct: Callable[[float], str] = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    base = table.get("baseline", "reference")
     lines = [
-        "| benchmark | setting | right | 95% CI | minus reference (95% CI), points | generation s "
-        "| reference time / this (95% CI) | tokens/s | tokens/forward | forwards/answer |",
+        f"| benchmark | setting | right | 95% CI | minus {base} (95% CI), points | generation s "
+        f"| {base} time / this (95% CI) | tokens/s | tokens/forward | forwards/answer |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for bench, entries in table["benchmarks"].items():
         for s, e in entries.items():
-            diff = e.get("minus_reference")
+            diff = e.get("minus_baseline")
             lines.append(
                 f"| {bench} ({e['tasks']}) | {s} | {pct(e['quality'])}% ({e['right']}) "
                 f"| {pct(e['quality_ci95'][0])}-{pct(e['quality_ci95'][1])}% "
@@ -334,6 +353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--report", action="store_true", help="only write the table from what is measured")
     parser.add_argument(
+        "--baseline",
+        default="reference",
+        help="the setting every other is compared with (default: reference)",
+    )
+    parser.add_argument(
         "--exclude",
         type=Path,
         default=None,
@@ -342,7 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     benchmarks = [b for b in args.benchmarks.split(",") if b]
     settings = [s for s in args.settings.split(",") if s]
-    unknown = sorted(set(benchmarks) - set(BENCHMARKS)) + sorted(set(settings) - set(SETTINGS))
+    unknown = sorted(set(benchmarks) - set(BENCHMARKS)) + sorted(
+        set(settings + [args.baseline]) - set(SETTINGS)
+    )
     if unknown:
         parser.error(f"unknown benchmark or setting: {', '.join(unknown)}")
     if "lines" in benchmarks and args.lines is None or "chat" in benchmarks and args.chat is None:
@@ -358,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exclude is not None:
         with args.exclude.open(encoding="utf-8") as f:
             exclude = frozenset(json.loads(line)["task_id"] for line in f if line.strip())
-    report(args.out, benchmarks, settings, exclude)
+    report(args.out, benchmarks, settings, exclude, args.baseline)
     print((args.out / "table.md").read_text(encoding="utf-8"), end="")
     return 0
 
