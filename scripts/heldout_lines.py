@@ -35,7 +35,8 @@ def main() -> int:
     args = parser.parse_args()
 
     tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
-    held, trained = [], []
+    held: list[tuple[str, str]] = []
+    trained: list[tuple[str, str]] = []
     for path, text in corpus_lib.bundled_sources(args.corpus):
         (held if corpus_lib.is_heldout(path, args.heldout_permille) else trained).append((path, text))
     drawn = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)

@@ -135,7 +135,8 @@ class Seen:
 def unseen(tasks: Sequence[LineTask], seen: Seen) -> tuple[list[LineTask], list[LineTask]]:
     """(tasks whose window stands in no training file, those whose window does): held out by content,
     not only by path."""
-    kept, dropped = [], []
+    kept: list[LineTask] = []
+    dropped: list[LineTask] = []
     for task in tasks:
         (dropped if seen.holds(window(task)) else kept).append(task)
     return kept, dropped
