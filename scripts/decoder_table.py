@@ -12,7 +12,11 @@ The decision set (issue #37):
   model never saw), right when the line is the hidden one;
 - ``chat``: the 200 held-out chat requests of ``scripts/sft_data.py`` with the model's chat settings
   (first decodes, no second decode), right when the answer holds a fenced block that parses and defines
-  a function (``assistant/evals/instructions.py``).
+  a function (``assistant/evals/instructions.py``);
+- the editors' empty-line and block suggestions (issue #44): ``humaneval-multi``, a fixed sample of
+  HumanEval's multi-line infills (pass@1 by the tests), and ``spans``, the held-out multi-line spans of
+  ``scripts/heldout_lines.py --spans`` (right when the fill is the hidden lines); each asked as the editor
+  asks it there, with its mode's canvas and its scope's end (``runner.editor_job``).
 
 Every setting of ``SETTINGS`` answers every task in the same process, on the same machine, interleaved:
 the tasks are cut into chunks and each chunk runs every setting back to back, in an order that rotates
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +83,13 @@ SETTINGS: dict[str, Setting] = {
     # 44% repeating a line, against 67% and 0% with 64).
     "sliding": Setting({"decoder": "sliding", "window": 8}, {"decoder": "sliding", "window": 64}, batch=1),
     "sliding-4rows": Setting({"decoder": "sliding", "window": 8}, {"decoder": "sliding", "window": 64}),
+    # Wider windows, for the editors' multi-line suggestions.
+    "sliding-w16": Setting(
+        {"decoder": "sliding", "window": 16}, {"decoder": "sliding", "window": 64}, batch=1
+    ),
+    "sliding-w32": Setting(
+        {"decoder": "sliding", "window": 32}, {"decoder": "sliding", "window": 64}, batch=1
+    ),
     "sliding-credit": Setting(
         {"decoder": "sliding", "window": 8, "commit_rule": "credit"},
         {"decoder": "sliding", "window": 64, "commit_rule": "credit"},
@@ -93,9 +105,13 @@ SETTINGS: dict[str, Setting] = {
         batch=1,
     ),
 }
-BENCHMARKS = ("humaneval", "lines", "chat")
+BENCHMARKS = ("humaneval", "lines", "chat", "humaneval-multi", "spans")
+MULTI_LINE = ("humaneval-multi", "spans")  # the editors' empty-line and block suggestions
 INFILL_TOKENS = 32  # the editor's canvas for an empty line, as diffu eval's single-line infills
-CHUNK = {"humaneval": 32, "lines": 32, "chat": 16}
+CHUNK = {"humaneval": 32, "lines": 32, "chat": 16, "humaneval-multi": 16, "spans": 16}
+# HumanEval's 5,815 multi-line infills are drawn from (a fixed sample: the canonical solutions' spans of
+# one problem are much alike); seed 0.
+MULTI_SAMPLE = 400
 
 
 def load_tasks(bench: str, args: argparse.Namespace) -> list[runner.Task]:
@@ -104,6 +120,12 @@ def load_tasks(bench: str, args: argparse.Namespace) -> list[runner.Task]:
         return runner.infill_tasks(items, INFILL_TOKENS, single_line=True)
     if bench == "lines":
         return runner.line_tasks(line_tasks.read(args.lines), INFILL_TOKENS)
+    if bench == "humaneval-multi":
+        items = he.infill_tasks(he.load_problems(), "multi-line")
+        items = random.Random(0).sample(items, min(MULTI_SAMPLE, len(items)))
+        return runner.infill_tasks(items, None)  # each the editor's canvas for its mode, its scope's end
+    if bench == "spans":
+        return runner.line_tasks(line_tasks.read(args.spans), None, single_line=False)
     from model_runtime.tokenizer import chat_prompt
 
     with args.chat.open(encoding="utf-8") as f:
@@ -126,6 +148,8 @@ def params_for(bench: str, setting: str, chat_defaults: dict[str, Any]) -> Any:
     if bench == "chat":
         knobs = {k: v for k, v in chat_defaults.items() if k != "retry_block"} | s.chat
         return SamplingParams(**knobs)
+    if bench in MULTI_LINE:  # each job's canvas and scope are its own (runner.editor_job)
+        return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, **s.infill)
     return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, max_lines=1, **s.infill)
 
 
@@ -344,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--lines", type=Path, default=None, help="scripts/heldout_lines.py's tasks")
     parser.add_argument("--chat", type=Path, default=None, help="scripts/sft_data.py's heldout.jsonl")
+    parser.add_argument("--spans", type=Path, default=None, help="scripts/heldout_lines.py --spans's tasks")
     parser.add_argument("--model", type=Path, default=None, help="default: the bundled model")
     parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names of SETTINGS")
@@ -371,8 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if unknown:
         parser.error(f"unknown benchmark or setting: {', '.join(unknown)}")
-    if "lines" in benchmarks and args.lines is None or "chat" in benchmarks and args.chat is None:
-        parser.error("the lines benchmark needs --lines FILE, the chat one --chat FILE")
+    needs = (("lines", args.lines), ("chat", args.chat), ("spans", args.spans))
+    if any(b in benchmarks and path is None for b, path in needs):
+        parser.error("the lines, chat and spans benchmarks need --lines, --chat and --spans FILE")
     if args.model is None:
         from model_runtime.bundled import bundled_model_dir
 

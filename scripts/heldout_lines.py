@@ -32,6 +32,9 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout-permille", type=int, default=25)
+    parser.add_argument(
+        "--spans", action="store_true", help="multi-line spans (2 to 4 lines in the cursor's scope) instead"
+    )
     args = parser.parse_args()
 
     tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
@@ -39,7 +42,8 @@ def main() -> int:
     trained: list[tuple[str, str]] = []
     for path, text in corpus_lib.bundled_sources(args.corpus):
         (held if corpus_lib.is_heldout(path, args.heldout_permille) else trained).append((path, text))
-    drawn = lines.build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
+    build = lines.build_spans if args.spans else lines.build
+    drawn = build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
     tasks, dropped = lines.unseen(drawn, lines.Seen.of(text for _, text in trained))
     lines.write(tasks, args.out)
     print(

@@ -25,10 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from assistant.evals import jsonl
+from assistant.infill.context import classify
+from assistant.infill.postprocess import scope_of
 
 PREFIX_CHARS = 1000
 SUFFIX_CHARS = 400
 MAX_LINE_TOKENS = 32  # the editor's canvas for an empty line; a longer line cannot be filled exactly
+SPAN_LINES = (2, 3, 4)  # a multi-line task's hidden lines
+MAX_SPAN_TOKENS = 64  # the editor's canvas for a block
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,7 @@ def build(
 ) -> list[LineTask]:
     """``n_tasks`` single-line tasks drawn with ``seed`` from the code lines of ``files`` (path, text),
     each line at most ``MAX_LINE_TOKENS`` tokens with its newline."""
-    candidates: list[tuple[int, int]] = []
-    texts = []
-    for f, (path, text) in enumerate(sorted(files)):
-        texts.append((path, text.split("\n")))
-        candidates += [(f, i) for i in code_lines(text)]
-    random.Random(seed).shuffle(candidates)
+    texts, candidates = _candidates(files, seed)
     tasks: list[LineTask] = []
     for f, i in candidates:
         if len(tasks) == n_tasks:
@@ -90,6 +89,53 @@ def build(
         if count_tokens(middle) > MAX_LINE_TOKENS:
             continue
         tasks.append(LineTask(f"{path}:L{i + 1}", _before(lines[:i]), middle, _after(lines[i + 1 :])))
+    return tasks
+
+
+def _candidates(
+    files: Iterable[tuple[str, str]], seed: int
+) -> tuple[list[tuple[str, list[str]]], list[tuple[int, int]]]:
+    """Each file as (path, lines), and every (file, code line) in an order drawn with ``seed``."""
+    candidates: list[tuple[int, int]] = []
+    texts = []
+    for f, (path, text) in enumerate(sorted(files)):
+        texts.append((path, text.split("\n")))
+        candidates += [(f, i) for i in code_lines(text)]
+    random.Random(seed).shuffle(candidates)
+    return texts, candidates
+
+
+def build_spans(
+    files: Iterable[tuple[str, str]],
+    n_tasks: int,
+    count_tokens: Callable[[str], int],
+    *,
+    seed: int = 0,
+    sizes: Sequence[int] = SPAN_LINES,
+) -> list[LineTask]:
+    """``n_tasks`` multi-line tasks: each hides consecutive code lines (as many as one of ``sizes``, drawn
+    with ``seed``) from a line's start, as an editor's empty-line or block suggestion would write them:
+    every hidden line within the cursor's scope there (``postprocess.scope_of``), at most
+    ``MAX_SPAN_TOKENS`` tokens in all."""
+    texts, candidates = _candidates(files, seed)
+    code = {f: set(code_lines("\n".join(lines))) for f, (_, lines) in enumerate(texts)}
+    pick = random.Random(seed + 1)
+    tasks: list[LineTask] = []
+    for f, i in candidates:
+        if len(tasks) == n_tasks:
+            break
+        path, lines = texts[f]
+        n = pick.choice(list(sizes))
+        if i == 0 or i + n >= len(lines) or not all(j in code[f] for j in range(i, i + n)):
+            continue
+        above = lines[i - 1]
+        scope = scope_of("", above, classify("", "", above))
+        if any(len(line) - len(line.lstrip(" \t")) < scope for line in lines[i : i + n]):
+            continue  # the editor would end its suggestion before these lines do
+        middle = "\n".join(lines[i : i + n]) + "\n"
+        if count_tokens(middle) > MAX_SPAN_TOKENS:
+            continue
+        tasks.append(LineTask(f"{path}:L{i + 1}-{i + n}", _before(lines[:i]), middle, _after(lines[i + n :])))
     return tasks
 
 

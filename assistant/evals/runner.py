@@ -19,7 +19,7 @@ from assistant.evals import judge
 from assistant.evals.sandbox import Limits
 from assistant.evals.scoring import Advance, Report, score
 from assistant.evals.stats import confidence_interval, pass_at_k
-from assistant.infill.context import Mode, classify
+from assistant.infill.context import Mode, canvas_tokens, classify
 from assistant.infill.postprocess import postprocess, scope_of
 from model_runtime import decoders
 
@@ -283,6 +283,9 @@ def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
     ]
 
 
+BLOCK_TOKENS = 64  # the editors' canvas for a block (``lsp.settings.Settings.max_tokens``)
+
+
 def editor_mode(prefix: str, single_line: bool) -> tuple[Mode, str]:
     """The editor's mode for a cursor at the start of an empty line after ``prefix``, and the line above:
     one line (single-line mode), or the mode the server's classifier picks there (a block body after a
@@ -291,12 +294,13 @@ def editor_mode(prefix: str, single_line: bool) -> tuple[Mode, str]:
     return (Mode.SINGLE_LINE if single_line else classify("", "", above)), above
 
 
-def editor_job(prefix: str, suffix: str, tokens: int, single_line: bool) -> Job:
+def editor_job(prefix: str, suffix: str, tokens: int | None, single_line: bool) -> Job:
     """An infill as the editor asks it there: a block or an empty line ends where its code leaves the
-    cursor's scope (``block_scope``), as the post-processing cuts it."""
+    cursor's scope (``block_scope``), as the post-processing cuts it; ``tokens`` None: the editor's canvas
+    for the mode (an empty line 32, a block 64)."""
     mode, above = editor_mode(prefix, single_line)
     scope = None if single_line else scope_of("", above, mode)
-    return Job(prefix, tokens, suffix=suffix, scope=scope)
+    return Job(prefix, tokens or canvas_tokens(mode, BLOCK_TOKENS), suffix=suffix, scope=scope)
 
 
 def infill_cleaner(prefix: str, suffix: str, single_line: bool) -> Callable[[str], str]:
@@ -312,11 +316,15 @@ def infill_cleaner(prefix: str, suffix: str, single_line: bool) -> Callable[[str
     return run
 
 
-def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bool = False) -> list[Task]:
+def infill_tasks(
+    items: Sequence[he.InfillTask], tokens: int | None, *, single_line: bool = False
+) -> list[Task]:
     """Infill through the editor's path: the daemon's infill canvas, then the LSP's post-processing.
 
     The hidden lines' place is an empty line with the cursor at its start, as when a user opens a line
     to write (``infill_cleaner``); ``single_line`` (the single-line variant) keeps the fill's first line.
+    ``tokens`` None: the editor's canvas for each task's mode, which ends where its scope does
+    (``editor_job``).
     """
     return [
         Task(
@@ -332,15 +340,16 @@ def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bo
     ]
 
 
-def line_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
-    """Held-out single-line infills (``assistant.evals.lines``): the editor's one-line path, judged by
-    the fill being the hidden line."""
+def line_tasks(items: Sequence[Any], tokens: int | None, *, single_line: bool = True) -> list[Task]:
+    """Held-out infills (``assistant.evals.lines``): the editor's one-line path (or, ``single_line``
+    off, its empty-line and block path for the multi-line spans), judged by the fill being the hidden
+    lines."""
     return [
         Task(
             t.task_id,
-            Job(t.prefix, tokens, suffix=t.suffix),
+            editor_job(t.prefix, t.suffix, tokens, single_line),
             None,
-            infill_cleaner(t.prefix, t.suffix, True),
+            infill_cleaner(t.prefix, t.suffix, single_line),
             check=t.correct,
         )
         for t in items
