@@ -131,6 +131,13 @@ class Config:
         help="compile the likeliest programs between requests from the start (assistant.server.warmup), so "
         "most requests find theirs compiled; off, each is compiled when a request first needs it",
     )
+    warm_threads: int = option(
+        2,
+        ge=1,
+        le=64,
+        help="programs the warm-up compiles at once where the runtime compiles beside a running batch (CPU): "
+        "XLA compiles one program on one core",
+    )
     # 384 holds a chat's first question with its 256-token answer (on CPU it runs 25% faster than 512).
     length_buckets: tuple[int, ...] = option(
         (256, 384, 512, 1024, 2048),

@@ -145,6 +145,8 @@ class DaemonStatus:
     max_context: int | None = None
     default_decoder: str | None = None
     one_line_defaults: JSONMapping | None = None
+    block_defaults: JSONMapping | None = None
+    chat_decoder: JSONMapping | None = None
     chat_defaults: JSONMapping = field(default_factory=dict)
     mesh: JSONMapping | None = None
     buckets: tuple[tuple[int, int], ...] = ()
@@ -156,6 +158,12 @@ class DaemonStatus:
     limits: DaemonLimits = DaemonLimits()
     auth: bool = True
     features: tuple[str, ...] = ()
+
+    @property
+    def chat_settings(self) -> dict[str, Any]:
+        """What a chat with the model starts from: its chat defaults, and over them its chat's decoder and
+        that decoder's knobs (``diffu_chat``)."""
+        return {**self.chat_defaults, **(self.chat_decoder or {})}
 
     def to_dict(self) -> JSONObject:
         """The JSON object, in the order the daemon has always sent it."""
@@ -170,6 +178,8 @@ class DaemonStatus:
             "max_context": self.max_context,
             "default_decoder": self.default_decoder,
             "one_line_defaults": _plain(self.one_line_defaults),
+            "block_defaults": _plain(self.block_defaults),
+            "chat_decoder": _plain(self.chat_decoder),
             "chat_defaults": dict(self.chat_defaults),
             "mesh": _plain(self.mesh),
             "buckets": [list(b) for b in self.buckets],

@@ -13,7 +13,7 @@ an editor starts the server, before ``httpx`` is), and the daemon reads the same
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
@@ -83,6 +83,25 @@ class SamplingOptions:
 
 
 mirror(SamplingOptions, SamplingParams, omit=("max_new_tokens",))
+
+
+# A first chat question with its template (DiffuCoder's system prompt and turn markers take 27 tokens of
+# the bundled model's vocabulary). "Write a function that returns the sum of a list." is 39 tokens, a
+# two-sentence request 55 to 60.
+FIRST_PROMPT_TOKENS = 192
+# A second turn: the first question, the chat's answer (192 tokens at most with the bundled model) and
+# the second question.
+TALK_PROMPT_TOKENS = 320
+
+
+def chat_prompts(lengths: Iterable[int], canvas_tokens: int) -> tuple[list[int], list[int]]:
+    """The prompt lengths a chat's first questions and second turns fill the daemon's length buckets
+    with, beside a canvas of ``canvas_tokens`` (each bucket's whole room): (first questions, second
+    turns). The daemon warms them up before it says ready, and the chat asks for its own settings'."""
+    rooms = [n - canvas_tokens for n in sorted(set(lengths)) if n > canvas_tokens]
+    first = [p for p in rooms if p <= FIRST_PROMPT_TOKENS] or rooms[:1]
+    talk = [p for p in rooms if p not in first and p <= TALK_PROMPT_TOKENS]
+    return first, talk
 
 
 def prompt_budget(budget_tokens: int, canvas_tokens: int, max_context: int | None) -> int:

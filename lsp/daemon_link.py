@@ -126,8 +126,8 @@ class Progress:
             await self._changed.wait()
 
 
-# Getting the daemon ready: its weights load, then it compiles the chat's first programs (the rest of its
-# warm-up, the editor's shapes among it, compiles in the background once it is ready).
+# Getting the daemon ready: its weights load, then it compiles every client's first programs (the editors'
+# default shapes among them; the rest of its warm-up compiles in the background once it is ready).
 _SHARES: dict[str, tuple[float, float]] = {Stage.LOADING: (0.0, 80.0), Stage.COMPILING: (80.0, 100.0)}
 
 

@@ -9,6 +9,12 @@ Three things are read, all checked and all optional:
   finishing the cursor's line, the single-line infilling benchmarks) gets when it names no decoder, e.g.
   ``{"decoder": "sliding", "window": 8}`` (the bundled model's, chosen on held-out lines:
   docs/performance.md); absent, such a request gets ``diffu_decoder`` like any other.
+- ``diffu_block``: the same for a request whose answer ends where its code leaves a block
+  (``block_scope``: an editor's block and empty-line suggestions).
+- ``diffu_chat``: the decoder of the model's chat, with its knobs (``{"decoder": "sliding", "window": 64,
+  "commit_rule": "credit"}``, the bundled model's, chosen on held-out chat requests): ``diffu chat``
+  layers them over the chat defaults below (a chat's settings name their decoder, so no key of the
+  daemon's applies to them).
 - the chat defaults: the sampling knobs a chat with this model starts from, under their Hugging Face /
   Dream ``generation_config.json`` names (``max_new_tokens``, ``steps``, ``temperature``, ``top_p``,
   ``top_k``, ``alg``, ``alg_temp``) and diffu's fast-decoder ones (``block_length``, ``threshold``).
@@ -44,6 +50,8 @@ CHAT_KEYS = (
 )
 RETRY_KEY = "retry_block"
 ONE_LINE_KEY = "diffu_one_line"
+BLOCK_KEY = "diffu_block"
+CHAT_DECODER_KEY = "diffu_chat"
 
 
 def _read(model_dir: str | Path) -> dict[str, Any]:
@@ -71,16 +79,32 @@ def recommended_decoder(model_dir: str | Path) -> str:
     return value
 
 
-def one_line_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """``diffu_one_line`` of the model's generation_config.json (sampling knobs by name), else {}."""
-    value = _read(model_dir).get(ONE_LINE_KEY, {})
+def knobs_of(model_dir: str | Path, key: str) -> dict[str, Any]:
+    """The sampling knobs (by name) of ``key`` in the model's generation_config.json (``diffu_one_line``,
+    ``diffu_block``, ``diffu_chat``), else {}; an object SamplingParams refuses is an error naming it."""
+    value = _read(model_dir).get(key, {})
     if not isinstance(value, dict):
-        raise ModelError(f"generation_config.json: {ONE_LINE_KEY} must be an object, got {value!r}")
+        raise ModelError(f"generation_config.json: {key} must be an object, got {value!r}")
     try:
         SamplingParams(**value)
     except (ParamError, TypeError) as exc:
-        raise ModelError(f"generation_config.json: {ONE_LINE_KEY}: {exc}") from None
+        raise ModelError(f"generation_config.json: {key}: {exc}") from None
     return dict(value)
+
+
+def one_line_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """``diffu_one_line``: what a one-line request that names no decoder gets."""
+    return knobs_of(model_dir, ONE_LINE_KEY)
+
+
+def block_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """``diffu_block``: what a request with a ``block_scope`` that names no decoder gets."""
+    return knobs_of(model_dir, BLOCK_KEY)
+
+
+def chat_decoder(model_dir: str | Path) -> dict[str, Any]:
+    """``diffu_chat``: the decoder and its knobs a chat with the model takes."""
+    return knobs_of(model_dir, CHAT_DECODER_KEY)
 
 
 def chat_defaults(model_dir: str | Path) -> dict[str, Any]:

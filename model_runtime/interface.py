@@ -61,6 +61,10 @@ class RuntimeInfo:
     # The sampling knobs a request whose answer is one line (``max_lines`` 1) gets when it names no
     # decoder (its generation_config.json's ``diffu_one_line``; empty: the default decoder); read-only.
     one_line_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # The same for a request with a ``block_scope`` (``diffu_block``: an editor's block suggestions).
+    block_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # The decoder and its knobs a chat takes (``diffu_chat``; the chat layers them over chat_defaults).
+    chat_decoder: Mapping[str, Any] = field(default_factory=dict)
     supports_holes: bool = False  # whether ``<|mask|>`` in a raw prompt is the mask token
     quantize_mode: str | None = None  # ``int8``/``int4`` when the weights are quantized
     mesh: Mapping[str, object] | None = None  # the device mesh for status reports; None without one
@@ -71,7 +75,8 @@ class RuntimeInfo:
     def __post_init__(self) -> None:
         # Shared by every request of the daemon: a caller must not change the model's defaults for all.
         object.__setattr__(self, "chat_defaults", MappingProxyType(dict(self.chat_defaults)))
-        object.__setattr__(self, "one_line_defaults", MappingProxyType(dict(self.one_line_defaults)))
+        for name in ("one_line_defaults", "block_defaults", "chat_decoder"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         object.__setattr__(self, "buckets", tuple((int(b), int(n)) for b, n in self.buckets))
 
     @property

@@ -212,7 +212,7 @@ class Limits:
             cache.abstract((batch, v), jnp.bool_),
             cache.abstract((v,), jnp.int32),
             cache.scalar(jnp.int32),
-            cache.abstract((ROWS, v), jnp.int32),
+            cache.abstract((ROWS, v), jnp.int32, rows=False),
             cache.abstract((batch,), jnp.int32),
         )
 

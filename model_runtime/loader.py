@@ -132,6 +132,8 @@ def load(
         quantize=qspec,
         chat_defaults=generation_config.chat_defaults(model_dir),
         one_line_defaults=generation_config.one_line_defaults(model_dir),
+        block_defaults=generation_config.block_defaults(model_dir),
+        chat_decoder=generation_config.chat_decoder(model_dir),
         max_programs=max_programs,
     )
 

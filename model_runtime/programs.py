@@ -159,14 +159,13 @@ class ProgramCache:
             return program
 
     # -- abstract arguments ----------------------------------------------------------------------
-    def abstract(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An abstract argument (a ShapeDtypeStruct standing in for an array); on a mesh, ``[B, L]``
-        canvases are split over dp, the rest replicated."""
+    def abstract(self, shape: tuple[int, ...], dtype: Any, *, rows: bool = True) -> Any:
+        """An abstract argument (a ShapeDtypeStruct standing in for an array); on a mesh, ``[B, ...]``
+        arrays of rows (two axes, ``rows``) are split over dp, the rest replicated (a per-token table)."""
         if self.mesh is None:
             return jax.ShapeDtypeStruct(shape, dtype)
-        return jax.ShapeDtypeStruct(
-            shape, dtype, sharding=self._rows if len(shape) == 2 else self._replicated
-        )
+        split = rows and len(shape) == 2
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=self._rows if split else self._replicated)
 
     def abstract_keys(self, batch: int) -> Any:
         """``[batch]`` PRNG keys, one per row (replicated on a mesh: they are tiny)."""

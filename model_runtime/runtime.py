@@ -72,6 +72,8 @@ class Runtime:
         quantize: quant.QuantSpec | None = None,
         chat_defaults: dict[str, Any] | None = None,
         one_line_defaults: dict[str, Any] | None = None,
+        block_defaults: dict[str, Any] | None = None,
+        chat_decoder: dict[str, Any] | None = None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         self.config = cfg
@@ -102,6 +104,9 @@ class Runtime:
             chat_defaults=dict(chat_defaults or {}),
             # What a one-line request that names no decoder gets (generation_config.one_line_defaults).
             one_line_defaults=dict(one_line_defaults or {}),
+            # ... and one with a block_scope (generation_config.block_defaults); a chat's decoder.
+            block_defaults=dict(block_defaults or {}),
+            chat_decoder=dict(chat_decoder or {}),
             # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
             supports_holes=True,
             quantize_mode=quantize.mode if quantize is not None else None,

@@ -194,6 +194,8 @@ def steps(
         return jnp.any(~front.finished) & (front.forwards < stop)
 
     def body(carry: tuple[Front, Cache]) -> tuple[Front, Cache]:
+        if not spec.refresh:
+            return _forward(model, carry[0], carry[1], inputs, False, spec, mask_id)
         every = inputs.refresh_every
         full = (every > 0) & (carry[0].forwards % jnp.maximum(every, 1) == 0)
         return jax.lax.cond(

@@ -79,6 +79,9 @@ class SlidingSpec:
     window: int = 8  # query positions per forward
     rule: CommitRule = field(default_factory=Threshold)  # threshold, factor or credit
     stops: tuple[EarlyStop, ...] = EARLY_STOPS  # when a row's text has ended
+    # Whether its loop runs full forwards too (``refresh_every`` > 0): without, the loop's program holds
+    # the window forward alone, a third less to compile.
+    refresh: bool = False
 
     @classmethod
     def of(cls, params: SamplingParams) -> SlidingSpec:
@@ -86,4 +89,5 @@ class SlidingSpec:
             sampler=SamplerSpec.proposals(params),
             window=params.window,
             rule=commit_rule(params.commit_rule, params.factor),
+            refresh=params.refresh_every > 0,
         )

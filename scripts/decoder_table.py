@@ -12,7 +12,11 @@ The decision set (issue #37):
   model never saw), right when the line is the hidden one;
 - ``chat``: the 200 held-out chat requests of ``scripts/sft_data.py`` with the model's chat settings
   (first decodes, no second decode), right when the answer holds a fenced block that parses and defines
-  a function (``assistant/evals/instructions.py``).
+  a function (``assistant/evals/instructions.py``);
+- the editors' empty-line and block suggestions (issue #44): ``humaneval-multi``, a fixed sample of
+  HumanEval's multi-line infills (pass@1 by the tests), and ``spans``, the held-out multi-line spans of
+  ``scripts/heldout_lines.py --spans`` (right when the fill is the hidden lines); each asked as the editor
+  asks it there, with its mode's canvas and its scope's end (``runner.editor_job``).
 
 Every setting of ``SETTINGS`` answers every task in the same process, on the same machine, interleaved:
 the tasks are cut into chunks and each chunk runs every setting back to back, in an order that rotates
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -61,18 +66,38 @@ class Setting:
 
 
 SETTINGS: dict[str, Setting] = {
+    # The infills ask for one line (max_lines 1): every decoder, the reference's included, stops once the
+    # line is written (a batch once every row's is).
     "reference": Setting({"decoder": "reference"}, {"decoder": "reference"}),
+    "reference-1row": Setting({"decoder": "reference"}, {"decoder": "reference"}, batch=1),
     "fast": Setting({"decoder": "fast", "block_length": 32}, {"decoder": "fast"}),
+    "fast-1row": Setting({"decoder": "fast", "block_length": 32}, {"decoder": "fast"}, batch=1),
+    # Blocks of 8: the fast decoder's early stop after each block reaches the line's end sooner.
+    "fast-b8": Setting(
+        {"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}, batch=1
+    ),
+    "fast-b8-4rows": Setting({"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}),
     # One row at a time: a batch runs until its slowest row ends its line, which doubled the sliding
     # decoder's forwards per answer at 4 rows on the held-out lines. A chat answer gets the chat's block
     # length as its window: windows of 16 broke the answers (30% good blocks on 100 validation requests,
     # 44% repeating a line, against 67% and 0% with 64).
     "sliding": Setting({"decoder": "sliding", "window": 8}, {"decoder": "sliding", "window": 64}, batch=1),
     "sliding-4rows": Setting({"decoder": "sliding", "window": 8}, {"decoder": "sliding", "window": 64}),
+    # Wider windows, for the editors' multi-line suggestions.
+    "sliding-w16": Setting(
+        {"decoder": "sliding", "window": 16}, {"decoder": "sliding", "window": 64}, batch=1
+    ),
+    "sliding-w32": Setting(
+        {"decoder": "sliding", "window": 32}, {"decoder": "sliding", "window": 64}, batch=1
+    ),
     "sliding-credit": Setting(
         {"decoder": "sliding", "window": 8, "commit_rule": "credit"},
         {"decoder": "sliding", "window": 64, "commit_rule": "credit"},
         batch=1,
+    ),
+    "sliding-credit-4rows": Setting(
+        {"decoder": "sliding", "window": 8, "commit_rule": "credit"},
+        {"decoder": "sliding", "window": 64, "commit_rule": "credit"},
     ),
     "sliding-refresh4": Setting(
         {"decoder": "sliding", "window": 8, "refresh_every": 4},
@@ -80,9 +105,13 @@ SETTINGS: dict[str, Setting] = {
         batch=1,
     ),
 }
-BENCHMARKS = ("humaneval", "lines", "chat")
+BENCHMARKS = ("humaneval", "lines", "chat", "humaneval-multi", "spans")
+MULTI_LINE = ("humaneval-multi", "spans")  # the editors' empty-line and block suggestions
 INFILL_TOKENS = 32  # the editor's canvas for an empty line, as diffu eval's single-line infills
-CHUNK = {"humaneval": 32, "lines": 32, "chat": 16}
+CHUNK = {"humaneval": 32, "lines": 32, "chat": 16, "humaneval-multi": 16, "spans": 16}
+# HumanEval's 5,815 multi-line infills are drawn from (a fixed sample: the canonical solutions' spans of
+# one problem are much alike); seed 0.
+MULTI_SAMPLE = 400
 
 
 def load_tasks(bench: str, args: argparse.Namespace) -> list[runner.Task]:
@@ -91,6 +120,12 @@ def load_tasks(bench: str, args: argparse.Namespace) -> list[runner.Task]:
         return runner.infill_tasks(items, INFILL_TOKENS, single_line=True)
     if bench == "lines":
         return runner.line_tasks(line_tasks.read(args.lines), INFILL_TOKENS)
+    if bench == "humaneval-multi":
+        items = he.infill_tasks(he.load_problems(), "multi-line")
+        items = random.Random(0).sample(items, min(MULTI_SAMPLE, len(items)))
+        return runner.infill_tasks(items, None)  # each the editor's canvas for its mode, its scope's end
+    if bench == "spans":
+        return runner.line_tasks(line_tasks.read(args.spans), None, single_line=False)
     from model_runtime.tokenizer import chat_prompt
 
     with args.chat.open(encoding="utf-8") as f:
@@ -113,6 +148,8 @@ def params_for(bench: str, setting: str, chat_defaults: dict[str, Any]) -> Any:
     if bench == "chat":
         knobs = {k: v for k, v in chat_defaults.items() if k != "retry_block"} | s.chat
         return SamplingParams(**knobs)
+    if bench in MULTI_LINE:  # each job's canvas and scope are its own (runner.editor_job)
+        return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, **s.infill)
     return SamplingParams(max_new_tokens=INFILL_TOKENS, steps=INFILL_TOKENS, max_lines=1, **s.infill)
 
 
@@ -218,13 +255,18 @@ def measure(args: argparse.Namespace, out: Path, benchmarks: Sequence[str], sett
 
 
 def report(
-    out: Path, benchmarks: Sequence[str], settings: Sequence[str], exclude: frozenset[str] = frozenset()
+    out: Path,
+    benchmarks: Sequence[str],
+    settings: Sequence[str],
+    exclude: frozenset[str] = frozenset(),
+    baseline: str = "reference",
 ) -> dict[str, Any]:
     """Write the table of what is measured; tasks named in ``exclude`` (the set the settings were chosen
-    on, say) are left out of it."""
+    on, say) are left out of it. Every setting's quality and time are set against ``baseline``'s."""
     rows = read_results(out / "results.jsonl")
     table: dict[str, Any] = {"benchmarks": {}, "settings": {s: asdict(SETTINGS[s]) for s in settings}}
     table["excluded_tasks"] = len(exclude)
+    table["baseline"] = baseline
     loads = [r["load_average"] for r in rows.values()]
     table["load_average"] = {
         "mean": round(sum(loads) / len(loads), 2) if loads else None,
@@ -265,19 +307,19 @@ def report(
             if bench == "chat":
                 entry["repeats_line"] = sum(r.get("repeats_line", False) for r in recs) / max(len(recs), 1)
             entries[s] = entry
-        if "reference" in per:
-            ref = [per["reference"][t]["passed"] for t in common]
+        if baseline in per:
+            ref = [per[baseline][t]["passed"] for t in common]
             for s, entry in entries.items():
                 mean, low, high = paired([per[s][t]["passed"] for t in common], ref)
-                entry["minus_reference"] = [mean, low, high]
-                base = entries["reference"]["generate_seconds"]
-                entry["reference_time_over_this"] = (
+                entry["minus_baseline"] = [mean, low, high]
+                base = entries[baseline]["generate_seconds"]
+                entry["baseline_time_over_this"] = (
                     round(base / entry["generate_seconds"], 2) if entry["generate_seconds"] else None
                 )
                 ratio = None
-                if s != "reference":
-                    ratio = time_ratio(chunk_seconds(common, chunk_of, per["reference"], per[s]))
-                entry["reference_time_over_this_ci95"] = (
+                if s != baseline:
+                    ratio = time_ratio(chunk_seconds(common, chunk_of, per[baseline], per[s]))
+                entry["baseline_time_over_this_ci95"] = (
                     [round(ratio[1], 2), round(ratio[2], 2)] if ratio else None
                 )
         table["benchmarks"][bench] = entries
@@ -287,22 +329,23 @@ def report(
 
 
 def speedup(entry: dict[str, Any]) -> str:
-    """The reference's time over this setting's, with the interval of the per-chunk ratios."""
-    value = entry.get("reference_time_over_this")
-    ci = entry.get("reference_time_over_this_ci95")
+    """The baseline's time over this setting's, with the interval of the per-chunk ratios."""
+    value = entry.get("baseline_time_over_this")
+    ci = entry.get("baseline_time_over_this_ci95")
     return "-" if not value else f"{value} ({ci[0]}-{ci[1]})" if ci else f"{value}"
 
 
 def markdown(table: dict[str, Any]) -> str:
     pct: Callable[[float], str] = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    base = table.get("baseline", "reference")
     lines = [
-        "| benchmark | setting | right | 95% CI | minus reference (95% CI), points | generation s "
-        "| reference time / this (95% CI) | tokens/s | tokens/forward | forwards/answer |",
+        f"| benchmark | setting | right | 95% CI | minus {base} (95% CI), points | generation s "
+        f"| {base} time / this (95% CI) | tokens/s | tokens/forward | forwards/answer |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for bench, entries in table["benchmarks"].items():
         for s, e in entries.items():
-            diff = e.get("minus_reference")
+            diff = e.get("minus_baseline")
             lines.append(
                 f"| {bench} ({e['tasks']}) | {s} | {pct(e['quality'])}% ({e['right']}) "
                 f"| {pct(e['quality_ci95'][0])}-{pct(e['quality_ci95'][1])}% "
@@ -325,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--lines", type=Path, default=None, help="scripts/heldout_lines.py's tasks")
     parser.add_argument("--chat", type=Path, default=None, help="scripts/sft_data.py's heldout.jsonl")
+    parser.add_argument("--spans", type=Path, default=None, help="scripts/heldout_lines.py --spans's tasks")
     parser.add_argument("--model", type=Path, default=None, help="default: the bundled model")
     parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names of SETTINGS")
@@ -334,6 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--report", action="store_true", help="only write the table from what is measured")
     parser.add_argument(
+        "--baseline",
+        default="reference",
+        help="the setting every other is compared with (default: reference)",
+    )
+    parser.add_argument(
         "--exclude",
         type=Path,
         default=None,
@@ -342,11 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     benchmarks = [b for b in args.benchmarks.split(",") if b]
     settings = [s for s in args.settings.split(",") if s]
-    unknown = sorted(set(benchmarks) - set(BENCHMARKS)) + sorted(set(settings) - set(SETTINGS))
+    unknown = sorted(set(benchmarks) - set(BENCHMARKS)) + sorted(
+        set(settings + [args.baseline]) - set(SETTINGS)
+    )
     if unknown:
         parser.error(f"unknown benchmark or setting: {', '.join(unknown)}")
-    if "lines" in benchmarks and args.lines is None or "chat" in benchmarks and args.chat is None:
-        parser.error("the lines benchmark needs --lines FILE, the chat one --chat FILE")
+    needs = (("lines", args.lines), ("chat", args.chat), ("spans", args.spans))
+    if any(b in benchmarks and path is None for b, path in needs):
+        parser.error("the lines, chat and spans benchmarks need --lines, --chat and --spans FILE")
     if args.model is None:
         from model_runtime.bundled import bundled_model_dir
 
@@ -358,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exclude is not None:
         with args.exclude.open(encoding="utf-8") as f:
             exclude = frozenset(json.loads(line)["task_id"] for line in f if line.strip())
-    report(args.out, benchmarks, settings, exclude)
+    report(args.out, benchmarks, settings, exclude, args.baseline)
     print((args.out / "table.md").read_text(encoding="utf-8"), end="")
     return 0
 

@@ -186,6 +186,8 @@ class ChatApp(App[None]):
             self.settings, saved_problem = apply_saved(self.baseline, self.store.saved_settings())
             for note in filter(None, (problem, saved_problem)):
                 self.notify(note, severity="warning", timeout=10)
+        # What these settings' first turns need is compiled ahead of the daemon's other warm-up.
+        self.run_worker(self.backend.warm(self.settings), group="warm", exit_on_error=False)
         for notice in self.query(ErrorNotice).filter(".connect-error"):
             await notice.remove()
         self._set_subtitle()
@@ -417,6 +419,8 @@ class ChatApp(App[None]):
             else:
                 self.store.save_settings(settings.to_dict())
             self.notify("Settings saved; they apply to the next answer.")
+            if self.connected:
+                self.run_worker(self.backend.warm(settings), group="warm", exit_on_error=False)
 
         self.push_screen(SettingsScreen(self.settings, self.baseline), saved)
 

@@ -2,7 +2,8 @@
 
 The app only sees :class:`Backend`: connect (with progress while a daemon starts, loads and compiles),
 stream one answer as ``Step`` events then one ``Done``, fill the holes of a text the same way, count a
-text's tokens (the files in context), and cancel a request. Tests drive the app with
+text's tokens (the files in context), cancel a request, and ask the daemon to compile what the chat's
+settings need before the first prompt does (``warm``). Tests drive the app with
 scripted backends that yield the same event types; :class:`DaemonBackend` goes through
 ``assistant.client`` like every other client, so the TUI never imports JAX.
 """
@@ -10,14 +11,26 @@ scripted backends that yield the same event types; :class:`DaemonBackend` goes t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from assistant.client import AsyncClient, Done, Endpoint, SamplingOptions, Step, Waiting, resolve_endpoint
+from assistant.client import (
+    APIError,
+    AsyncClient,
+    DaemonUnavailable,
+    Done,
+    Endpoint,
+    SamplingOptions,
+    Step,
+    Waiting,
+    WarmShape,
+    resolve_endpoint,
+)
 from assistant.config import Config
 from assistant.daemon_status import DaemonStatus
 from assistant.infill.holes import FillOptions
-from assistant.wire import Stage
+from assistant.wire import Stage, chat_prompts
 from tui.settings import ChatSettings
 
 Progress = Callable[[str, float, str], None]
@@ -51,6 +64,11 @@ class Backend(Protocol):
         """How many tokens ``text`` costs in a prompt (the daemon's tokenizer)."""
         ...
 
+    async def warm(self, settings: ChatSettings) -> None:
+        """Ask the daemon to compile what these settings' first turns need, ahead of its other warm-up
+        (best effort: a refusal changes nothing)."""
+        ...
+
     async def cancel(self, request_id: str) -> bool:
         """Ask the server to stop a request; False if it no longer runs."""
         ...
@@ -70,6 +88,7 @@ class DaemonBackend:
         self.model = ""
         self.chat_defaults: dict[str, Any] = {}
         self.max_context: int | None = None
+        self._lengths: tuple[int, ...] = ()  # the daemon's length buckets
 
     async def connect(self, progress: Progress) -> str:
         async with self._lock:
@@ -85,8 +104,9 @@ class DaemonBackend:
                 self._client.progress = None
             status = await self._client.status()
             self.model = status.model or self.config.model or ""
-            self.chat_defaults = dict(status.chat_defaults)
+            self.chat_defaults = status.chat_settings
             self.max_context = status.max_context
+            self._lengths = tuple(sorted({n for _, n in status.buckets}))
             return self.model
 
     async def generate(
@@ -110,6 +130,27 @@ class DaemonBackend:
 
     async def count_tokens(self, text: str) -> int:
         return len(await self._client.tokenize(text))
+
+    async def warm(self, settings: ChatSettings) -> None:
+        canvas = settings.max_new_tokens
+        sampling = settings.request_sampling()
+        first, talk = chat_prompts(self._lengths, canvas)
+        shapes = [WarmShape(prompt_tokens=p, max_new_tokens=canvas, sampling=sampling) for p in first + talk]
+        if first:
+            # Two chats at once, and the second decode of an answer whose code does not parse.
+            shapes.append(
+                WarmShape(prompt_tokens=first[0], max_new_tokens=canvas, batch=2, sampling=sampling)
+            )
+            again = settings.retry_settings()
+            if again is not None:
+                retry = again.request_sampling()
+                shapes.append(
+                    WarmShape(prompt_tokens=first[0], max_new_tokens=again.max_new_tokens, sampling=retry)
+                )
+        if not shapes:
+            return
+        with contextlib.suppress(APIError, DaemonUnavailable):  # the prompt will compile what it needs
+            await self._client.warm(shapes)
 
     async def cancel(self, request_id: str) -> bool:
         return await self._client.cancel(request_id)

@@ -92,7 +92,7 @@ def run_once(
         ):
             status = client.status()
             if for_model is not None:
-                settings = for_model(dict(status.chat_defaults))
+                settings = for_model(status.chat_settings)
             limit = Limit(status.max_context, settings.max_new_tokens)
             blocks, in_context = _context_files(client, files, root or Path.cwd(), limit)
             messages = [{"role": "user", "content": with_files(blocks, prompt)}]

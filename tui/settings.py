@@ -243,7 +243,7 @@ class ChatConfig:
     def for_model(self, model_defaults: Mapping[str, Any]) -> tuple[ChatSettings, str]:
         """The baseline with a model: built-in < the model's chat defaults < ``[chat]``; plus a problem
         to show when the model's defaults cannot be taken (they are then left out)."""
-        defaults = {k: v for k, v in model_defaults.items() if k in FIELDS and k != "decoder"}
+        defaults = {k: v for k, v in model_defaults.items() if k in FIELDS}
         if "max_new_tokens" in self.table and "steps" not in self.table:
             defaults.pop("steps", None)  # the model's steps go with its canvas, not with the user's
         try:

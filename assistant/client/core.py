@@ -232,7 +232,7 @@ def health_update(
     event: sse.ServerSentEvent, progress: Progress | None, *, wait_compiled: bool = True
 ) -> bool:
     """Handle one /health?stream=1 event; True once ready (``wait_compiled`` off: once it takes requests,
-    which it does while the chat's first programs still compile). Raises if the daemon failed to load."""
+    which it does while the clients' first programs still compile). Raises if the daemon failed to load."""
     data = event.json()
     status = data.get("status")
     if progress:

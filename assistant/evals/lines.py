@@ -25,10 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from assistant.evals import jsonl
+from assistant.infill.context import classify
+from assistant.infill.postprocess import scope_of
 
 PREFIX_CHARS = 1000
 SUFFIX_CHARS = 400
 MAX_LINE_TOKENS = 32  # the editor's canvas for an empty line; a longer line cannot be filled exactly
+SPAN_LINES = (2, 3, 4)  # a multi-line task's hidden lines
+MAX_SPAN_TOKENS = 64  # the editor's canvas for a block
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,7 @@ def build(
 ) -> list[LineTask]:
     """``n_tasks`` single-line tasks drawn with ``seed`` from the code lines of ``files`` (path, text),
     each line at most ``MAX_LINE_TOKENS`` tokens with its newline."""
-    candidates: list[tuple[int, int]] = []
-    texts = []
-    for f, (path, text) in enumerate(sorted(files)):
-        texts.append((path, text.split("\n")))
-        candidates += [(f, i) for i in code_lines(text)]
-    random.Random(seed).shuffle(candidates)
+    texts, candidates = _candidates(files, seed)
     tasks: list[LineTask] = []
     for f, i in candidates:
         if len(tasks) == n_tasks:
@@ -91,6 +90,102 @@ def build(
             continue
         tasks.append(LineTask(f"{path}:L{i + 1}", _before(lines[:i]), middle, _after(lines[i + 1 :])))
     return tasks
+
+
+def _candidates(
+    files: Iterable[tuple[str, str]], seed: int
+) -> tuple[list[tuple[str, list[str]]], list[tuple[int, int]]]:
+    """Each file as (path, lines), and every (file, code line) in an order drawn with ``seed``."""
+    candidates: list[tuple[int, int]] = []
+    texts = []
+    for f, (path, text) in enumerate(sorted(files)):
+        texts.append((path, text.split("\n")))
+        candidates += [(f, i) for i in code_lines(text)]
+    random.Random(seed).shuffle(candidates)
+    return texts, candidates
+
+
+def build_spans(
+    files: Iterable[tuple[str, str]],
+    n_tasks: int,
+    count_tokens: Callable[[str], int],
+    *,
+    seed: int = 0,
+    sizes: Sequence[int] = SPAN_LINES,
+) -> list[LineTask]:
+    """``n_tasks`` multi-line tasks: each hides consecutive code lines (as many as one of ``sizes``, drawn
+    with ``seed``) from a line's start, as an editor's empty-line or block suggestion would write them:
+    every hidden line within the cursor's scope there (``postprocess.scope_of``), at most
+    ``MAX_SPAN_TOKENS`` tokens in all."""
+    texts, candidates = _candidates(files, seed)
+    code = {f: set(code_lines("\n".join(lines))) for f, (_, lines) in enumerate(texts)}
+    pick = random.Random(seed + 1)
+    tasks: list[LineTask] = []
+    for f, i in candidates:
+        if len(tasks) == n_tasks:
+            break
+        path, lines = texts[f]
+        n = pick.choice(list(sizes))
+        if i == 0 or i + n >= len(lines) or not all(j in code[f] for j in range(i, i + n)):
+            continue
+        above = lines[i - 1]
+        scope = scope_of("", above, classify("", "", above))
+        if any(len(line) - len(line.lstrip(" \t")) < scope for line in lines[i : i + n]):
+            continue  # the editor would end its suggestion before these lines do
+        middle = "\n".join(lines[i : i + n]) + "\n"
+        if count_tokens(middle) > MAX_SPAN_TOKENS:
+            continue
+        tasks.append(LineTask(f"{path}:L{i + 1}-{i + n}", _before(lines[:i]), middle, _after(lines[i + n :])))
+    return tasks
+
+
+# A task whose hidden line, with this many lines on each side, stands verbatim in a file the model trained
+# on is held out by path only (a vendored copy of a library, a generated table): the check drops it.
+WINDOW_LINES = 2
+
+
+def window(task: LineTask, k: int = WINDOW_LINES) -> str:
+    """The hidden line with ``k`` lines of context on each side (fewer at a file's edge), as text."""
+    before = task.prefix.split("\n")[:-1][-k:]  # the prefix ends with a newline
+    after = task.suffix.split("\n")[:k]
+    return "\n".join([*before, task.middle.rstrip("\n"), *after])
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the training files hold: the hash of every run of ``2k + 1`` consecutive lines, and their
+    whole text (for a window a file's edge cut short, looked up as whole lines)."""
+
+    windows: frozenset[int]
+    text: str
+
+    @classmethod
+    def of(cls, texts: Iterable[str], k: int = WINDOW_LINES) -> Seen:
+        windows: set[int] = set()
+        size = 2 * k + 1
+        whole = []
+        for text in texts:
+            lines = text.split("\n")
+            whole.append(text)
+            for i in range(len(lines) - size + 1):
+                windows.add(hash("\n".join(lines[i : i + size])))
+        return cls(frozenset(windows), "\n" + "\n".join(whole) + "\n")
+
+    def holds(self, text: str, k: int = WINDOW_LINES) -> bool:
+        """Whether ``text`` (whole lines) stands in a training file."""
+        if text.count("\n") == 2 * k:
+            return hash(text) in self.windows
+        return "\n" + text + "\n" in self.text
+
+
+def unseen(tasks: Sequence[LineTask], seen: Seen) -> tuple[list[LineTask], list[LineTask]]:
+    """(tasks whose window stands in no training file, those whose window does): held out by content,
+    not only by path."""
+    kept: list[LineTask] = []
+    dropped: list[LineTask] = []
+    for task in tasks:
+        (dropped if seen.holds(window(task)) else kept).append(task)
+    return kept, dropped
 
 
 def _before(lines: Sequence[str]) -> str:

@@ -19,6 +19,8 @@ from assistant.evals import judge
 from assistant.evals.sandbox import Limits
 from assistant.evals.scoring import Advance, Report, score
 from assistant.evals.stats import confidence_interval, pass_at_k
+from assistant.infill.context import Mode, canvas_tokens, classify
+from assistant.infill.postprocess import postprocess, scope_of
 from model_runtime import decoders
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ class Job:
     suffix: str | None = None
     chat: bool = False  # the prompt is a chat transcript: cut the answer at end-of-turn too
     seed: int = 0
+    # An editor's block or empty-line suggestion: the scope its code must stay in (``block_scope``).
+    scope: int | None = None
 
 
 @dataclass
@@ -123,13 +127,14 @@ class LocalGenerator:
             # A decoder that runs a batch's regions in the same columns batches rows with as many tokens after
             # theirs (infill suffixes) only.
             after = len(row.ids) - row.region[1] if decoders.get(self.params.decoder).aligned_rows else 0
-            groups.setdefault((job.seed, job.tokens, after), []).append((i, row))
-        for (seed, tokens, _), members in groups.items():
+            groups.setdefault((job.seed, job.tokens, after, job.scope), []).append((i, row))
+        for (seed, tokens, _, scope), members in groups.items():
             # Similar lengths together: less padding, and fewer distinct shapes to compile.
             members.sort(key=lambda m: len(m[1].ids))
-            params = dataclasses.replace(
-                self.params, seed=seed, max_new_tokens=tokens, steps=min(self.params.steps, tokens)
-            )
+            steps = min(self.params.steps, tokens)
+            params = dataclasses.replace(self.params, seed=seed, max_new_tokens=tokens, steps=steps)
+            if scope is not None:
+                params = dataclasses.replace(params, block_scope=scope)
             for lo in range(0, len(members), self.batch):
                 chunk = members[lo : lo + self.batch]
                 rows = [row for _, row in chunk]
@@ -191,6 +196,8 @@ class DaemonGenerator:
                 "seed": job.seed,
                 "steps": min(self.knobs.get("steps") or job.tokens, job.tokens),
             }
+            if job.scope is not None:
+                knobs["block_scope"] = job.scope
             sampling = SamplingOptions(**knobs)
             try:
                 if job.suffix is not None:
@@ -276,16 +283,31 @@ def task_file_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
     ]
 
 
+BLOCK_TOKENS = 64  # the editors' canvas for a block (``lsp.settings.Settings.max_tokens``)
+
+
+def editor_mode(prefix: str, single_line: bool) -> tuple[Mode, str]:
+    """The editor's mode for a cursor at the start of an empty line after ``prefix``, and the line above:
+    one line (single-line mode), or the mode the server's classifier picks there (a block body after a
+    line ending in ``:``, else the next statement)."""
+    above = prefix.rstrip("\n").rsplit("\n", 1)[-1]
+    return (Mode.SINGLE_LINE if single_line else classify("", "", above)), above
+
+
+def editor_job(prefix: str, suffix: str, tokens: int | None, single_line: bool) -> Job:
+    """An infill as the editor asks it there: a block or an empty line ends where its code leaves the
+    cursor's scope (``block_scope``), as the post-processing cuts it; ``tokens`` None: the editor's canvas
+    for the mode (an empty line 32, a block 64)."""
+    mode, above = editor_mode(prefix, single_line)
+    scope = None if single_line else scope_of("", above, mode)
+    return Job(prefix, tokens or canvas_tokens(mode, BLOCK_TOKENS), suffix=suffix, scope=scope)
+
+
 def infill_cleaner(prefix: str, suffix: str, single_line: bool) -> Callable[[str], str]:
     """The language server's post-processing of an infill whose cursor is at the start of an empty line
-    after ``prefix``: one line (single-line mode: the text up to its first newline, as the single-line
-    infilling benchmarks cut it) or the mode the server's classifier picks there (a block body after a
-    line ending in ``:``, else the next statement)."""
-    from assistant.infill.context import Mode, classify
-    from assistant.infill.postprocess import postprocess
-
-    above = prefix.rstrip("\n").rsplit("\n", 1)[-1]
-    mode = Mode.SINGLE_LINE if single_line else classify("", "", above)
+    after ``prefix`` (``editor_mode``): one line (single-line mode: the text up to its first newline, as
+    the single-line infilling benchmarks cut it), a block body, or the next statements."""
+    mode, above = editor_mode(prefix, single_line)
 
     def run(text: str) -> str:
         fill = postprocess(text, suffix=suffix, mode=mode, cursor_line="", line_above=above, min_chars=1)
@@ -294,16 +316,20 @@ def infill_cleaner(prefix: str, suffix: str, single_line: bool) -> Callable[[str
     return run
 
 
-def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bool = False) -> list[Task]:
+def infill_tasks(
+    items: Sequence[he.InfillTask], tokens: int | None, *, single_line: bool = False
+) -> list[Task]:
     """Infill through the editor's path: the daemon's infill canvas, then the LSP's post-processing.
 
     The hidden lines' place is an empty line with the cursor at its start, as when a user opens a line
     to write (``infill_cleaner``); ``single_line`` (the single-line variant) keeps the fill's first line.
+    ``tokens`` None: the editor's canvas for each task's mode, which ends where its scope does
+    (``editor_job``).
     """
     return [
         Task(
             t.task_id,
-            Job(t.prefix, tokens, suffix=t.suffix),
+            editor_job(t.prefix, t.suffix, tokens, single_line),
             t.program,
             infill_cleaner(t.prefix, t.suffix, single_line),
             None,
@@ -314,15 +340,16 @@ def infill_tasks(items: Sequence[he.InfillTask], tokens: int, *, single_line: bo
     ]
 
 
-def line_tasks(items: Sequence[Any], tokens: int) -> list[Task]:
-    """Held-out single-line infills (``assistant.evals.lines``): the editor's one-line path, judged by
-    the fill being the hidden line."""
+def line_tasks(items: Sequence[Any], tokens: int | None, *, single_line: bool = True) -> list[Task]:
+    """Held-out infills (``assistant.evals.lines``): the editor's one-line path (or, ``single_line``
+    off, its empty-line and block path for the multi-line spans), judged by the fill being the hidden
+    lines."""
     return [
         Task(
             t.task_id,
-            Job(t.prefix, tokens, suffix=t.suffix),
+            editor_job(t.prefix, t.suffix, tokens, single_line),
             None,
-            infill_cleaner(t.prefix, t.suffix, True),
+            infill_cleaner(t.prefix, t.suffix, single_line),
             check=t.correct,
         )
         for t in items

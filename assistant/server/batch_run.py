@@ -103,7 +103,9 @@ def _compile_and_start(
         what = f"{len(rows)} x {max(j.row_length for j in jobs)} tokens, {params.decoder} decoder"
         for job in jobs:
             job.emit(JobWaiting("compiling", f"compiling the program for {what}", waiting_estimate()))
-        compiled = compile(rows, params, f"{', '.join(j.id for j in jobs)}: {what}")
+        # The status says what is compiled for whom: the requests, and what kind each is.
+        whom = ", ".join(f"{j.id} ({'chat' if j.chat else j.kind})" for j in jobs)
+        compiled = compile(rows, params, f"{whom}: {what}")
     t0 = time.monotonic()
     for job in jobs:
         job.started = t0

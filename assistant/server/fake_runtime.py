@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from model_runtime import decoders
+from model_runtime import generation_config as gc
 from model_runtime.errors import InputError, ModelError
 from model_runtime.inflight import InFlight
 from model_runtime.interface import (
@@ -118,10 +119,22 @@ class FakeRuntime:
     batch_buckets: tuple[int, ...] = (1, 4, 16)
     default_decoder: str = "reference"
     chat_defaults: dict[str, Any] = field(default_factory=dict)  # a real model's: generation_config.json
+    one_line_defaults: dict[str, Any] = field(default_factory=dict)
+    block_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_decoder: dict[str, Any] = field(default_factory=dict)
+    # A model directory whose generation_config.json the fake takes all of the above from (the decoder it
+    # recommends, its chat's, its one-line and block knobs): a daemon that decides as that model's does.
+    generation: str = ""
 
     def __post_init__(self) -> None:
         if self.max_context < 2:
             raise ModelError(f"max_context: must be >= 2, got {self.max_context}")
+        if self.generation:
+            self.default_decoder = gc.recommended_decoder(self.generation)
+            self.chat_defaults = gc.chat_defaults(self.generation)
+            self.one_line_defaults = gc.one_line_defaults(self.generation)
+            self.block_defaults = gc.block_defaults(self.generation)
+            self.chat_decoder = gc.chat_decoder(self.generation)
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
         self.forwards = 0  # fake steps run (each stands for one forward)
@@ -138,6 +151,9 @@ class FakeRuntime:
             buckets=tuple((b, n) for b in sorted(set(self.batch_buckets)) for n in lengths),
             default_decoder=self.default_decoder,
             chat_defaults=self.chat_defaults,
+            one_line_defaults=self.one_line_defaults,
+            block_defaults=self.block_defaults,
+            chat_decoder=self.chat_decoder,
             # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
             supports_holes=False,
             concurrent_compile=True,  # its "compiles" (sleeps) build each program once, as the real ones do
@@ -297,12 +313,19 @@ class FakeRuntime:
         return self.run([self.rows.make_infill_row(prefix, suffix, canvas_tokens)], params)
 
 
-_FAKE_FIELDS = {"step_delay": float, "load_delay": float, "warmup_delay": float, "max_context": int}
+_FAKE_FIELDS: dict[str, Callable[[str], Any]] = {
+    "step_delay": float,
+    "load_delay": float,
+    "warmup_delay": float,
+    "max_context": int,
+    "generation": str,
+}
 
 
-def parse_fake_spec(spec: str) -> dict[str, float | int]:
-    """Options of a ``fake:step_delay=0.01,max_context=256`` model spec; a bad one raises ModelError."""
-    options: dict[str, float | int] = {}
+def parse_fake_spec(spec: str) -> dict[str, Any]:
+    """Options of a ``fake:step_delay=0.01,max_context=256`` model spec (``generation=DIR``: a model
+    directory's generation_config.json); a bad one raises ModelError."""
+    options: dict[str, Any] = {}
     body = spec.split(":", 1)[1] if ":" in spec else ""
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, sep, value = item.partition("=")

@@ -119,6 +119,8 @@ def _params(rt: RuntimeProtocol, spec: GenSpec, config: Config) -> SamplingParam
         # take the reference decoder: the fast ones cannot fill them).
         if sampling.get("max_lines") == 1:
             sampling = {**rt.info.one_line_defaults, **sampling}
+        elif sampling.get("block_scope") is not None:
+            sampling = {**rt.info.block_defaults, **sampling}
         sampling.setdefault("decoder", rt.info.default_decoder)
     steps = sampling.setdefault("steps", max(spec.canvas_tokens, 1))
     if steps > config.max_steps:

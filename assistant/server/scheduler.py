@@ -9,9 +9,9 @@ Between denoising steps the batch drops jobs that were cancelled (client gone, e
 superseded by a newer request of the same session) or ran out of their time budget.
 
 The warm-up (planned in ``assistant.server.warmup``, carried out by ``assistant.server.warming``) compiles
-whenever no job waits or runs, on a thread of its own where the runtime allows it, so a job that arrives
-during a warm-up compile starts at once; /health says "compiling" until the chat's first programs are in
-and have run once, then "warming (k of n)" until the last one, then "ready".
+whenever no job waits or runs, on threads of its own where the runtime allows it, so a job that arrives
+during a warm-up compile starts at once; /health says "compiling" until every client's first programs
+are in and have run once, then "warming (k of n)" until the last one, then "ready".
 
 Events reach the asyncio side through ``loop.call_soon_threadsafe`` into each job's queue. Nothing polls:
 the threads sleep on one ``threading.Condition`` (every change wakes all of them) and shutdown is a flag
@@ -22,6 +22,7 @@ plus ``notify_all``. Loading and XLA compiles cannot be interrupted; ``stop`` do
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -33,10 +34,11 @@ from typing import Any
 
 from assistant.server.batch_run import finish_cancelled, run_batch
 from assistant.server.batching import take_batch
-from assistant.server.job import Job, JobError, JobWaiting
+from assistant.server.job import Job, JobError
+from assistant.server.native_work import NativeWork
 from assistant.server.status import NotReady, QueueFull, SchedulerStatus, ShuttingDown
 from assistant.server.warming import WarmUp
-from assistant.server.warmup import WarmQueue, WarmTask
+from assistant.server.warmup import WarmTask
 from assistant.wire import SERVING, DaemonCounters, ErrorType, Stage
 from model_runtime.errors import DiffuError
 from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
@@ -55,39 +57,48 @@ Planner = Callable[[RuntimeProtocol], list[WarmTask]]
 COALESCE_SECONDS = 0.02
 
 
-class Scheduler(WarmUp):
+class Scheduler:
     """Owns the runtime and the device thread. Create on the event loop's thread; ``start()`` then submit.
 
     ``loader(progress)`` builds the runtime inside the scheduler thread; ``progress(detail, fraction)``
-    reports loading. ``planner(runtime)`` gives the programs to warm up once it is loaded (None: none).
+    reports loading. ``planner(runtime)`` gives the programs to warm up once it is loaded (None: none);
+    ``warm_threads`` of them compile at once where the runtime compiles beside a running batch.
     """
 
     def __init__(
-        self, loader: Loader, *, queue_size: int, max_batch: int, planner: Planner | None = None
+        self,
+        loader: Loader,
+        *,
+        queue_size: int,
+        max_batch: int,
+        planner: Planner | None = None,
+        warm_threads: int = 1,
     ) -> None:
         self._loader = loader
         self.queue_size = queue_size
         self.max_batch = max_batch
         self._planner = planner
-        self._warm = WarmQueue()
-        self._busy: WarmTask | None = None  # the warm-up task being compiled
-        # Warm-up tasks compiled on the warm-up thread, waiting for their first run on the device thread
-        # (with what compiling them cost): see ``_prime``.
-        self._priming: deque[tuple[WarmTask, CompileReport]] = deque()
-        self._native: set[int] = set()  # threads inside a load or compile (native work, cannot stop)
-        self._compiling: dict[int, str] = {}  # what each thread compiles now, for the status
+        self._warm_threads = warm_threads
         self._exited = False
         self._runtime: RuntimeProtocol | None = None
         self.status = SchedulerStatus()
         self._listeners: list[Callable[[SchedulerStatus], None]] = []
         self._cond = threading.Condition()
+        self._work = NativeWork(self._cond, self._show_compiling)
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []
+        self.warm_up = WarmUp(
+            self._cond,
+            self._work,
+            idle=lambda: not (self._pending or self._running),
+            waiting=lambda: bool(self._pending),
+            stopping=lambda: self._stopping,
+            publish=self._set_warm_status,
+        )
         self._sessions: dict[str, Job] = {}
         self._preparing = 0
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="diffu-engine", daemon=True)
-        self._warmer: threading.Thread | None = None  # the warm-up thread, where the runtime allows one
         self._ids = itertools.count(1)
         self._batch_seconds = 1.0  # running mean of a batch's duration, for Retry-After
         self.started_at = time.time()
@@ -109,8 +120,7 @@ class Scheduler(WarmUp):
             self._stopping = True
             dropped = list(self._pending)
             self._pending.clear()
-            self._warm.drop()
-            self._priming.clear()
+            self.warm_up.stop()
             for job in self._running:
                 job.cancel_reason = job.cancel_reason or "shutdown"
             self._cond.notify_all()
@@ -118,7 +128,7 @@ class Scheduler(WarmUp):
             job.emit(JobError(503, "the daemon is shutting down", ShuttingDown.kind))
         if self._thread.is_alive():
             with self._cond:
-                self._cond.wait_for(lambda: self._exited or self._in_native(self._thread), timeout)
+                self._cond.wait_for(lambda: self._exited or self._work.inside(self._thread), timeout)
         if self.abandoned:
             log.info("the engine is inside a load or compile that cannot be interrupted; not waiting for it")
         if self.status.stage != Stage.FAILED:
@@ -129,9 +139,9 @@ class Scheduler(WarmUp):
         """Whether the device thread or the warm-up thread is still inside native work after ``stop``: then
         the process must exit without finalizing the interpreter, which would kill that thread inside XLA
         and abort."""
-        threads = [t for t in (self._thread, self._warmer) if t is not None]
+        threads = [self._thread, *self.warm_up.threads]
         with self._cond:
-            return self._stopping and any(t.is_alive() and self._in_native(t) for t in threads)
+            return self._stopping and any(t.is_alive() and self._work.inside(t) for t in threads)
 
     @property
     def ready(self) -> bool:
@@ -158,6 +168,19 @@ class Scheduler(WarmUp):
         self.status = SchedulerStatus(stage, min(max(progress, 0.0), 1.0), detail, error, **warm)
         self._listen()
 
+    def _set_warm_status(self, stage: Stage, progress: float, detail: str, **counts: Any) -> None:
+        """The warm-up's stage (lock held); "ready" is said once, until more is queued."""
+        if stage == Stage.READY and self.status.stage == Stage.READY:
+            return
+        self._set_status(stage, progress, detail, **counts)
+        if stage == Stage.READY:
+            log.info("engine ready: %d shapes warmed up", counts.get("shapes", 0))
+
+    def _show_compiling(self, what: str | None) -> None:
+        """Publish what is being compiled, and for whom (lock held)."""
+        self.status = dataclasses.replace(self.status, compiling=what)
+        self._listen()
+
     # -- submitting and cancelling (event-loop side) ---------------------------------------------------
     @contextlib.contextmanager
     def preparing(self) -> Iterator[None]:
@@ -180,7 +203,7 @@ class Scheduler(WarmUp):
                 raise NotReady(
                     f"the model is not ready ({self.status.stage} {self.status.progress:.0%})", retry_after=2
                 )
-            busy = self._busy
+            note = self.warm_up.note_for()
             if len(self._pending) >= self.queue_size:
                 self.counters.rejected += 1
                 waits = math.ceil(len(self._pending) / self.max_batch)
@@ -197,11 +220,8 @@ class Scheduler(WarmUp):
                 self._sessions[job.session] = job
             self._pending.append(job)
             self._cond.notify_all()
-        if busy is not None and self._warmer is None:
-            # The device thread is compiling a warm-up program; the job runs right after it.
-            job.emit(
-                JobWaiting("warm-up", f"the warm-up is compiling a program ({busy.label})", self._warm.one())
-            )
+        if note is not None:  # the device thread is compiling a warm-up program; the job runs right after it
+            job.emit(note)
         return job
 
     def warm(self, tasks: Sequence[WarmTask]) -> int:
@@ -210,16 +230,7 @@ class Scheduler(WarmUp):
         Raises QueueFull when the warm-up queue holds its limit already.
         """
         with self._cond:
-            if self._stopping:
-                raise ShuttingDown("the daemon is shutting down")
-            if tasks and len(self._warm.tasks) >= self._warm.limit:
-                raise QueueFull(
-                    f"{self._warm.limit} shapes are waiting to be warmed up; retry later",
-                    retry_after=max(1, math.ceil(self._warm.estimate() or 1)),
-                )
-            queued = self._warm.add(tasks, first=True)
-            if queued:
-                self._publish_warming()
+            queued = self.warm_up.add(tasks)
             self._cond.notify_all()
         return queued
 
@@ -272,7 +283,7 @@ class Scheduler(WarmUp):
     def _serve(self) -> None:
         try:
             self._set_status(Stage.LOADING, 0.0, "loading the model")
-            with self._native_work():
+            with self._work.working():
                 runtime = self._loader(lambda detail, frac: self._set_status(Stage.LOADING, frac, detail))
             self._runtime = runtime
             # The runtime cannot run a batch larger than its largest batch bucket.
@@ -288,7 +299,7 @@ class Scheduler(WarmUp):
         with self._cond:
             if self._stopping:
                 return
-            self._start_warm_up(runtime, plan)
+            self.warm_up.start(runtime, plan, self._warm_threads)
         log.info(
             "engine serving: model %s on %s (%s), buckets %s; %d shapes to warm up (%d before ready)%s",
             runtime.info.model_name,
@@ -297,20 +308,17 @@ class Scheduler(WarmUp):
             list(runtime.info.buckets),
             len(plan),
             sum(t.ready for t in plan),
-            ", on a thread of their own" if self._warmer is not None else "",
+            f", on {len(self.warm_up.threads)} thread(s) of their own" if self.warm_up.threads else "",
         )
         while True:
-            task = None
-            primed: tuple[WarmTask, CompileReport] | None = None
+            warm_work: tuple[WarmTask, CompileReport | None] | None = None
             with self._cond:
-                while not (self._pending or self._priming or self._warm_here() or self._stopping):
+                while not (self._pending or self.warm_up.device_work() or self._stopping):
                     self._cond.wait()
                 if self._stopping:
                     return
-                if not self._pending and self._priming:
-                    primed = self._priming.popleft()
-                elif not self._pending:
-                    task = self._busy = self._warm.pop()
+                if not self._pending:
+                    warm_work = self.warm_up.take_device_work()
                 else:
                     deadline = time.monotonic() + COALESCE_SECONDS
                     while self._preparing and len(self._pending) < self.max_batch and not self._stopping:
@@ -322,11 +330,8 @@ class Scheduler(WarmUp):
                         continue
                     batch = take_batch(self._pending, self.max_batch, self.runtime.info.buckets)
                     self._running = batch
-            if primed is not None:
-                self._prime(*primed)
-                continue
-            if task is not None:
-                self._warm_up(task)
+            if warm_work is not None:
+                self.warm_up.do(warm_work)
                 continue
             try:
                 self._run_batch(batch)
@@ -355,13 +360,14 @@ class Scheduler(WarmUp):
                 log.exception("engine status listener failed")
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        run_batch(self.runtime, jobs, self.counters, self._compile_batch, self._warm.one, self._ran)
+        run_batch(self.runtime, jobs, self.counters, self._compile_batch, self.warm_up.queue.one, self._ran)
 
     def _ran(self, seconds: float) -> None:
         self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * seconds
 
     def _compile_batch(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
-        report = self._compile(rows, params, what)
+        with self._work.working(what):
+            report = self.runtime.compile(rows, params)
         with self._cond:
-            self._warm.seconds.append(report.seconds)  # for the next estimates
+            self.warm_up.queue.seconds.append(report.seconds)  # for the next estimates
         return report

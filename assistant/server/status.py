@@ -1,7 +1,7 @@
 """What the scheduler reports (its stage, for /health and status) and the errors it refuses a request with.
 
 The stages are the wire's (``assistant.wire.Stage``), since the clients read them back: ``starting``,
-``loading`` (the weights), then serving: ``compiling`` while the chat's first programs compile (requests
+``loading`` (the weights), then serving: ``compiling`` while the clients' first programs compile (requests
 are taken, but /health still answers 503: a chat's prompt sent now would wait for a compile), ``warming``
 once they are in while the rest of the warm-up compiles in the background, ``ready`` when nothing is left
 to compile; ``failed`` if the model could not be loaded, ``stopping`` at the end.

@@ -1,27 +1,28 @@
-"""What the daemon compiles while it already serves: the warm-up plan, and the queue of programs to warm.
+"""What the daemon compiles before it says ready and while it already serves: the warm-up plan, and the
+queue of programs to warm.
 
-A new daemon takes requests as soon as its weights are loaded, and compiles, in this order, the programs
-that requests are most likely to need:
+A new daemon takes requests as soon as its weights are loaded, and compiles first what every client of
+its sends with its defaults, so that after the daemon's first answer no client's first request waits for
+a compile (issue #44); ``/health`` says ok only once these are compiled and have run once:
 
-1. the chat's first prompts (the daemon says "ready" on ``/health`` only once these are compiled, so the
-   first prompt a chat sends the moment it shows ready waits for no compile): ``diffu chat`` with its
-   built-in settings (:data:`CHAT_REQUEST`, the same fields the chat sends; ``tests/tui/test_parts.py``
-   holds the two together) under the model's chat defaults, on the model's default decoder, one row,
-   for a question of up to :data:`FIRST_PROMPT_TOKENS` with its template (the one or two smallest length
-   buckets that hold it and the answer); and, where the model sets ``retry_block``, the chat's second
-   decode of an answer whose code does not parse (the same question on the rounded-up canvas, fast
-   decoder, those blocks) on the smallest of them;
-2. the chat's next turns: the length buckets of prompts up to :data:`TALK_PROMPT_TOKENS` (a first
-   question, its answer and a second question), each with its second decode;
-3. the editor's: an infill of the daemon's ``infill_tokens`` with the request defaults, the smallest bucket
-   first, between the chat's longer buckets; then (off CPU) the chat's on the batch buckets above one row.
+1. the chat (``diffu chat`` with its built-in settings, :data:`CHAT_REQUEST`, under the model's chat
+   settings, its chat decoder included; ``tests/tui/test_parts.py`` holds the two together): one row,
+   for a first question of up to :data:`FIRST_PROMPT_TOKENS` with its template and for a second turn of
+   up to :data:`TALK_PROMPT_TOKENS` (the length buckets that hold them with the answer); two rows at
+   once (two chats), on the smallest of them; and, where the model sets ``retry_block``, the chat's
+   second decode of an answer whose code does not parse on the smallest;
+2. ``diffu generate`` on a raw prompt (the model's settings, its recommended decoder);
+3. the editors (``diffu lsp`` with its built-in settings, :data:`EDITOR`, which ``lsp.settings`` and
+   ``lsp.suggest`` hold the same: a test keeps them together): each suggestion kind (the cursor line,
+   an empty line, a block) with a prompt of the whole context budget, automatic, and invoked with its
+   sampled candidates (``candidates - 1`` rows).
 
-Clients that know their shapes (``diffu lsp`` on connecting) ask ``POST /v1/diffu/warm``; their programs
-go ahead of everything but the chat's first ones. Where the runtime allows it (``concurrent_compile``) the
-warm-up compiles on a thread of its own, at a lower CPU priority once the chat's first programs are in,
-so a request never waits for a warm-up compile it does not need: it waits only for its own program (and
-if the warm-up thread is compiling exactly that one, for that compile to end). Plain Python: the runtime
-builds rows and compiles; this module decides what and in which order.
+Then, in the background: the chat's longer turns, the editors' shorter prompts (small files) and (off
+CPU) the chat on the larger batch buckets. Clients that know their shapes (``diffu lsp`` on connecting)
+ask ``POST /v1/diffu/warm``; their programs go ahead of everything but the first ones. Where the runtime
+allows it (``concurrent_compile``) the warm-up compiles on threads of its own, at a lower CPU priority
+once the first ones are in, so a request never waits for a warm-up compile it does not need. Plain
+Python: the runtime builds rows and compiles; this module decides what and in which order.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assistant.config import Config
+from assistant.wire import TALK_PROMPT_TOKENS, chat_prompts, prompt_budget
 from model_runtime.generation_config import RETRY_KEY, retry_request
 from model_runtime.interface import CanvasRow, RuntimeProtocol
 from model_runtime.params import SamplingParams
@@ -48,14 +50,28 @@ CHAT_REQUEST: dict[str, Any] = {
     "block_length": 32,
     "threshold": 0.9,
 }
-# A first chat question with its template (DiffuCoder's system prompt and turn markers take 27 tokens of
-# the bundled model's vocabulary). "Write a function that returns the sum of a list." is 39 tokens, a
-# two-sentence request 55 to 60: the daemon's smallest bucket (256) holds a 192-token answer after up to
-# 64 of them, the next (384) after up to 192, a request of about 150 words.
-FIRST_PROMPT_TOKENS = 192
-# A second turn: the first question, the chat's answer (192 tokens at most with the bundled model) and
-# the second question.
-TALK_PROMPT_TOKENS = 320
+# A raw prompt of diffu generate: a function's signature and docstring.
+GENERATE_PROMPT_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class EditorDefaults:
+    """What ``diffu lsp`` sends with its built-in settings (``lsp.settings.Settings``, ``lsp.suggest``; the
+    lsp package cannot be imported here: a test keeps the two in step)."""
+
+    context_tokens: int = 1024  # the prompt's budget: the file around the cursor and other files' snippets
+    # Each suggestion kind: its canvas and what ends its answer (max_lines 1; a block_scope, traced).
+    kinds: tuple[tuple[str, int, dict[str, Any]], ...] = (
+        ("the cursor line", 24, {"max_lines": 1}),
+        ("an empty line", 32, {"block_scope": 0}),
+        ("a block", 64, {"block_scope": 1}),
+    )
+    temperature: float = 0.0
+    candidates: int = 3  # invoked: the greedy answer and candidates - 1 sampled ones, batched
+    candidate_temperature: float = 0.8
+
+
+EDITOR = EditorDefaults()
 MAX_WARM_TASKS = 64  # shapes queued at most; a warm request beyond it is refused (503)
 
 
@@ -71,11 +87,13 @@ class Shape:
     infill: bool = False
     batch: int = 1
     sampling: dict[str, Any] = field(default_factory=dict)
+    client: str = ""  # whom it is for, in the status (the warm-up's own shapes)
 
     def describe(self) -> str:
         kind = "infill" if self.infill else "generation"
         rows = f"{self.batch} rows of " if self.batch > 1 else ""
-        return f"{kind}, {rows}{self.prompt_tokens} + {self.max_new_tokens} tokens"
+        said = f"{kind}, {rows}{self.prompt_tokens} + {self.max_new_tokens} tokens"
+        return f"{self.client}: {said}" if self.client else said
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class WarmTask:
     rows: tuple[CanvasRow, ...]
     params: SamplingParams
     label: str
-    ready: bool = False  # one of the chat's first programs: /health says ready once all of them are in
+    ready: bool = False  # one of the clients' first programs: /health says ready once all of them are in
 
 
 def shape_rows(rt: RuntimeProtocol, shape: Shape) -> tuple[CanvasRow, ...]:
@@ -110,56 +128,77 @@ def default_plan(
     retry = rt.info.chat_defaults.get(RETRY_KEY) or 0
     lengths = sorted({n for _, n in rt.info.buckets})
     # Each length bucket above the answer holds the prompts up to its length less the answer.
-    chat_rows = [n for n in lengths if n > chat_new]
-
-    def turn(n: int) -> list[Shape]:
-        """The chat's shapes in bucket ``n``: the answer, then its second decode where the model has one."""
-        prompt = n - chat_new
-        shapes = [Shape(prompt, chat_new, sampling=chat)]
+    first, talk = chat_prompts(lengths, chat_new)
+    ready = [Shape(p, chat_new, sampling=chat, client="the chat") for p in first + talk]
+    if first:
+        ready.append(Shape(first[0], chat_new, batch=2, sampling=chat, client="two chats at once"))
         if retry:
-            again = chat | retry_request(chat_new, chat.get("steps"), retry)
-            canvas = again.pop("max_new_tokens")
-            if again["steps"] is None:
-                del again["steps"]  # a request without steps takes one per token
-            shapes.append(Shape(prompt, canvas, sampling=again))
-        return shapes
-
-    first = [n for n in chat_rows if n - chat_new <= FIRST_PROMPT_TOKENS] or chat_rows[:1]
-    talk = [n for n in chat_rows if n not in first and n - chat_new <= TALK_PROMPT_TOKENS]
-    longer = [n for n in chat_rows if n not in first and n not in talk]
-    ready: list[Shape] = []
+            ready.append(_retry(first[0], chat, chat_new, retry))
+    model = {k: v for k, v in rt.info.chat_defaults.items() if k != RETRY_KEY}
+    gen_new = int(model.pop("max_new_tokens", chat_new))
+    ready.append(Shape(GENERATE_PROMPT_TOKENS, gen_new, sampling=model, client="diffu generate --raw"))
+    ready += editor_shapes(rt.info.max_context)
     later: list[Shape] = []
-    for i, n in enumerate(first):
-        shapes = turn(n)
-        # The smallest bucket's second decode is needed as soon as its first answer's code fails to parse.
-        ready += shapes if i == 0 else shapes[:1]
-        later += [] if i == 0 else shapes[1:]
-    for n in talk:
-        later += turn(n)
-    editor = [
-        Shape(n - config.infill_tokens, config.infill_tokens, infill=True)
-        for n in lengths
-        if n > config.infill_tokens
-    ]
-    for i in range(max(len(editor), len(longer))):
-        later += editor[i : i + 1] + (turn(longer[i]) if i < len(longer) else [])
+    for n in lengths:
+        if n - chat_new > TALK_PROMPT_TOKENS:
+            later.append(Shape(n - chat_new, chat_new, sampling=chat, client="the chat, a long conversation"))
+    for p in first[1:] + talk:
+        if retry:
+            later.append(_retry(p, chat, chat_new, retry))
+    budget = min(EDITOR.context_tokens, rt.info.max_context)
+    for n in lengths:
+        if n < budget:  # a file shorter than the budget: a prompt that fills a shorter bucket
+            later += editor_shapes(n, client="the editors, a short file")
     if accelerator:  # batched buckets: a CPU serves few requests at once, and every bucket is a compile
         for b in sorted({b for b, _ in rt.info.buckets})[1:]:
-            later += [Shape(n - chat_new, chat_new, batch=b, sampling=chat) for n in first + talk]
+            later += [Shape(p, chat_new, batch=b, sampling=chat, client="the chat") for p in first + talk]
     return ready, later
 
 
+def _retry(prompt: int, chat: dict[str, Any], chat_new: int, block: int) -> Shape:
+    """The chat's second decode of an answer whose code does not parse, after a ``prompt``."""
+    again = chat | retry_request(chat_new, chat.get("steps"), block)
+    canvas = again.pop("max_new_tokens")
+    if again["steps"] is None:
+        del again["steps"]  # a request without steps takes one per token
+    return Shape(prompt, canvas, sampling=again, client="the chat's second decode")
+
+
+def editor_shapes(length: int, *, client: str = "the editors") -> list[Shape]:
+    """The editors' suggestions with their built-in settings (:data:`EDITOR`): per kind, automatic (steps
+    half the canvas) and invoked (the whole canvas; its sampled candidates apart and together), with a
+    prompt of the whole context budget that fits ``length`` tokens with the canvas."""
+    shapes = []
+    for kind, canvas, ends in EDITOR.kinds:
+        budget = prompt_budget(EDITOR.context_tokens, canvas, length)
+        if budget <= 0:
+            continue
+        auto = {"steps": max(1, canvas // 2), "temperature": EDITOR.temperature, **ends}
+        shapes.append(Shape(budget, canvas, infill=True, sampling=auto, client=f"{client}, {kind}"))
+        if EDITOR.candidates > 1:
+            # Its sampled candidates go together, or one by one when they reach the daemon apart.
+            sampled = {"steps": canvas, "temperature": EDITOR.candidate_temperature, "seed": 1, **ends}
+            invoked = f"{client}, {kind} (invoked: sampled candidates)"
+            for rows in sorted({1, EDITOR.candidates - 1}):
+                shapes.append(
+                    Shape(budget, canvas, infill=True, batch=rows, sampling=sampled, client=invoked)
+                )
+    return shapes
+
+
 def chat_defaults(rt: RuntimeProtocol) -> dict[str, Any]:
-    """The model's own chat defaults (its generation_config.json) as request fields: the decoder and the
-    chat's retry aside."""
-    return {k: v for k, v in rt.info.chat_defaults.items() if k not in ("decoder", RETRY_KEY)}
+    """The model's own chat settings (its generation_config.json) as request fields: its chat defaults with
+    its chat's decoder over them (as the chat layers them: ``DaemonStatus.chat_settings``), the chat's
+    retry aside."""
+    merged = {**rt.info.chat_defaults, **rt.info.chat_decoder}
+    return {k: v for k, v in merged.items() if k != RETRY_KEY}
 
 
 @dataclass
 class WarmQueue:
     """Programs waiting to be compiled in order, and how the current warm-up goes (k of n, estimate).
 
-    The chat's first programs (``WarmTask.ready``) stay at the front; ``ready_left`` counts those not
+    The clients' first programs (``WarmTask.ready``) stay at the front; ``ready_left`` counts those not
     compiled yet (queued or being compiled). Not thread-safe: the scheduler holds its lock around every
     call.
     """
@@ -173,7 +212,7 @@ class WarmQueue:
     seconds: list[float] = field(default_factory=list)  # what each real compile (or cache read) took
 
     def add(self, tasks: Iterable[WarmTask], *, first: bool = False) -> int:
-        """Queue ``tasks`` (``first``: ahead of those waiting but the chat's first programs, in their
+        """Queue ``tasks`` (``first``: ahead of those waiting but the clients' first programs, in their
         order); returns how many fit."""
         new = list(tasks)[: max(0, self.limit - len(self.tasks))]
         if not self.tasks and not self.ready_left:

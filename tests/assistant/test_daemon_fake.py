@@ -349,7 +349,7 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
         assert "  state:   ready\n" in status.stdout  # the stage once, not "ready ready"
         as_json = json.loads(diffu("daemon", "status", "--json").stdout)
         assert as_json[0]["pid"] == info["pid"] and as_json[0]["server"]["engine"]["stage"] == "ready"
-        logs = diffu("daemon", "logs", "-n", "20")
+        logs = diffu("daemon", "logs", "-n", "200")
         assert logs.returncode == 0 and "listening on" in logs.stdout and "engine ready" in logs.stdout
     finally:
         stop = diffu("daemon", "stop")

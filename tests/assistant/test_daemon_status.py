@@ -29,6 +29,8 @@ STATUS_KEYS = [
     "max_context",
     "default_decoder",
     "one_line_defaults",
+    "block_defaults",
+    "chat_decoder",
     "chat_defaults",
     "mesh",
     "buckets",

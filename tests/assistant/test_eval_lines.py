@@ -57,6 +57,44 @@ def test_tasks_are_drawn_with_a_fixed_seed_and_cut_from_the_file(tmp_path):
         lines.read(out)
 
 
+def test_a_task_whose_context_stands_in_a_training_file_is_dropped():
+    """Held out by path is not held out by content: a vendored copy of a held-out file in the training
+    files gives away its lines, and the check drops their tasks; another file's lines are kept."""
+    held = [("pkg/a.py", SOURCE)]
+    tasks = lines.build(held, 6, lambda s: len(s.split()), seed=0)
+    assert lines.window(tasks[0]).count("\n") <= 2 * lines.WINDOW_LINES
+    other = "def f(x):\n    return x\n\n\nclass A:\n    pass\n"
+    kept, dropped = lines.unseen(tasks, lines.Seen.of([other]))
+    assert [t.task_id for t in kept] == [t.task_id for t in tasks] and dropped == []
+    # The same file vendored elsewhere with more around it: every task's window is in it.
+    vendored = "# vendored copy\n" + SOURCE + "\n# end\n"
+    kept, dropped = lines.unseen(tasks, lines.Seen.of([other, vendored]))
+    assert kept == [] and dropped == tasks
+
+
+def test_spans_hide_lines_the_editor_would_write_and_are_asked_as_it_asks():
+    """A multi-line task hides consecutive code lines that stay in the cursor's scope there; it is asked
+    with the editor's canvas for its mode and its scope's end, and judged on every hidden line."""
+    body = "def area(w, h):\n    total = w * h\n    half = total / 2\n    return half\n\n\nx = area(1, 2)\n"
+    tasks = lines.build_spans([("pkg/a.py", body)], 5, lambda s: len(s.split()), seed=0, sizes=(2,))
+    assert tasks and all(t.middle.count("\n") == 2 for t in tasks)
+    for t in tasks:
+        first = int(t.task_id.rsplit(":L", 1)[1].split("-")[0])
+        assert body.split("\n")[first - 1 : first + 1] == t.middle.rstrip("\n").split("\n")
+    # After an opener: a block, with the body's scope and the block canvas.
+    job = runner.editor_job("def area(w, h):\n", "\n", None, single_line=False)
+    assert (job.tokens, job.scope) == (64, 1)
+    # After a statement at four columns: an empty line, its scope the statement's.
+    job = runner.editor_job("def area(w, h):\n    total = w * h\n", "\n", None, single_line=False)
+    assert (job.tokens, job.scope) == (32, 0)
+    assert runner.editor_job("x = 1\n", "\n", 32, single_line=True).scope is None
+    [task] = runner.line_tasks(
+        [lines.LineTask("t", "def f():\n", "    a = 1\n    b = 2\n", "")], None, single_line=False
+    )
+    assert task.completion("    a = 1\n    b = 2\n\nprint()") == "    a = 1\n    b = 2"
+    assert task.check is not None and task.check(task.completion("    a = 1\n    b = 2\n"))
+
+
 def test_a_fill_passes_when_its_first_line_is_the_hidden_line():
     task = lines.LineTask("a.py:L3", "def f(w, h):\n", "    total = w * h\n", "    return total\n")
     tasks = runner.line_tasks([task, task, task], 32)

@@ -283,7 +283,7 @@ def test_warmup_progress_goes_from_loading_through_compiling_and_warming_to_read
         # Serving from "compiling" on; "warming" only once the chat's first program is in.
         assert list(dict.fromkeys(stages)) == ["loading", "compiling", "warming", "ready", "stopping"]
         compiling = [d for s, _, d, _ in seen if s == "compiling"]
-        assert compiling[0] == "compiling the chat's programs (0 of 1)"
+        assert compiling[0] == "compiling the clients' first programs (0 of 1)"
         warming = [(p, d, eta) for s, p, d, eta in seen if s == "warming"]
         assert list(dict.fromkeys(d for _, d, _ in warming)) == [
             "warming (1 of 4)",

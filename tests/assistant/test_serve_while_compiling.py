@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -31,33 +30,39 @@ def stream(daemon: DaemonProcess, path: str, body: dict) -> list[sse.ServerSentE
         return list(sse.iter_events(response.iter_lines()))
 
 
-def test_ready_waits_for_the_chats_program_and_a_request_is_answered_while_the_warm_up_goes_on(
+def test_ready_waits_for_the_clients_programs_and_a_request_is_answered_while_the_warm_up_goes_on(
     tmp_path: Path,
 ) -> None:
-    # Four shapes to warm (the chat's, then three editor buckets), a second of compiling each: three
-    # length buckets, whatever the defaults are.
+    # Half a second of compiling each shape: every client's first ones before ready, then the rest (longer
+    # conversations, short files) in the background, three length buckets whatever the defaults are.
     env = isolated_env(tmp_path, DIFFU_LENGTH_BUCKETS="128,256,512")
-    daemon = start_daemon(tmp_path, "fake:warmup_delay=1.0,step_delay=0.002", env=env, wait=False)
+    daemon = start_daemon(tmp_path, "fake:warmup_delay=0.5,step_delay=0.002", env=env, wait=False)
     try:
-        daemon.wait_ready(warm=False)  # /health says ok: the chat's program is compiled
-        # Before that it served already, but said 503 "compiling" while the chat's program compiled.
+        daemon.wait_ready(warm=False)  # /health says ok: the clients' first programs are compiled
+        # Before that it served already, but said 503 "compiling" while they compiled.
         assert (503, "compiling") in daemon.health_seen and daemon.health_seen[-1] == (200, "ok")
         health = daemon.health()
-        assert health["status"] == "ok" and health["stage"] == "warming" and health["shapes"] == 4
-        assert health["detail"] == "warming (1 of 4)" and health["eta_seconds"] is not None
+        assert health["status"] == "ok" and health["stage"] == "warming"
+        total = health["shapes"]
+        assert 0 < health["warmed"] < total and health["detail"] == f"warming ({health['warmed']} of {total})"
+        assert health["eta_seconds"] is not None
         # The chat's first prompt (its built-in settings) the moment it is ready: no compile to wait for.
         chat = stream(
             daemon, "/v1/diffu/generate", {"messages": [{"role": "user", "content": "hi"}], **CHAT_REQUEST}
         )
         assert not [e for e in chat if e.event == "waiting"] and chat[-1].event == "done"
         # A shape of no warm-up: it waits for its own compile only, beside the warm-up's, and says so.
-        t0 = time.monotonic()
         events = stream(
             daemon,
             "/v1/diffu/generate",
-            {"prompt": "def f(x):", "max_new_tokens": 8, "steps": 4, "temperature": 0.7},
+            {
+                "prompt": "def f(x):",
+                "max_new_tokens": 8,
+                "steps": 4,
+                "temperature": 0.7,
+                "alg": "topk_margin",
+            },
         )
-        waited = time.monotonic() - t0
         during = daemon.health()
         waiting = [e.json() for e in events if e.event == "waiting"]
         done = next(e.json() for e in events if e.event == "done")
@@ -65,13 +70,12 @@ def test_ready_waits_for_the_chats_program_and_a_request_is_answered_while_the_w
             "detail"
         ]
         assert [e.event for e in events if e.event != "waiting"][-1] == "done"
-        # Answered before the warm-up ended (3 s of compiles left; its own took 1 s).
-        assert during["stage"] == "warming" and during["warmed"] < 4 and waited < 1.9
-        assert done["stats"]["compile_seconds"] >= 1.0 and done["stats"]["compiled_programs"] == 1
-        assert done["stats"]["generate_seconds"] < 0.5  # generation time counts no compile
-        assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+        # Answered before the warm-up ended: its own compile only, not the warm-up's queue.
+        assert during["stage"] == "warming" and during["warmed"] < total
+        assert done["stats"]["compile_seconds"] >= 0.5 and done["stats"]["compiled_programs"] == 1
+        assert wait_until(lambda: daemon.health()["stage"] == "ready", 60)
         status = httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()["engine"]
-        assert status["warmed"] == status["shapes"] == 4 and status["compiling"] is None
+        assert status["warmed"] == status["shapes"] == total and status["compiling"] is None
     finally:
         daemon.stop()
 
@@ -168,14 +172,14 @@ def test_sigterm_during_a_compile_exits_at_once_and_cleanly(tmp_path: Path, micr
     # An empty compilation cache: the daemon compiles its first warm-up program when the signal comes.
     env = isolated_env(tmp_path, DIFFU_JAX_CACHE_DIR=str(tmp_path / "empty-cache"))
     daemon = start_daemon(tmp_path, str(micro_dir), env=env, wait=False)
-    daemon.wait_ready(warm=False)
     status = lambda: httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()  # noqa: E731
-    assert wait_until(lambda: status()["engine"]["compiling"], 60, interval=0.02)
-    t0 = time.monotonic()
+    assert wait_until(lambda: status()["engine"]["compiling"], 120, interval=0.02)
     daemon.proc.send_signal(signal.SIGTERM)
     code = daemon.proc.wait(30)
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert code == 0 and time.monotonic() - t0 < 5, stderr
+    assert code == 0, stderr
+    # It did not wait for the compile under way (XLA's cannot be interrupted): it exited beside it.
+    assert "not waiting for it" in daemon.log_text()
     assert "terminate called" not in stderr and "FATAL" not in stderr and "Traceback" not in stderr
     assert "daemon exited; lock and discovery file removed" in daemon.log_text()
     assert not list((tmp_path / "run").glob("*.json"))

@@ -124,7 +124,7 @@ async def test_progress_reports_only_what_changed() -> None:
     updates += [(Stage.LOADING, i / 300, "loading weights") for i in range(301)]
     updates += [
         (Stage.LOADING, 1.0, "ready"),
-        (Stage.COMPILING, 0.0, "compiling the chat's programs (0 of 2)"),
+        (Stage.COMPILING, 0.0, "compiling the clients' first programs (0 of 2)"),
     ]
     for stage, fraction, detail in updates:
         progress(stage, fraction, detail)
@@ -138,7 +138,7 @@ async def test_progress_reports_only_what_changed() -> None:
     assert [p for m, p in shown if m == "loading weights"] == list(range(81))
     assert shown[-2:] == [
         ("model loaded", 80),
-        ("compiling the chat's programs (0 of 2)", 80),
+        ("compiling the clients' first programs (0 of 2)", 80),
     ]
     assert editor.sent[-1] == ("end", "model ready", None)
 

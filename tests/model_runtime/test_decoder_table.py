@@ -39,8 +39,8 @@ def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path,
         assert row["params"]["max_lines"] == 1 and row["params"]["decoder"] == row["setting"]
     table = json.loads((out / "table.json").read_text())["benchmarks"]["lines"]
     assert list(table) == ["reference", "sliding"]  # the reference first, as asked
-    assert table["reference"]["minus_reference"] == [0.0, 0.0, 0.0]
-    assert table["sliding"]["tasks"] == 2 and table["sliding"]["reference_time_over_this"] > 0
+    assert table["reference"]["minus_baseline"] == [0.0, 0.0, 0.0]
+    assert table["sliding"]["tasks"] == 2 and table["sliding"]["baseline_time_over_this"] > 0
     md = (out / "table.md").read_text()
     assert "| lines (2) | reference |" in md and "| lines (2) | sliding |" in md
     # Run again: everything is measured already, so nothing is added.
@@ -54,3 +54,9 @@ def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path,
     assert smaller["excluded_tasks"] == 1
     assert {e["tasks"] for e in smaller["benchmarks"]["lines"].values()} == {1}
     assert "| lines (1) | sliding |" in (out / "table.md").read_text()
+    # Against another baseline (the strongest one the table holds, say): every difference is from it.
+    assert decoder_table.main(argv + ["--report", "--baseline", "sliding"]) == 0
+    against = json.loads((out / "table.json").read_text())
+    assert against["baseline"] == "sliding"
+    assert against["benchmarks"]["lines"]["sliding"]["minus_baseline"] == [0.0, 0.0, 0.0]
+    assert "| sliding time / this (95% CI) |" in (out / "table.md").read_text()

@@ -100,6 +100,7 @@ class ScriptedBackend:
     fills: list[str] = field(default_factory=list)  # what the scripted model writes in each hole
     fill_requests: list[str] = field(default_factory=list)  # the prompts of fill runs, as sent
     counted: list[str] = field(default_factory=list)  # the texts /tokenize was asked about
+    warmed: list[ChatSettings] = field(default_factory=list)  # the settings the chat asked to warm up
 
     def __post_init__(self) -> None:
         self.runtime = ScriptedRuntime(self.answers)
@@ -171,6 +172,9 @@ class ScriptedBackend:
                     ),
                     usage={"prompt_tokens": len(row.ids) - tokens, "completion_tokens": new},
                 )
+
+    async def warm(self, settings: ChatSettings) -> None:
+        self.warmed.append(settings)
 
     async def count_tokens(self, text: str) -> int:
         """The daemon's /tokenize: the fake tokenizer's count (a token per character)."""

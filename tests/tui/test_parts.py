@@ -239,7 +239,10 @@ def test_an_answer_whose_code_does_not_parse_gets_a_second_decode_in_longer_bloc
         ChatSettings(retry_block=100)
 
 
-def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_compiled() -> None:
+def test_the_daemon_is_ready_once_the_chats_first_turns_and_second_decode_are_compiled() -> None:
+    """What ready waits for of the chat is what the chat sends with its built-in settings: its first
+    questions and a second turn (one row), two chats at once, and the second decode of an answer whose
+    code does not parse; each warm-up task runs the program the chat's request runs."""
     import dataclasses
 
     from assistant.config import Config
@@ -247,7 +250,7 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
     from assistant.server.job_builder import build_job, warm_task
     from assistant.server.protocol import GenSpec
     from assistant.server.warmup import default_plan
-    from assistant.wire import SamplingOptions
+    from assistant.wire import SamplingOptions, chat_prompts
     from tui.settings import ChatConfig
 
     defaults = {"max_new_tokens": 192, "steps": 192, "temperature": 0.0, "retry_block": 128}
@@ -258,10 +261,22 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
     assert problem == "" and chat.retry_block == 128
     ready, rest = default_plan(rt, Config(), accelerator=False)
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
-    # Before ready: the chat's first program and its second decode's, and the next bucket's first
-    # program for a longer question (up to 192 tokens); a first prompt waits for none of them.
-    assert [s.prompt_tokens + s.max_new_tokens for s in ready] == [256, 320, 384]
-    for shape, settings in zip(ready, (chat, chat.retry_settings(), chat), strict=True):
+    chats = [s for s in ready if s.client in ("the chat", "two chats at once", "the chat's second decode")]
+    # The first questions (up to 192 tokens: buckets 256 and 384) and a second turn (512), two chats at
+    # once on the smallest, and the second decode there (its canvas rounded up to blocks of 128).
+    assert [(s.prompt_tokens + s.max_new_tokens, s.batch) for s in chats] == [
+        (256, 1),
+        (384, 1),
+        (512, 1),
+        (256, 2),
+        (320, 1),
+    ]
+    # The chat asks for its own settings' shapes with the same rule (tui.backend.DaemonBackend.warm).
+    first, talk = chat_prompts((256, 384, 512), chat.max_new_tokens)
+    assert [s.prompt_tokens for s in chats[:3]] == first + talk
+    for shape in chats:
+        settings = chat.retry_settings() if shape.client == "the chat's second decode" else chat
+        assert settings is not None
         body = settings.request_params()
         spec = GenSpec(
             mode="chat",
@@ -272,19 +287,16 @@ def test_the_daemon_is_ready_once_the_chats_first_decode_and_its_second_are_comp
         job, _ = build_job(rt, spec, Config())
         task = warm_task(rt, shape, Config())
         assert task.params == job.params
-        rt.compile(task.rows, task.params)
-        assert rt.compiled([job.row], job.params)
-    # Then the chat's next turns (the second decode in bucket 384, a longer talk in 512 with its own), then
-    # the editor's.
-    assert [(s.prompt_tokens + s.max_new_tokens, s.infill) for s in rest[:4]] == [
-        (448, False),
-        (512, False),
-        (576, False),
-        (256, True),
-    ]
+    # The rest of the clients' first shapes: diffu generate's raw prompt, then the editors'.
+    others = [s.client for s in ready if s not in chats]
+    assert others[0] == "diffu generate --raw" and all(c.startswith("the editors") for c in others[1:])
+    # Then a long conversation's (the context's bucket, 1024) and the later turns' second decodes.
+    assert [s.client for s in rest][:3] == ["the chat, a long conversation"] + [
+        "the chat's second decode"
+    ] * 2
     # A model without a second decode warms none.
     rt.info = dataclasses.replace(
         rt.info, chat_defaults={"max_new_tokens": 192, "steps": 192, "temperature": 0.0}
     )
     ready, rest = default_plan(rt, Config(), accelerator=False)
-    assert len(ready) == 2 and [s.infill for s in rest[:2]] == [False, True]
+    assert not [s for s in ready + rest if s.client == "the chat's second decode"]

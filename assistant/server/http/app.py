@@ -80,6 +80,7 @@ class HttpApp:
             queue_size=self.config.queue_size,
             max_batch=self.config.max_batch,
             planner=self._plan if self.warmup else None,
+            warm_threads=self.config.warm_threads,
         )
         self.scheduler.add_listener(self.health_feed.notify)
         self.scheduler.add_listener(self._on_status)
@@ -261,7 +262,7 @@ class HttpApp:
         }
 
     async def health(self, request: Request) -> Response:
-        """503 with stage and progress while loading and while the chat's first programs compile (stage
+        """503 with stage and progress while loading and while the clients' first programs compile (stage
         "compiling": requests are taken meanwhile), 200 once a chat's first prompt is answered without a
         compile (stage "warming" while the rest of the warm-up compiles in the background, then
         "ready"). No token needed."""
@@ -373,6 +374,8 @@ def _with_runtime(status: DaemonStatus, rt: RuntimeProtocol | None) -> DaemonSta
         max_context=info.max_context,
         default_decoder=info.default_decoder,
         one_line_defaults=info.one_line_defaults,
+        block_defaults=info.block_defaults,
+        chat_decoder=info.chat_decoder,
         mesh=info.mesh,
         buckets=info.buckets,
         # The compiled-program cache: its bound, what it holds, its memory ceiling (issue #17).
