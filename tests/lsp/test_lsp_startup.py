@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from tests.assistant.helpers import isolated_env
 from tests.lsp.conftest import LSP_COMMAND
@@ -19,7 +18,9 @@ INITIALIZE = {
 
 
 def test_initialize_answers_at_once_without_jax_or_httpx(tmp_path) -> None:
-    """An editor starting ``diffu lsp`` gets ``initialize`` answered fast; no model, no HTTP stack yet."""
+    """An editor starting ``diffu lsp`` gets ``initialize`` answered before anything else happens: no
+    model, no HTTP stack, no daemon (none runs, none is started). How fast is a benchmark's business
+    (``scripts/lsp_latency.py``; about 0.6 s on an idle 2-core machine, most of it importing lsprotocol)."""
     probe = (
         "import sys, lsp.server; "
         "print(sorted(m for m in ('jax', 'httpx', 'model_runtime.runtime') if m in sys.modules))"
@@ -27,7 +28,6 @@ def test_initialize_answers_at_once_without_jax_or_httpx(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     body = json.dumps(INITIALIZE).encode()
-    t0 = time.monotonic()
     proc = subprocess.Popen(
         LSP_COMMAND,
         stdin=subprocess.PIPE,
@@ -39,11 +39,7 @@ def test_initialize_answers_at_once_without_jax_or_httpx(tmp_path) -> None:
         proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
         proc.stdin.flush()
         header = proc.stdout.readline()
-        elapsed = time.monotonic() - t0
     finally:
         proc.kill()
         proc.wait()
     assert header.startswith(b"Content-Length")
-    # Well under a second on an idle machine (about 0.6 s, most of it importing lsprotocol); the bound
-    # leaves room for a busy 2-core CI box.
-    assert elapsed < 5.0

@@ -76,12 +76,11 @@ async def test_fill_holes_in_a_selection_with_a_hole_outside(lsp, tiny_daemon) -
     assert only["range"]["start"] == {"line": 4, "character": 11} and only["newText"].strip()
 
 
-async def test_latency_benchmark(lsp, tiny_daemon, capsys) -> None:
-    """Median request-to-response time in the editor beside the daemon's own engine time.
-
-    Invoked requests skip the debounce and the cache, so every one runs the model: a single-line canvas
-    of 24 tokens in 12 steps on the tiny checkpoint.
-    """
+async def test_every_invoked_request_runs_the_model_and_times_its_parts(lsp, tiny_daemon, capsys) -> None:
+    """Invoked requests skip the debounce and the cache, so every one runs the model (a single-line canvas
+    of 24 tokens in 12 steps on the tiny checkpoint), and the server times each part of it, one inside the
+    other: the engine's time within the daemon's round trip within the handler's. How fast is the
+    benchmark's business (``scripts/lsp_latency.py``): the medians are printed, not bounded."""
     session = await lsp("neovim-0.12", daemon=tiny_daemon, settings={"steps": 12, "minChars": 1})
     uri = session.open("bench.py", "import math\n\n\ndef area(r):\n    return math.pi * \n")
     await session.inline(uri, 4, 21, invoked=True)  # warm: connection, learned ratio, compiled program
@@ -108,5 +107,5 @@ async def test_latency_benchmark(lsp, tiny_daemon, capsys) -> None:
         print("\ndiffu lsp latency on the tiny checkpoint, median of 15 (ms):")
         for name, value in figures.items():
             print(f"  {name:<40} {value:8.1f}")
-    # The goal is under 20 ms of overhead; the bound leaves room for a loaded 2-core CI machine.
-    assert statistics.median(overhead) < 150
+    for e, d, h, w in zip(engine, daemon, handler, walls, strict=True):
+        assert 0 < e <= d <= h <= w, (e, d, h, w)
