@@ -27,7 +27,8 @@ from tui.settings import FIELDS, ChatSettings, SettingsError, decoder_knobs_of, 
 from tui.store import ConversationInfo
 from tui.widgets import AnswerView
 
-REPLAY_SECONDS = 3.0  # a whole history plays in about this long, between 8 and 30 frames a second
+REPLAY_SECONDS = 3.0  # a whole history plays in about this long, between MIN_FPS and MAX_FPS frames a second
+MIN_FPS, MAX_FPS = 8.0, 30.0
 
 
 class ReplayScreen(ModalScreen[None]):
@@ -131,7 +132,7 @@ class ReplayScreen(ModalScreen[None]):
             return
         if self.frame >= len(self.trace.frames) - 1:
             self._show(0)  # at the end, play starts over
-        fps = min(30.0, max(8.0, len(self.trace.frames) / REPLAY_SECONDS))
+        fps = min(MAX_FPS, max(MIN_FPS, len(self.trace.frames) / REPLAY_SECONDS))
         self.playing = True
         self._timer = self.set_interval(1 / fps, self._tick)
         self._update_state()

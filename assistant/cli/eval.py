@@ -133,9 +133,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> list[int]:
+    from assistant.cli.model_options import check_sampling_flags
     from assistant.cli.parser import did_you_mean
     from assistant.errors import UsageError
 
+    check_sampling_flags(args)
     if args.benchmark not in BENCHMARKS:
         raise UsageError(
             f"unknown benchmark {args.benchmark!r} (one of {', '.join(BENCHMARKS)})"

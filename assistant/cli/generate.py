@@ -26,6 +26,7 @@ from assistant.cli.model_options import (
     add_multihost_options,
     add_sampling_options,
     add_where_options,
+    check_sampling_flags,
     daemon_config,
     init_multihost,
     load_with_progress,
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.history and not args.json:
         raise UsageError("--history needs --json")
     check_prompt_args(args)
+    check_sampling_flags(args)
     config = daemon_config(args, local_only=("history",))
     if config is not None:
         return _run_daemon(args, config)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from assistant.cli.flags import add_flag, flag, flag_error
 from model_runtime.generation_config import CHAT_KEYS
-from model_runtime.options import options
+from model_runtime.options import OptionError, options
 from model_runtime.params import ParamError, SamplingParams
 
 if TYPE_CHECKING:
@@ -122,6 +122,21 @@ def model_decoder(args: argparse.Namespace, params: SamplingParams, rt: RuntimeP
     return dataclasses.replace(params, **{"decoder": rt.info.default_decoder, **one_line})
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """Refuse a sampling flag's value that its option refuses (bounds, choices), with the option's one
+    line, before any model loads or any daemon is reached; what depends on the model (steps within its
+    canvas) is checked once its settings are known (:func:`sampling_params`)."""
+    from assistant.errors import UsageError
+
+    for name in SAMPLING_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        problem = SAMPLING[name].problem(value)
+        if problem:
+            raise UsageError(flag_error(OptionError(name, problem)))
+
+
 def sampling_params(
     args: argparse.Namespace, max_new_tokens: int | None = None, model: Mapping[str, Any] | None = None
 ) -> SamplingParams:
@@ -202,11 +217,17 @@ def load_with_progress(
     """Load with progress on stderr (``assistant.cli.progress``: a bar on a terminal, a few lines when
     piped; stdout stays clean).
 
-    ``options`` go to ``model_runtime.load`` (shape buckets, context).
+    ``options`` go to ``model_runtime.load`` (shape buckets, context). The model is found first (a local
+    directory, or a hub id fetched to the hub's cache with its own progress), before JAX is imported: one
+    that cannot be had is said at once, however busy the machine.
     """
     import model_runtime
     from assistant.cli.progress import Progress
+    from model_runtime.checkpoint import resolve_model_dir
+    from model_runtime.model_ref import is_fake_spec
 
+    if model is not None and not is_fake_spec(model):
+        model = str(resolve_model_dir(model))
     with Progress() as progress:
         step = progress.step("loading the model", 1.0, fraction=True)
 
