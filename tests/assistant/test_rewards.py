@@ -225,7 +225,9 @@ def test_hundreds_of_sandboxed_executions_leave_no_process_and_no_temp_file():
         tests.append([f"assert f({j}) == {j + 1}" for j in range(4)])
     completions.append("```python\ndef f(x):\n    while True:\n        pass\n```\n")
     tests.append(["assert f(1) == 2"])
-    reward = rewards.CodeReward(timeout=1.0, workers=2)
+    # the time limit is wall-clock: a right program must finish inside it on a machine at load 10
+    # (a sandboxed interpreter's start alone took over a second there), so only the loop meets it
+    reward = rewards.CodeReward(timeout=10.0, workers=2)
     try:
         scores = reward(completions, test_cases=tests)
     finally:

@@ -121,10 +121,9 @@ def test_files_in_context_in_a_real_terminal(
         session.wait_for(lambda s: "dropped geometry.py" in s, "the file dropped")
         session.keys("/add pkg blob.bin big.py missing.py", "Enter")
         screen = session.wait_for(lambda s: "missing.py: no such file; not added" in s, "one line per file")
-        assert "pkg: is a directory" in screen and "blob.bin: a binary file, not text" in screen
-        assert (
-            "big.py: 620 tokens (with the 60 of the files already in context), beyond the prompt's" in screen
-        )
-        assert "1 file ·" in screen  # none of them was added
+        assert "pkg: is a directory" in screen and "blob.bin: a binary file, not text" in screen, screen
+        big = "big.py: 620 tokens (with the 60 of the files already in context), beyond the prompt's"
+        assert big in screen, screen
+        assert "1 file ·" in screen, screen  # none of them was added
     finally:
         session.kill()

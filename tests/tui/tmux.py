@@ -15,12 +15,15 @@ from pathlib import Path
 from tests.assistant.helpers import REPO, DaemonProcess
 
 
+WIDTH, HEIGHT = 120, 40
+
+
 class Tmux:
     """One detached tmux session on a private server socket, 120 x 40."""
 
     def __init__(self, command: str, env: dict[str, str]) -> None:
         self.socket = f"diffu-test-{uuid.uuid4().hex[:8]}"
-        self._tmux("new-session", "-d", "-x", "120", "-y", "40", "-s", "chat", command, env=env)
+        self._tmux("new-session", "-d", "-x", str(WIDTH), "-y", str(HEIGHT), "-s", "chat", command, env=env)
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
         out = subprocess.run(
@@ -72,6 +75,10 @@ def diffu_in_tmux(
     env.pop("TMUX", None)
     # tmux starts the command through a shell with the server's environment: pass ours explicitly.
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k.startswith(("DIFFU_", "XDG_")))
+    # The pane's size, also where a terminal program looks first (shutil.get_terminal_size): on a loaded
+    # machine the chat once read a size of 0 x 0 from a pane not yet sized, drew at 80 x 24 and never
+    # heard of a change, so the lines it wrapped were not the ones a 120-column terminal shows.
+    exports += f" COLUMNS={WIDTH} LINES={HEIGHT}"
     diffu = " ".join(shlex.quote(a) for a in args)
     command = (
         f"cd {shlex.quote(str(cwd))} && env {exports} {shlex.quote(sys.executable)} -m assistant.cli {diffu}"
