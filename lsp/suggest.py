@@ -65,13 +65,18 @@ def plan(cursor: Cursor, settings: Settings) -> Plan:
     line_above = above[above.rfind("\n") + 1 :]
     mode = ctx.classify(line_before, line_after, line_above)
     canvas = ctx.canvas_tokens(mode, settings.max_tokens)
-    if settings.steps:
-        steps = min(settings.steps, canvas)
-    else:
-        steps = canvas if cursor.invoked else max(1, canvas // 2)
+    steps = plan_steps(settings, canvas, cursor.invoked)
     blank = not line_before.strip() and not line_after.strip()
     prompt_before = before[: len(before) - len(line_before)] if blank else before
     return Plan(mode, canvas, steps, prompt_before, line_before, line_above)
+
+
+def plan_steps(settings: Settings, canvas: int, invoked: bool) -> int:
+    """Denoising steps for a ``canvas``: the user's (at most one a token), else every token's own step when
+    the user asked and half as many while typing."""
+    if settings.steps:
+        return min(settings.steps, canvas)
+    return canvas if invoked else max(1, canvas // 2)
 
 
 def mode_sampling(
@@ -95,19 +100,32 @@ def mode_sampling(
 
 
 def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
-    """The shapes typing asks for, one per mode (canvas and automatic steps as :func:`plan` makes them),
-    with a prompt of the whole context budget (files longer than it are the common case), for the daemon
-    to compile when the server connects instead of on the first suggestion."""
+    """The shapes typing and an explicit request ask for, per mode (canvas and steps as :func:`plan` makes
+    them, the candidates as :func:`ask` sends them: the greedy one, and the sampled ones together or,
+    reaching the daemon apart, one by one), with a prompt of the whole context budget (files longer than
+    it are the common case), for the daemon to compile when the server connects instead of on the first
+    suggestion."""
     from assistant.client import WarmShape
 
     shapes: list[WarmShape] = []
     for mode in ctx.Mode:
         canvas = ctx.canvas_tokens(mode, settings.max_tokens)
-        steps = min(settings.steps, canvas) if settings.steps else max(1, canvas // 2)
         budget = prompt_budget(settings.context_tokens, canvas, max_context)
-        if budget > 0:
-            sampling = mode_sampling(settings, mode, steps)
-            shape = WarmShape(prompt_tokens=budget, max_new_tokens=canvas, infill=True, sampling=sampling)
+        if budget <= 0:
+            continue
+        asked: list[tuple[int, int, float | None, int | None]] = [
+            (plan_steps(settings, canvas, invoked), 1, None, None) for invoked in (False, True)
+        ]
+        if settings.candidates > 1:
+            steps = plan_steps(settings, canvas, True)
+            asked += [
+                (steps, rows, CANDIDATE_TEMPERATURE, 1) for rows in sorted({1, settings.candidates - 1})
+            ]
+        for steps, rows, temperature, seed in asked:
+            sampling = mode_sampling(settings, mode, steps, temperature=temperature, seed=seed)
+            shape = WarmShape(
+                prompt_tokens=budget, max_new_tokens=canvas, infill=True, batch=rows, sampling=sampling
+            )
             shapes.append(shape)
     return list(dict.fromkeys(shapes))  # two modes with the same canvas are one shape
 

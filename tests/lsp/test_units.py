@@ -20,7 +20,7 @@ from assistant.infill.postprocess import (
 from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
 from lsp.settings import ANSWER_SHAPING, Settings, parse_settings, settings_section
-from lsp.suggest import Cursor, clean, plan, warm_shapes
+from lsp.suggest import CANDIDATE_TEMPERATURE, Cursor, clean, plan, warm_shapes
 
 
 # -- context ------------------------------------------------------------------------------------------
@@ -60,7 +60,20 @@ def test_the_prompt_budget_leaves_the_canvas_its_room() -> None:
     assert prompt_budget(1024, 600, 512) < 0  # no prompt fits: callers ask for none or the least
     # The warm-up's shapes: the 64-token block canvas leaves no room in a 40-token context.
     shapes = warm_shapes(Settings(max_tokens=64), max_context=40)
-    assert [(s.prompt_tokens, s.max_new_tokens) for s in shapes] == [(40 - 24 - 2, 24), (40 - 32 - 2, 32)]
+    sizes = [(s.prompt_tokens, s.max_new_tokens) for s in shapes]
+    assert list(dict.fromkeys(sizes)) == [(40 - 24 - 2, 24), (40 - 32 - 2, 32)]
+    # Per canvas: typing (half the canvas in steps), invoked's greedy answer (every step) and its two
+    # sampled candidates, together and (reaching the daemon apart) one by one.
+    line = [
+        (s.batch, s.sampling and s.sampling.steps, s.sampling and s.sampling.temperature) for s in shapes[:4]
+    ]
+    assert line == [
+        (1, 12, 0.0),
+        (1, 24, 0.0),
+        (1, 24, CANDIDATE_TEMPERATURE),
+        (2, 24, CANDIDATE_TEMPERATURE),
+    ]
+    assert len(warm_shapes(Settings(max_tokens=64, candidates=1, steps=8), max_context=40)) == 2
 
 
 def test_window_splits_the_budget_on_line_boundaries() -> None:
