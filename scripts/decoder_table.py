@@ -76,6 +76,9 @@ SETTINGS: dict[str, Setting] = {
     "fast-b8": Setting(
         {"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}, batch=1
     ),
+    # The editors' multi-line suggestions before the table chose theirs: the model's own fast decoder,
+    # its one block as long as the canvas (64 for a block, 32 for an empty line).
+    "fast-b64": Setting({"decoder": "fast", "block_length": 64}, {"decoder": "fast"}, batch=1),
     "fast-b8-4rows": Setting({"decoder": "fast", "block_length": 8}, {"decoder": "fast", "block_length": 8}),
     # One row at a time: a batch runs until its slowest row ends its line, which doubled the sliding
     # decoder's forwards per answer at 4 rows on the held-out lines. A chat answer gets the chat's block
