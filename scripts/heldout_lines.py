@@ -22,6 +22,8 @@ from model_runtime.bundled import bundled_model_dir
 from model_runtime.tokenizer import load_tokenizer
 from model_runtime.train import corpus as corpus_lib
 
+CHOOSING = 200  # the last drawn tasks: the decoder settings' choosing set
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(
@@ -35,6 +37,12 @@ def main() -> int:
     parser.add_argument(
         "--spans", action="store_true", help="multi-line spans (2 to 4 lines in the cursor's scope) instead"
     )
+    parser.add_argument(
+        "--choosing",
+        type=Path,
+        help="also write here the tasks kept of the last 200 drawn: the set decoder settings are chosen on, "
+        "which the tables leave out (decoder_table.py --exclude)",
+    )
     args = parser.parse_args()
 
     tok = load_tokenizer(bundled_model_dir(), mask_id=0, pad_id=0, eos_id=0)
@@ -46,6 +54,9 @@ def main() -> int:
     drawn = build(held, args.tasks, lambda s: len(tok.encode(s)), seed=args.seed)
     tasks, dropped = lines.unseen(drawn, lines.Seen.of(text for _, text in trained))
     lines.write(tasks, args.out)
+    if args.choosing:
+        last = {t.task_id for t in drawn[-CHOOSING:]}
+        lines.write([t for t in tasks if t.task_id in last], args.choosing)
     print(
         f"{len(tasks)} tasks from {len(held)} held-out files -> {args.out}; {len(dropped)} of the "
         f"{len(drawn)} drawn left out, their {2 * lines.WINDOW_LINES + 1}-line context verbatim in a "

@@ -5,7 +5,9 @@ Everything expensive is session-scoped: the suite must stay well under 15 minute
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,9 @@ import pytest
 # One persistent JAX compilation cache for the whole run, shared with subprocesses (CLI, daemon), in a
 # temp dir so runs never see a developer's cache. Set before anything imports the runtime.
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="diffu-tests-"))
+# Gone when this process ends (each xdist worker's with the worker, the controller's with the run): a run
+# left about 300 MB in /tmp, every run again.
+atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 os.environ.setdefault("DIFFU_JAX_CACHE_DIR", str(_SESSION_TMP / "jax-cache"))
 os.environ.setdefault("DIFFU_CODE_EXECUTED_MARKER", str(_SESSION_TMP / "custom-code-executed"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
