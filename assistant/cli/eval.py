@@ -143,10 +143,7 @@ def _check(args: argparse.Namespace) -> list[int]:
             f"unknown benchmark {args.benchmark!r} (one of {', '.join(BENCHMARKS)})"
             f"{did_you_mean(args.benchmark, BENCHMARKS)}"
         )
-    for flag, value, allowed in (
-        ("--style", args.style, STYLES),
-        ("--variant", args.variant, VARIANTS),
-    ):
+    for flag, value, allowed in (("--style", args.style, STYLES), ("--variant", args.variant, VARIANTS)):
         if value not in allowed:
             raise UsageError(
                 f"{flag}: expected {' or '.join(allowed)}, got {value!r}{did_you_mean(value, allowed)}"

@@ -400,19 +400,20 @@ async def test_connecting_has_the_daemon_compile_the_editors_shapes_before_the_f
         daemon.wait_ready()  # the daemon's own warm-up is over: what follows is the editor's
         before = daemon.health()
         assert before["stage"] == "ready"
-        # A temperature the daemon's generic warm-up does not use: these programs are the editor's own.
-        session = await lsp("neovim-0.12", daemon=daemon, settings={"temperature": 0.5})
+        # More candidates than the daemon's own warm-up plans for (it warms the editors' default shapes,
+        # whatever the file's length): the batch of 5 sampled candidates is the editor's own program.
+        session = await lsp("neovim-0.12", daemon=daemon, settings={"candidates": 6})
         asked = await wait_for(
             lambda: next((m for m in session.logs() if "warm" in m), None), what="the warm request"
         )
-        match = re.search(r"asked the daemon to warm (\d+) editor shapes \((\d+) queued, 0 already", asked)
+        match = re.search(r"asked the daemon to warm (\d+) editor shapes \((\d+) queued, \d+ already", asked)
         assert match and int(match[1]) >= 1 and int(match[2]) >= 1, asked
         # Compiled in the background, with no suggestion requested: asked again, the daemon finds every
         # one of those shapes compiled.
         assert await wait_for(lambda: daemon.health()["stage"] == "ready", what="the warm-up's end")
         with daemon.client() as c:
             context = c.get("/v1/models").json()["data"][0]["context_length"]
-            shapes = warm_shapes(Settings(temperature=0.5), context)
+            shapes = warm_shapes(Settings(candidates=6), context)
             again = c.post("/v1/diffu/warm", json=warm_body(shapes)).json()
         assert len(shapes) == int(match[1]) and again["queued"] == 0
         assert again["compiled"] == list(range(len(shapes)))

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tests.assistant.helpers import REPO, DaemonProcess
 
-
 WIDTH, HEIGHT = 120, 40
 
 
