@@ -9,9 +9,14 @@ bundled model never saw stay unseen here too. Writes:
 
     OUT/train.jsonl     {"messages": [...], "source": {...}} per line, for ``diffu train --sft``
     OUT/heldout.jsonl   the held-out requests (same format; the assistant turn is the reference answer)
+    OUT/turns.jsonl     stage 3's data (topic changes): the training conversations that fit
+                        --final-tokens, as they are, and --topic-changes conversations of 2-3 turns
+    OUT/heldout_two_turn.jsonl  each held-out request after another one and its reference answer
     OUT/manifest.json   counts per framing, what was dropped and why, every HumanEval exclusion
 
-The conversations and the HumanEval check are described in ``assistant/evals/instructions.py``.
+The conversations and the HumanEval check are described in ``assistant/evals/instructions.py``, the
+topic changes (made from training conversations only) and the two-turn held-out conversations (made from
+the held-out requests only) in ``assistant/evals/topic_change.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 from pathlib import Path
 
 from assistant.evals import instructions as ins
+from assistant.evals import topic_change as tc
 from assistant.evals.humaneval import load_problems
 from model_runtime.bundled import bundled_model_dir
 from model_runtime.tokenizer import load_tokenizer
@@ -39,14 +45,24 @@ def main() -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=96, help="longest prompt (96)")
     parser.add_argument("--heldout-requests", type=int, default=200)
     parser.add_argument("--tokenizer", type=Path, default=None, help="model directory (the bundled model)")
+    parser.add_argument("--topic-changes", type=int, default=8000, help="multi-turn conversations (8000)")
+    parser.add_argument(
+        "--final-tokens", type=int, default=192, help="turns.jsonl: a last request's own limit (192)"
+    )
+    parser.add_argument(
+        "--turn-tokens", type=int, default=256, help="turns.jsonl: a whole conversation's (256)"
+    )
     args = parser.parse_args()
 
     tok_dir = args.tokenizer or bundled_model_dir()
     tok = load_tokenizer(tok_dir, mask_id=0, pad_id=0, eos_id=0)
 
-    def fits(conv: dict) -> bool:
+    def lengths(conv: dict) -> tuple[int, int]:
         prompt = len(tok.encode_chat(conv["messages"][:-1]))
-        answer = len(tok.encode_text(conv["messages"][-1]["content"])) + 1  # + <|im_end|>
+        return prompt, len(tok.encode_text(conv["messages"][-1]["content"])) + 1  # + <|im_end|>
+
+    def fits(conv: dict) -> bool:
+        prompt, answer = lengths(conv)
         return prompt <= args.max_prompt_tokens and prompt + answer <= args.max_tokens
 
     data = ins.build(
@@ -56,8 +72,25 @@ def main() -> int:
         fits=fits,
         heldout_requests=args.heldout_requests,
     )
+    # Stage 3 (topic changes): stage 2's single-turn conversations (those that fit its --seq-len) and
+    # conversations whose earlier turns are other training requests with their answers.
+    single = [c for c in data.train if sum(lengths(c)) <= args.final_tokens]
+    finals = {id(c) for c in single}
+    changes = tc.topic_changes(
+        data.train,
+        args.topic_changes,
+        last=lambda c: id(c) in finals,
+        fits=lambda c: sum(lengths(c)) <= args.turn_tokens,
+    )
+    two_turn = tc.two_turn(data.heldout)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("train.jsonl", data.train), ("heldout.jsonl", data.heldout)):
+    files = (
+        ("train.jsonl", data.train),
+        ("heldout.jsonl", data.heldout),
+        ("turns.jsonl", single + changes),
+        ("heldout_two_turn.jsonl", two_turn),
+    )
+    for name, rows in files:
         with (args.out / name).open("w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -67,11 +100,21 @@ def main() -> int:
         "max_tokens": args.max_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "tokenizer": str(tok_dir),
+        "turns": {
+            "single_turn": len(single),
+            "topic_changes": len(changes),
+            "three_turns": sum(len(c["messages"]) == 6 for c in changes),
+            "final_tokens": args.final_tokens,
+            "turn_tokens": args.turn_tokens,
+        },
+        "heldout_two_turn": len(two_turn),
     }
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     print(
         f"{len(data.train)} training conversations, {len(data.heldout)} held-out requests, "
-        f"{len(data.excluded)} definitions excluded as HumanEval matches; dropped {dict(data.counts)}",
+        f"{len(data.excluded)} definitions excluded as HumanEval matches; dropped {dict(data.counts)}; "
+        f"turns.jsonl: {len(single)} single-turn and {len(changes)} multi-turn conversations; "
+        f"{len(two_turn)} held-out two-turn conversations",
         file=sys.stderr,
     )
     return 0

@@ -22,6 +22,13 @@ decodes alone are printed beside them (``--retry-block 0`` measures the model al
 checkpoints) without looking at the 200 held-out ones. They hold more classes than the 200 and score
 lower (the bundled model: 67.3% of the first 300 against 76.0%), but rank runs alike (docs/training.md).
 
+Two-turn conversations (``heldout_two_turn.jsonl`` of ``scripts/sft_data.py``: each held-out request
+after another one with its reference answer) are sent whole, and the second answers are also scored for
+the topic-change leak (``assistant/evals/topic_change.py``): the share that define the first request's
+name instead of the second's, and the share that define the second's, with 95% intervals.
+``--before BEFORE.json`` (an earlier ``--json`` on the same file) adds the paired differences, request by
+request, with their 95% intervals.
+
 ``--record`` measures a small grid of chat settings instead (``GRID``, under the flags given) and writes
 the best one (highest ``good_block - repeats_line``) into the model's generation_config.json as its chat
 defaults.
@@ -36,9 +43,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from decoder_table import paired  # scripts/ is on the path when run as a script: the paired interval
 from rich.progress import Progress
 
 from assistant.evals import instructions as ins
+from assistant.evals import topic_change as tc
 from assistant.evals.runner import Job, LocalGenerator
 from model_runtime.tokenizer import chat_prompt
 from tui.settings import ChatSettings
@@ -101,16 +110,81 @@ def run(rt: Any, requests: list[dict], knobs: dict[str, Any], batch: int) -> dic
         for i, text in zip(again, _answer(rt, [prompts[i] for i in again], retry, batch), strict=True):
             answers[i] = text
     result = score(answers) | {"seconds": round(time.perf_counter() - started, 1)}
+    two_turn = all("second" in r.get("source", {}) for r in requests)
+    if two_turn:  # each request after another one: which of the two the answer wrote
+        result["topic_change"] = tc.leak(requests, answers)
+        result["first_decode_topic_change"] = tc.leak(requests, first)
     result["decoded_again"] = len(again)
     result["first_decode"] = {k: v for k, v in score(first).items() if k != "requests"}
     params = settings.sampling_params()
     result["settings"] = {k: v for k, v in params.to_dict().items() if k != "seed"}
     result["settings"]["retry_block"] = settings.retry_block
     result["samples"] = [
-        {"request": r["messages"][-2]["content"], "answer": a} | ({"first_answer": f} if f != a else {})
+        {"request": r["messages"][-2]["content"], "answer": a, "good_block": ins.has_good_block(a)}
+        | ({"first_answer": f} if f != a else {})
+        | {"first_good_block": ins.has_good_block(f)}
         for r, a, f in zip(requests, answers, first, strict=True)
     ]
+    if two_turn:  # the verdicts go with their samples (bundled_metrics.py leaves samples out)
+        for key, field in (("topic_change", "answered"), ("first_decode_topic_change", "first_answered")):
+            for sample, verdict in zip(result["samples"], result[key].pop("verdicts"), strict=True):
+                sample[field] = verdict
     return result
+
+
+def _same_settings(earlier: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, Any]:
+    """The result of ``--before`` measured with the settings of ``r``."""
+    found = next((b for b in earlier if b["settings"] == r["settings"]), None)
+    if found is None:
+        raise SystemExit(f"--before: no result with the settings {r['settings']}")
+    return found
+
+
+def report(r: dict[str, Any], before: dict[str, Any] | None) -> None:
+    """Print one setting's scores; with ``before`` (an earlier run's result on the same requests), the
+    paired differences, request by request, and their 95% intervals."""
+    s = r["settings"]
+    print(
+        f"{s['decoder']:9} t={s['temperature']:<4} top_p={s['top_p']} tokens={s['max_new_tokens']} "
+        f"steps={s['steps']}: good block {r['good_block']:.1%}, repeats a line {r['repeats_line']:.1%}, "
+        f"stops after its block {r['stops_after_block']:.1%} ({r['requests']} requests, {r['seconds']} s)"
+    )
+    if s["retry_block"]:
+        f = r["first_decode"]
+        print(
+            f"  decoded again in blocks of {s['retry_block']}: {r['decoded_again']} answers; "
+            f"the first decodes alone: good block {f['good_block']:.1%}, repeats a line "
+            f"{f['repeats_line']:.1%}"
+        )
+    for key, label in (("topic_change", "answers"), ("first_decode_topic_change", "first decodes")):
+        if key in r:
+            parts = [
+                f"{name} {r[key][k]['share']:.1%} ({r[key][k]['count']}, 95% CI "
+                f"{r[key][k]['ci95'][0]:.1%}-{r[key][k]['ci95'][1]:.1%})"
+                for k, name in (
+                    ("leak", "define the first request's name"),
+                    ("answers_second", "the second's"),
+                )
+            ]
+            print(f"  second {label}: " + "; ".join(parts))
+    if before is None:
+        return
+    old, new = before["samples"], r["samples"]
+    if [x["request"] for x in old] != [x["request"] for x in new]:
+        raise SystemExit("--before: not the same requests in the same order")
+    pairs = [
+        ("good_block", lambda x: x["good_block"]),
+        ("first decode good block", lambda x: x["first_good_block"]),
+    ]
+    if "answered" in new[0] and "answered" in old[0]:
+        pairs += [
+            ("leak", lambda x: x["answered"] == "first"),
+            ("second's name", lambda x: x["answered"] == "second"),
+            ("first decode leak", lambda x: x["first_answered"] == "first"),
+        ]
+    for name, value in pairs:
+        mean, low, high = paired([value(x) for x in new], [value(x) for x in old])
+        print(f"  {name}: {mean:+.1%} against --before (95% CI {low:+.1%} to {high:+.1%}, paired)")
 
 
 def _answer(rt: Any, prompts: list[str], settings: ChatSettings, batch: int) -> list[str]:
@@ -139,6 +213,7 @@ def main() -> int:
         help="HELDOUT is a training file: send only the lines --heldout-permille PERMILLE kept out of it",
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    parser.add_argument("--before", type=Path, default=None, help="an earlier --json: paired differences")
     parser.add_argument("--batch", type=int, default=16)
     for name, kind in KNOBS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None)
@@ -156,25 +231,16 @@ def main() -> int:
         lines = [line for line in lines if is_heldout_line(line, args.held_out_of)]
     requests = [json.loads(line) for line in lines]
     requests = requests[: args.limit]
-    rt = model_runtime.load(args.model, length_buckets=(256, 384, 512), batch_buckets=(1, args.batch))
+    # 768: two-turn prompts (at most 316 tokens) with the chat's second decode on 256 tokens.
+    buckets = (256, 384, 512, 768)
+    rt = model_runtime.load(args.model, length_buckets=buckets, batch_buckets=(1, args.batch))
     base = CHAT_DEFAULTS | {"decoder": rt.info.default_decoder} | chat_defaults(args.model)
     given = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
     points = GRID if args.record else ({},)
     results = [run(rt, requests, base | point | given, args.batch) for point in points]
+    earlier = json.loads(args.before.read_text())["results"] if args.before else []
     for r in results:
-        s = r["settings"]
-        print(
-            f"{s['decoder']:9} t={s['temperature']:<4} top_p={s['top_p']} tokens={s['max_new_tokens']} "
-            f"steps={s['steps']}: good block {r['good_block']:.1%}, repeats a line {r['repeats_line']:.1%}, "
-            f"stops after its block {r['stops_after_block']:.1%} ({r['requests']} requests, {r['seconds']} s)"
-        )
-        if s["retry_block"]:
-            f = r["first_decode"]
-            print(
-                f"  decoded again in blocks of {s['retry_block']}: {r['decoded_again']} answers; "
-                f"the first decodes alone: good block {f['good_block']:.1%}, repeats a line "
-                f"{f['repeats_line']:.1%}"
-            )
+        report(r, _same_settings(earlier, r) if args.before else None)
     if args.record:
         best = ins.best_setting(results)
         path = args.model / "generation_config.json"

@@ -194,8 +194,8 @@ def _draw_daemon_events(events: Iterable[Step | Waiting | Done], *, live: bool) 
     if not live:
         done = next((e for e in events if isinstance(e, Done)), None)
     else:
-        # The last frame stays above the answer, as in-process (a log gets it too).
-        with Live(console=Console(stderr=True), refresh_per_second=30, transient=False) as view:
+        # Transient, as in-process: the answer follows on stdout, and a frame left above it showed it twice.
+        with Live(console=Console(stderr=True), refresh_per_second=30, transient=True) as view:
             for event in events:
                 if isinstance(event, Done):
                     done = event
@@ -209,10 +209,13 @@ def _draw_daemon_events(events: Iterable[Step | Waiting | Done], *, live: bool) 
 
 
 def _print_texts(texts: list[str]) -> None:
+    """The answers on stdout, flushed before the stats line goes to stderr (one after the other when both
+    go to one file or terminal: a piped stdout is block-buffered and would come after it)."""
     for i, text in enumerate(texts):
         if len(texts) > 1:
             print(f"--- [{i}]")
         print(text)
+    sys.stdout.flush()
 
 
 def _daemon_stats(per_request: list[DoneStats]) -> dict[str, Any]:
@@ -332,8 +335,11 @@ def _live(rt, events):
 
     pieces = Pieces(rt.tokenizer)  # the daemon's own rendering of a canvas into text and spans
     done = None
-    # The live frame goes to stderr: piped stdout holds the answer only.
-    with Live(console=Console(stderr=True), refresh_per_second=30, transient=False) as live:
+    # The live frame goes to stderr, piped stdout holds the answer only; transient, so that on a terminal
+    # the last frame is gone before the answer prints (left there, it showed the answer twice) and a file
+    # gets no frame at all (rich writes a non-transient Live's last frame there without a final newline,
+    # and the stats line ran into it).
+    with Live(console=Console(stderr=True), refresh_per_second=30, transient=True) as live:
         for event in events:
             if isinstance(event, BatchDone):
                 done = event

@@ -26,7 +26,9 @@ from assistant.client.core import (
     Progress,
     client_settings,
     give_up,
+    health_refused,
     health_update,
+    is_health_stream,
     lost_daemon,
     no_daemon,
     parse_event,
@@ -113,8 +115,8 @@ class AsyncClient:
             async with self._http.stream(
                 "GET", endpoint.url + "/health", params={"stream": "1"}, headers=endpoint.headers
             ) as response:
-                if response.status_code >= 400:
-                    raise_for_status(response, await response.aread())
+                if not is_health_stream(response):
+                    raise health_refused(endpoint, response, await response.aread())
                 async for event in sse.aiter_events(response.aiter_lines()):
                     if event.event == "status" and health_update(
                         event, self.progress, wait_compiled=self.wait_compiled

@@ -169,9 +169,8 @@ def parse_event(event: sse.ServerSentEvent) -> Step | Waiting | Done | None:
     return None
 
 
-def raise_for_status(response: httpx.Response, body: bytes | None = None) -> None:
-    if response.status_code < 400:
-        return
+def api_error(response: httpx.Response, body: bytes | None = None) -> APIError:
+    """The error of a response with status >= 400: the daemon's ``error`` object when the body is one."""
     raw = response.content if body is None else body
     try:
         err = json.loads(raw).get("error", {})
@@ -181,7 +180,7 @@ def raise_for_status(response: httpx.Response, body: bytes | None = None) -> Non
         message, kind, param = raw.decode("utf-8", "replace") or response.reason_phrase, "", None
         code, details = None, None
     retry = response.headers.get("retry-after")
-    raise APIError(
+    return APIError(
         response.status_code,
         message,
         kind,
@@ -190,6 +189,34 @@ def raise_for_status(response: httpx.Response, body: bytes | None = None) -> Non
         code=code if isinstance(code, str) else None,
         details=details if isinstance(details, dict) else None,
     )
+
+
+def raise_for_status(response: httpx.Response, body: bytes | None = None) -> None:
+    if response.status_code >= 400:
+        raise api_error(response, body)
+
+
+def is_health_stream(response: httpx.Response) -> bool:
+    """Whether an answer to ``GET /health?stream=1`` is the daemon's: a 2xx event stream."""
+    kind = response.headers.get("content-type", "")
+    return response.status_code < 300 and kind.split(";")[0].strip() == "text/event-stream"
+
+
+def health_refused(endpoint: Endpoint, response: httpx.Response, body: bytes) -> Exception:
+    """The error for an answer to ``GET /health?stream=1`` that is not an event stream: the daemon's own
+    error when the body is one (``{"error": {...}}``), else one line naming the URL. Whatever answers at
+    a ``DIFFU_URL`` that is not a diffu daemon (a file server's 404 page, a proxy's login form) is not
+    shown: its HTML would fill the terminal and say nothing about the mistake."""
+    status = response.status_code
+    try:
+        ours = status >= 400 and isinstance(json.loads(body).get("error"), dict)
+    except (ValueError, AttributeError):
+        ours = False
+    if ours:
+        return api_error(response, body)
+    kind = response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    what = f"{status} on /health" if status >= 300 else f"/health answered {kind}, not an event stream"
+    return DaemonUnavailable(f"{endpoint.url} is not a diffu daemon ({what})")
 
 
 LOST_CONNECTION = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)  # the daemon went away

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from typing import TextIO
 
 from assistant import discovery
 from assistant.api_token import read_token
@@ -82,30 +83,40 @@ def start_daemon(config: Config, *, exact_port: bool = False) -> Endpoint:
     return Endpoint(info.url, client_api_key(config), info)
 
 
+def _redraws(stream: TextIO) -> bool:
+    """Whether ``\\r`` and erase-line reach a terminal that interprets them. Not while a rich Live is on
+    screen (``diffu eval``'s progress bars, ``chat --once``'s canvas): it swaps ``sys.stderr`` for a proxy
+    that prints what is written as text above the live display, dropping the escape character, so an
+    erase-line showed as a literal ``[K`` line."""
+    return stream.isatty() and not hasattr(stream, "rich_proxied_file")
+
+
 def stderr_progress(prefix: str = "diffu") -> Progress:
-    """A progress callback that draws one updating line on a terminal, or prints stage changes otherwise."""
+    """A progress callback that draws one updating line on a terminal, or prints stage changes otherwise
+    (a pipe, a log, or a terminal where a rich Live owns the screen)."""
     last = {"stage": ""}
 
     def report(stage: str, fraction: float, detail: str) -> None:
+        stream = sys.stderr  # looked up at each report: a rich Live may have swapped it since
+        redraw = _redraws(stream)
         if stage == HEALTH_OK and not last["stage"]:
             return  # the daemon was ready at once: nothing was waited for, so nothing to say
         if stage in ENDED:  # the caller's error line says why, once
-            if sys.stderr.isatty() and last["stage"]:
-                sys.stderr.write("\r\033[K")  # the progress line gives way to it
-                sys.stderr.flush()
+            if redraw and last["stage"]:
+                stream.write("\r\033[K")  # the progress line gives way to it
+                stream.flush()
             return
-        if (
-            stage == HEALTH_OK
-        ):  # a chat's first prompt is answered now; the rest of the warm-up is the daemon's
+        if stage == HEALTH_OK:
+            # A chat's first prompt is answered now; the rest of the warm-up is the daemon's.
             text = "ready"
         else:
             text = detail if detail.startswith(stage) else f"{stage} {detail}".rstrip()
-        if sys.stderr.isatty():
+        if redraw:
             end = "\n" if stage == HEALTH_OK else f" {fraction:4.0%}"
-            sys.stderr.write(f"\r\033[K{prefix}: {text}{end}")
-            sys.stderr.flush()
+            stream.write(f"\r\033[K{prefix}: {text}{end}")
+            stream.flush()
         elif stage != last["stage"]:
-            print(f"{prefix}: {text}", file=sys.stderr, flush=True)
+            print(f"{prefix}: {text}", file=stream, flush=True)
         last["stage"] = stage
 
     return report

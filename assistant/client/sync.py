@@ -19,7 +19,9 @@ from assistant.client.core import (
     Progress,
     client_settings,
     give_up,
+    health_refused,
     health_update,
+    is_health_stream,
     lost_daemon,
     no_daemon,
     parse_event,
@@ -113,7 +115,8 @@ class Client:
             with self._http.stream(
                 "GET", endpoint.url + "/health", params={"stream": "1"}, headers=endpoint.headers
             ) as response:
-                raise_for_status(response, response.read() if response.status_code >= 400 else None)
+                if not is_health_stream(response):
+                    raise health_refused(endpoint, response, response.read())
                 for event in sse.iter_events(response.iter_lines()):
                     if event.event == "status" and health_update(
                         event, self.progress, wait_compiled=self.wait_compiled

@@ -175,6 +175,21 @@ def test_sft_data_script_writes_training_and_heldout_files_and_a_manifest(tmp_pa
     assert {c["source"]["path"] for c in train}.isdisjoint(manifest["heldout_files"])
     assert "tests/t.py" not in {c["source"]["path"] for c in train + held}  # test suites are skipped
     assert all(set(c) == {"messages", "source"} for c in train)
+    # Stage 3's data: the single-turn conversations as they are, then topic changes made of training
+    # conversations only; the two-turn held-out conversations are made of held-out requests only.
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
+    single = [c for c in turns if len(c["messages"]) == 2]
+    changes = [c for c in turns if len(c["messages"]) > 2]
+    assert single == [c for c in train if c in single] and len(single) == manifest["turns"]["single_turn"]
+    assert changes and len(changes) == manifest["turns"]["topic_changes"]
+    trained = [c["messages"] for c in train]
+    for c in changes:
+        pairs = [c["messages"][i : i + 2] for i in range(0, len(c["messages"]), 2)]
+        assert all(p in trained for p in pairs)
+    two = [json.loads(line) for line in (out / "heldout_two_turn.jsonl").read_text().splitlines()]
+    asked = [c["messages"] for c in held]
+    assert len(two) == len(held) == manifest["heldout_two_turn"]
+    assert all(c["messages"][:2] in asked and c["messages"][2:] in asked for c in two)
 
 
 @pytest.mark.parametrize("summary, clause", [

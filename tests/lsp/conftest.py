@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,9 +21,9 @@ from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env
+from tests.lsp.rawclient import LSP_COMMAND
 
 DATA = Path(__file__).parent / "data"
-LSP_COMMAND = [sys.executable, "-m", "assistant.cli", "lsp"]
 
 
 def capabilities(profile: str) -> types.ClientCapabilities:

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.assistant.helpers import isolated_env
-from tests.lsp.conftest import LSP_COMMAND
+
+# Here rather than in conftest.py, which needs pytest's plugins: scripts/lsp_latency.py and fuzz_lsp.py use
+# this client and must run after the README's install, which has no test extra.
+LSP_COMMAND = [sys.executable, "-m", "assistant.cli", "lsp"]
 
 
 def _strict(name: str) -> Any:

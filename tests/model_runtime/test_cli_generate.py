@@ -134,12 +134,19 @@ def test_infill_fills_the_middle_only(tiny_dir, capsys):
     assert out["stats"]["new_tokens"] == 6
 
 
-def test_live_view_prints_the_answer(tiny_dir, capsys):
+def test_live_view_prints_the_answer(tiny_dir, capsys, monkeypatch):
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich draws stderr as a terminal (frames, then erased)
+    monkeypatch.setenv("TERM", "xterm-256color")
     assert main(["generate", "--model", str(tiny_dir), "--prompt", "hello", "--max-new-tokens", "8"]) == 0
     captured = capsys.readouterr()
     # The live frame is drawn on stderr; stdout holds the answer alone (what a pipe should get).
     assert "step 8/8" in captured.err and "step" not in captured.out
     assert "8 tokens in 8 steps" in captured.err
+    # Not a terminal: no frame at all (tests/assistant/test_terminal_output.py reads a real terminal).
+    monkeypatch.delenv("TTY_COMPATIBLE")
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "hello", "--max-new-tokens", "8"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("8 tokens in 8 steps") and captured.err.count("\n") == 1
 
 
 # -- errors: one clear line, exit code 2, no traceback ----------------------------------------------------
@@ -374,7 +381,7 @@ def test_a_one_line_answer_gets_the_models_one_line_decoder_unless_one_is_named(
     assert "generation_config.json: diffu_one_line: window: must be one of 2, 4, 8" in capsys.readouterr().err
 
 
-def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys):
+def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys, monkeypatch):
     run = ["generate", "--model", str(tiny_dir), "--raw", "--prompt", "def f():", "--max-new-tokens", "32",
            "--decoder", "fast", "--block-length", "16"]  # fmt: skip
     assert main([*run, "--json", "--history"]) == 0
@@ -385,7 +392,10 @@ def test_fast_decoder_history_and_live_view_count_every_forward(tiny_dir, capsys
     mask = json.loads((tiny_dir / "config.json").read_text())["mask_token_id"]
     masks = [canvas[0].count(mask) for canvas in out["history"]]
     assert masks == sorted(masks, reverse=True) and any(16 < m < 32 for m in masks)  # inside block 1
-    # The live view (stderr) labels the same forwards, block by block, and the summary agrees.
+    # The live view (stderr, drawn as on a terminal) labels the same forwards, block by block, and the
+    # summary agrees.
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
     assert main(run) == 0
     err = capsys.readouterr().err
     assert f"step {steps} · block " in err and f"in {steps} steps" in err

@@ -57,6 +57,17 @@ def test_a_row_is_the_chat_prompt_then_the_answer_its_end_of_turn_and_padding(to
     assert set(ids[end + 1 :]) == {tok.dlm_pad_id} and end + 1 < SEQ
 
 
+def test_a_conversation_with_earlier_turns_learns_only_its_last_answer(tok):
+    """Topic changes (issue #45): the earlier requests and their answers are prompt, never noised."""
+    earlier, last = _conversation(1)["messages"], _conversation(2)["messages"]
+    messages = earlier + last
+    ids, n_prompt = sft_data.encode_conversation(tok, messages, 4 * SEQ)  # two turns: a longer row
+    assert ids[:n_prompt] == tok.encode_chat(messages[:-1])
+    assert tok.decode(ids[:n_prompt]) == chat_prompt(messages[:-1])  # both turns, the first answer closed
+    answer = tok.encode_text(last[1]["content"])
+    assert ids[n_prompt : n_prompt + len(answer)] == answer and ids[n_prompt + len(answer)] == tok.im_end_id
+
+
 def test_batches_are_a_pure_function_of_seed_and_step_and_cover_every_row_each_epoch(sft_file, tok):
     rows = sft_data.build_rows(sft_file, tok, SEQ, sft_data.SFTOptions(heldout_permille=0))[0]["train"]
     n = len(rows)
