@@ -5,7 +5,8 @@
 HELDOUT.jsonl is what ``scripts/sft_data.py`` writes: requests built from files the model never trained
 on (the user turn of each line is sent; the assistant turn is only a reference). Every request is
 answered in this process (batched, as ``diffu eval`` does it) with the settings given by the flags, by
-default the model's own chat defaults (``generation_config.json``, else the chat's built-in ones), and
+default the model's own chat defaults (``generation_config.json``: its chat defaults under its chat
+decoder, ``diffu_chat``, as the chat takes them; else the chat's built-in ones), and
 scored by ``assistant/evals/instructions.py``:
 
 - ``good_block``: the answer holds a closed fenced block that parses and defines a function (target >= 80%);
@@ -220,7 +221,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import model_runtime
-    from model_runtime.generation_config import chat_defaults
+    from model_runtime.generation_config import chat_decoder, chat_defaults
     from model_runtime.train.sft_data import is_heldout_line
 
     # Lines as diffu train reads them (file lines, not str.splitlines, which also splits at \u2028 and
@@ -234,8 +235,14 @@ def main() -> int:
     # 768: two-turn prompts (at most 316 tokens) with the chat's second decode on 256 tokens.
     buckets = (256, 384, 512, 768)
     rt = model_runtime.load(args.model, length_buckets=buckets, batch_buckets=(1, args.batch))
-    base = CHAT_DEFAULTS | {"decoder": rt.info.default_decoder} | chat_defaults(args.model)
     given = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
+    # As the chat layers them: its built-in knobs, the model's chat defaults, then its chat decoder (whose
+    # knobs go with it when --decoder names another).
+    chat = chat_decoder(args.model)
+    if given.get("decoder", chat.get("decoder")) != chat.get("decoder"):
+        chat = {}
+    base = CHAT_DEFAULTS | {"decoder": rt.info.default_decoder} | chat_defaults(args.model) | chat
+
     points = GRID if args.record else ({},)
     results = [run(rt, requests, base | point | given, args.batch) for point in points]
     earlier = json.loads(args.before.read_text())["results"] if args.before else []

@@ -386,10 +386,11 @@ def test_chat_once_on_the_bundled_model_answers_a_request_with_a_python_block_th
     from assistant.evals.instructions import has_good_block
 
     request = "Write a Python function that returns the sum of a list"
-    # One of the 200 held-out requests whose first decode breaks the def line ("return self._equation,
-    # c)"): the chat decodes it again in blocks of 128 (the model's retry_block), and says so.
+    # One of the 200 held-out requests whose first decode (the chat's decoder: sliding, window 64, credit)
+    # does not parse: the chat decodes it again in blocks of 128 (the model's retry_block), and says so.
     broken_first = (
-        "Write the `equation` method of a Python class `Line2D`. The equation of the line: ax + by + c."
+        "Write the `addSubtableBreak` method of a Python class `ClassPairPosSubtableBuilder`. Add an explicit "
+        "subtable break at this point."
     )
     env = isolated_env(tmp_path, DIFFU_DATA_DIR=str(tmp_path / "data"))
 
@@ -408,5 +409,5 @@ def test_chat_once_on_the_bundled_model_answers_a_request_with_a_python_block_th
     assert "decoded twice" not in proc.stderr  # its first answer parses
     assert again.returncode == 0, again.stderr
     assert "note: decoded twice: the first answer's code did not parse" in again.stderr
-    assert has_good_block(again.stdout) and "def equation(self" in again.stdout, again.stdout
+    assert has_good_block(again.stdout) and "def addSubtableBreak(self" in again.stdout, again.stdout
     assert "```python\n" in proc.stdout and has_good_block(proc.stdout), proc.stdout
