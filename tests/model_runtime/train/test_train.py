@@ -389,8 +389,8 @@ def test_chat_once_on_the_bundled_model_answers_a_request_with_a_python_block_th
     # One of the 200 held-out requests whose first decode (the chat's decoder: sliding, window 64, credit)
     # does not parse: the chat decodes it again in blocks of 128 (the model's retry_block), and says so.
     broken_first = (
-        "Write the `addSubtableBreak` method of a Python class `ClassPairPosSubtableBuilder`. Add an explicit "
-        "subtable break at this point."
+        "Write the `addSubtableBreak` method of a Python class `ClassPairPosSubtableBuilder`. "
+        "Add an explicit subtable break at this point."
     )
     env = isolated_env(tmp_path, DIFFU_DATA_DIR=str(tmp_path / "data"))
 
