@@ -34,7 +34,7 @@ from model_runtime.tokenizer import load_tokenizer
 from model_runtime.train import corpus as corpus_lib
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -52,8 +52,11 @@ def main() -> int:
     parser.add_argument(
         "--turn-tokens", type=int, default=256, help="turns.jsonl: a whole conversation's (256)"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> int:
+    args = parse_args()
     tok_dir = args.tokenizer or bundled_model_dir()
     tok = load_tokenizer(tok_dir, mask_id=0, pad_id=0, eos_id=0)
 
