@@ -366,6 +366,8 @@ class Scheduler:
         self._batch_seconds = 0.7 * self._batch_seconds + 0.3 * seconds
 
     def _compile_batch(self, rows: Sequence[CanvasRow], params: SamplingParams, what: str) -> CompileReport:
+        with self._cond:
+            self.warm_up.give_priority(rows, params)
         with self._work.working(what):
             report = self.runtime.compile(rows, params)
         with self._cond:

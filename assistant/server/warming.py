@@ -30,7 +30,8 @@ from assistant.server.status import QueueFull, ShuttingDown
 from assistant.server.warmup import WarmQueue, WarmTask
 from assistant.wire import Stage
 from model_runtime.errors import InputError
-from model_runtime.interface import CompileReport, RuntimeProtocol
+from model_runtime.interface import CanvasRow, CompileReport, RuntimeProtocol
+from model_runtime.params import SamplingParams
 
 log = logging.getLogger("diffu.engine")
 
@@ -62,6 +63,8 @@ class WarmUp:
         self._idle, self._waiting, self._stopping, self._publish_status = idle, waiting, stopping, publish
         self.queue = WarmQueue()
         self._busy: dict[int, WarmTask] = {}  # what each thread compiles now
+        self._native: dict[int, int] = {}  # each warm-up thread's native id (its ident's)
+        self._niced: dict[int, int] = {}  # native id -> the niceness the thread had before it was lowered
         # Compiled on a warm-up thread, waiting for their first run on the device thread (``_prime``).
         self._priming: deque[tuple[WarmTask, CompileReport]] = deque()
         self.threads: list[threading.Thread] = []
@@ -134,7 +137,7 @@ class WarmUp:
     def _main(self) -> None:
         """Compile the warm-up's programs while no job waits or runs; a job that comes during a compile
         runs beside it on the device thread."""
-        niced = False
+        native = threading.get_native_id()
         while True:
             with self._cond:
                 while not self._stopping() and not (self._idle() and self.queue.tasks):
@@ -145,10 +148,29 @@ class WarmUp:
                 if task is None:
                     continue
                 self._busy[threading.get_ident()] = task
-            if not task.ready and not niced:
-                niced = True
-                _lower_priority()
+                self._native[threading.get_ident()] = native
+                if not task.ready and native not in self._niced:
+                    before = _set_priority(native, None)
+                    if before is not None:
+                        self._niced[native] = before
             self._warm_up(task)
+
+    def give_priority(self, rows: Sequence[CanvasRow], params: SamplingParams) -> None:
+        """A request is about to compile the programs of ``rows`` and ``params``: a warm-up thread at its
+        lower priority that compiles the same shape gets its priority back (the request would wait for
+        that compile: at a load of 8 a compile at niceness 15 took minutes). It is lowered again with its
+        next task. Where raising a priority is refused (not root, RLIMIT_NICE), nothing changes."""
+        runtime = self._runtime
+        if runtime is None:
+            return
+        for ident, task in self._busy.items():
+            native = self._native.get(ident)
+            if native not in self._niced or task.params != params:
+                continue
+            if _bucket(runtime, task.rows) == _bucket(runtime, rows):
+                if _set_priority(native, self._niced[native]) is not None:
+                    del self._niced[native]
+                    log.info("a request waits for the warm-up compile of %s: priority back", task.label)
 
     def _warm_up(self, task: WarmTask) -> None:
         """Compile one warm-up task (nothing when its programs are compiled already), then have its
@@ -229,10 +251,20 @@ class WarmUp:
             self._publish_status(Stage.READY, 1.0, "ready", warmed=queue.done, shapes=queue.total)
 
 
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority to ``WARM_NICE`` (Linux: niceness is per thread; threads
-    XLA starts from it inherit it). Elsewhere, or where it is refused, nothing changes."""
+def _set_priority(native: int, niceness: int | None) -> int | None:
+    """Set a thread's niceness (None: :data:`WARM_NICE`; Linux: niceness is per thread, and threads XLA
+    starts from it inherit it); its niceness before, or None where that is refused or unknown."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICE)
+        before = os.getpriority(os.PRIO_PROCESS, native)
+        os.setpriority(os.PRIO_PROCESS, native, WARM_NICE if niceness is None else niceness)
     except (AttributeError, OSError) as exc:
         log.debug("warm-up thread priority unchanged: %s", exc)
+        return None
+    return before
+
+
+def _bucket(runtime: RuntimeProtocol, rows: Sequence[CanvasRow]) -> tuple[int, int] | None:
+    """The smallest (batch, length) bucket of the runtime that holds ``rows``."""
+    longest = max((len(r.ids) for r in rows), default=0)
+    fits = [(b, n) for b, n in runtime.info.buckets if b >= len(rows) and n >= longest]
+    return min(fits) if fits else None
