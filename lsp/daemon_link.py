@@ -163,10 +163,8 @@ class DaemonLink:
         self._following: asyncio.Task[None] | None = None
         self.warmed: dict[str, int] | None = None  # the daemon's answer to the warm request, once it came
         self.progress = Progress(hooks)
-        # Characters per prompt token, learned from the daemon's usage answers. The start is below what
-        # code tokenizes to (BPE vocabularies of code models average 3-4; the bundled model's 2.96 on
-        # Python): at 3.0 the first single-line request on a long file was 1,012 tokens, over the 1,024
-        # context with its canvas, refused and sent again (scripts/first_use.py: 2.4 s to its first step).
+        # Characters per prompt token, learned from the daemon's usage answers; the start is below code's
+        # (3-4 for code BPEs, the bundled model's 2.96): at 3.0 a first request overflowed and was resent.
         self.chars_per_token = 2.7
 
     def configure(
