@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -81,6 +81,9 @@ class Leader:
             self._client.key_value_delete(f"{_PREFIX}/step/{self._seq - 2}")
             self._client.key_value_delete(f"{_PREFIX}/compiled/{self._seq - 2}")
         return f"{_PREFIX}/step/{self._seq}/"
+
+    def program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams) -> frozenset[Hashable]:
+        return self._runtime.program_keys(rows, params)
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:
         return self._runtime.compiled(rows, params)

@@ -22,7 +22,7 @@ Clients import this module without paying for JAX, so it must stay plain Python.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
@@ -181,6 +181,14 @@ class RuntimeProtocol(Protocol):
     def program_cache(self) -> dict[str, int | None] | None:
         """The compiled-program cache now: its bound, contents and memory ceiling for status reports;
         None for a runtime that compiles nothing."""
+        ...
+
+    def program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams) -> frozenset[Hashable]:
+        """The keys of the programs ``run(rows, params)`` uses (the decoder's, over the rows' bucket): two
+        requests that share one wait for the same compile.
+
+        Bad input raises ``InputError``, as ``run`` would.
+        """
         ...
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams) -> bool:

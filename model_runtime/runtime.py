@@ -10,7 +10,7 @@ runtime lends it (the model's state, the program cache, the tokenizer; ``decoder
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,11 +198,16 @@ class Runtime:
         assert n is not None  # the largest length bucket is max_context
         return b, n
 
+    def program_keys(
+        self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True
+    ) -> frozenset[Hashable]:
+        """The keys of the programs ``run(rows, params, stream=stream)`` uses."""
+        shape = self.checked_shape(rows, params)
+        return frozenset(decoders.get(params.decoder).keys(self, rows, params, shape, stream))
+
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> bool:
         """Whether ``run(rows, params, stream=stream)`` would start without compiling."""
-        shape = self.checked_shape(rows, params)
-        keys = decoders.get(params.decoder).keys(self, rows, params, shape, stream)
-        return all(key in self.programs for key in keys)
+        return all(key in self.programs for key in self.program_keys(rows, params, stream=stream))
 
     def compile(
         self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True

@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +189,9 @@ class FakeRuntime:
         (``decoders.Decoder.keys``) over this runtime's buckets."""
         self._check(rows)
         return tuple(decoders.get(params.decoder).keys(self, rows, params, self._bucket(rows), stream))
+
+    def program_keys(self, rows: Sequence[CanvasRow], params: SamplingParams) -> frozenset[Hashable]:
+        return frozenset(self._programs(rows, params, True))
 
     def compiled(self, rows: Sequence[CanvasRow], params: SamplingParams, *, stream: bool = True) -> bool:
         return all(k in self.programs for k in self._programs(rows, params, stream))

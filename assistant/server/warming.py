@@ -163,11 +163,12 @@ class WarmUp:
         runtime = self._runtime
         if runtime is None:
             return
+        wanted = runtime.program_keys(rows, params)
         for ident, task in self._busy.items():
             native = self._native.get(ident)
-            if native not in self._niced or task.params != params:
+            if native not in self._niced:
                 continue
-            if _bucket(runtime, task.rows) == _bucket(runtime, rows):
+            if runtime.program_keys(task.rows, task.params) & wanted:
                 if _set_priority(native, self._niced[native]) is not None:
                     del self._niced[native]
                     log.info("a request waits for the warm-up compile of %s: priority back", task.label)
@@ -261,10 +262,3 @@ def _set_priority(native: int, niceness: int | None) -> int | None:
         log.debug("warm-up thread priority unchanged: %s", exc)
         return None
     return before
-
-
-def _bucket(runtime: RuntimeProtocol, rows: Sequence[CanvasRow]) -> tuple[int, int] | None:
-    """The smallest (batch, length) bucket of the runtime that holds ``rows``."""
-    longest = max((len(r.ids) for r in rows), default=0)
-    fits = [(b, n) for b, n in runtime.info.buckets if b >= len(rows) and n >= longest]
-    return min(fits) if fits else None
