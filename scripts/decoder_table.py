@@ -52,7 +52,7 @@ from assistant.evals import instructions as ins
 from assistant.evals import lines as line_tasks
 from assistant.evals import runner
 from assistant.evals.sandbox import Limits
-from assistant.evals.stats import chunk_seconds, confidence_interval, paired, time_ratio
+from assistant.evals.stats import chunk_seconds, confidence_interval, paired, soft_scores, time_ratio
 
 
 @dataclass(frozen=True)
@@ -263,9 +263,11 @@ def report(
     settings: Sequence[str],
     exclude: frozenset[str] = frozenset(),
     baseline: str = "reference",
+    tasks: dict[str, runner.Task] | None = None,
 ) -> dict[str, Any]:
     """Write the table of what is measured; tasks named in ``exclude`` (the set the settings were chosen
-    on, say) are left out of it. Every setting's quality and time are set against ``baseline``'s."""
+    on, say) are left out of it. Every setting's quality and time are set against ``baseline``'s; the
+    multi-line benchmarks' answers are also scored softly against ``tasks``' hidden lines."""
     rows = read_results(out / "results.jsonl")
     table: dict[str, Any] = {"benchmarks": {}, "settings": {s: asdict(SETTINGS[s]) for s in settings}}
     table["excluded_tasks"] = len(exclude)
@@ -325,6 +327,14 @@ def report(
                 entry["baseline_time_over_this_ci95"] = (
                     [round(ratio[1], 2), round(ratio[2], 2)] if ratio else None
                 )
+        if tasks and bench in MULTI_LINE:
+
+            def fills(s: str) -> list[str]:
+                return [tasks[t].completion(per[s][t]["text"]) for t in common]
+
+            expected = [tasks[t].expected or "" for t in common]
+            for s, entry in entries.items():
+                entry.update(soft_scores(fills(s), expected, fills(baseline) if baseline in per else None))
         table["benchmarks"][bench] = entries
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     (out / "table.md").write_text(markdown(table), encoding="utf-8")
@@ -356,6 +366,19 @@ def markdown(table: dict[str, Any]) -> str:
                 f"| {e['generate_seconds']} | {speedup(e)} "
                 f"| {e['tokens_per_second']} | {e['tokens_per_forward']} | {e['forwards_per_answer']} |"
             )
+    soft = [(b, s, e) for b, es in table["benchmarks"].items() for s, e in es.items() if "similarity" in e]
+    if soft:
+        lines += ["", f"| benchmark | setting | edit similarity (95% CI) | minus {base} | first line right "]
+        lines[-1] += f"(95% CI) | minus {base}, points |\n|---|---|---|---|---|---|"
+    for bench, s, e in soft:
+        sim, first = e["similarity_ci95"], e["first_line_ci95"]
+        ds, df = e.get("similarity_minus_baseline"), e.get("first_line_minus_baseline")
+        lines.append(
+            f"| {bench} ({e['tasks']}) | {s} | {e['similarity']:.3f} ({sim[0]:.3f}-{sim[1]:.3f}) "
+            f"| {f'{ds[0]:+.3f} ({ds[1]:+.3f} to {ds[2]:+.3f})' if ds else '-'} "
+            f"| {pct(e['first_line'])}% ({pct(first[0])}-{pct(first[1])}%) "
+            f"| {f'{pct(df[0])} ({pct(df[1])} to {pct(df[2])})' if df else '-'} |"
+        )
     load = table["load_average"]
     lines.append("")
     lines.append(f"Device: {table['device']}; load average {load['mean']} on average, {load['max']} at most.")
@@ -413,7 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exclude is not None:
         with args.exclude.open(encoding="utf-8") as f:
             exclude = frozenset(json.loads(line)["task_id"] for line in f if line.strip())
-    report(args.out, benchmarks, settings, exclude, args.baseline)
+    tasks = {t.task_id: t for b in benchmarks if b in MULTI_LINE for t in load_tasks(b, args)}
+    report(args.out, benchmarks, settings, exclude, args.baseline, tasks)
     print((args.out / "table.md").read_text(encoding="utf-8"), end="")
     return 0
 

@@ -240,6 +240,7 @@ class Task:
     check: Callable[[str], bool] | None = None
     code: Callable[[str], str] | None = None
     suite: judge.Suite | judge.Fallback | None = None
+    expected: str | None = None  # an infill's hidden lines (the soft scores of ``stats.edit_similarity``)
 
 
 def humaneval_tasks(problems: Sequence[he.Problem], style: str, tokens: int) -> list[Task]:
@@ -335,6 +336,7 @@ def infill_tasks(
             None,
             t.code,
             judge.humaneval_suite(t.problem),
+            t.middle,
         )
         for t in items
     ]
@@ -351,6 +353,7 @@ def line_tasks(items: Sequence[Any], tokens: int | None, *, single_line: bool = 
             None,
             infill_cleaner(t.prefix, t.suffix, single_line),
             check=t.correct,
+            expected=t.middle,
         )
         for t in items
     ]

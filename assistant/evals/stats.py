@@ -1,5 +1,6 @@
 """The statistics behind the published figures: pass@k, a pass rate's 95% interval, the paired difference
-of two settings on the same tasks, and a speed-up's interval from interleaved chunks.
+of two settings on the same tasks, a speed-up's interval from interleaved chunks, and the soft scores of
+a multi-line suggestion against the hidden lines (edit similarity, first line right).
 
 ``diffu eval`` (``assistant/evals/runner.py``) and the decoder table (``scripts/decoder_table.py``,
 whose figures are docs/performance.md's and the README's) compute them here, one implementation each,
@@ -9,6 +10,7 @@ is a handful of sums over at most a few thousand values.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 
@@ -39,7 +41,7 @@ def confidence_interval(rates: Sequence[float], z: float = Z95) -> tuple[float, 
     return max(0.0, mean - half), min(1.0, mean + half)
 
 
-def paired(a: Sequence[bool], b: Sequence[bool], z: float = Z95) -> tuple[float, float, float]:
+def paired(a: Sequence[float], b: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
     """Mean of ``a - b`` over the same tasks and its normal 95% interval, within [-1, 1]."""
     d = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
     n = len(d)
@@ -77,3 +79,52 @@ def chunk_seconds(
         r, x = sums.get(chunk_of[t], (0.0, 0.0))
         sums[chunk_of[t]] = (r + ref[t]["seconds"], x + this[t]["seconds"])
     return list(sums.values())
+
+
+def edit_similarity(fill: str, expected: str) -> float:
+    """How much of a multi-line suggestion is the hidden code, in [0, 1]: difflib's ratio of matching
+    characters (2M / total) between the two, each without its blank lines and its lines' trailing
+    blanks. A suggestion that is right but for one name scores near 1 where pass/fail scores 0, so two
+    decoders whose answers are all wrong can still be told apart."""
+
+    def norm(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.splitlines() if line.strip())
+
+    a, b = norm(fill), norm(expected)
+    if not a and not b:
+        return 1.0
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def first_line_right(fill: str, expected: str) -> bool:
+    """Whether the suggestion's first line that holds code is the hidden code's (what a user who accepts
+    a suggestion line by line takes first), whitespace around each ignored."""
+
+    def first(text: str) -> str:
+        return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+    return first(fill) == first(expected) != ""
+
+
+def soft_scores(
+    fills: Sequence[str], expected: Sequence[str], baseline: Sequence[str] | None = None
+) -> dict[str, list[float] | float]:
+    """A setting's multi-line suggestions (``fills``, each cleaned as the editor shows it) against the
+    hidden lines: the mean edit similarity and the share whose first line is right, each with its 95%
+    interval, and (given the ``baseline`` setting's fills of the same tasks) the paired difference from
+    it with its interval."""
+    sim = [edit_similarity(f, e) for f, e in zip(fills, expected, strict=True)]
+    first = [float(first_line_right(f, e)) for f, e in zip(fills, expected, strict=True)]
+    n = max(len(sim), 1)
+    out: dict[str, list[float] | float] = {
+        "similarity": sum(sim) / n,
+        "similarity_ci95": list(confidence_interval(sim)),
+        "first_line": sum(first) / n,
+        "first_line_ci95": list(confidence_interval(first)),
+    }
+    if baseline is not None:
+        base_sim = [edit_similarity(f, e) for f, e in zip(baseline, expected, strict=True)]
+        base_first = [float(first_line_right(f, e)) for f, e in zip(baseline, expected, strict=True)]
+        out["similarity_minus_baseline"] = list(paired(sim, base_sim))
+        out["first_line_minus_baseline"] = list(paired(first, base_first))
+    return out

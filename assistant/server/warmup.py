@@ -7,10 +7,10 @@ a compile (issue #44); ``/health`` says ok only once these are compiled and have
 
 1. the chat (``diffu chat`` with its built-in settings, :data:`CHAT_REQUEST`, under the model's chat
    settings, its chat decoder included; ``tests/tui/test_parts.py`` holds the two together): one row,
-   for a first question of up to :data:`FIRST_PROMPT_TOKENS` with its template and for a second turn of
-   up to :data:`TALK_PROMPT_TOKENS` (the length buckets that hold them with the answer); two rows at
-   once (two chats), on the smallest of them; and, where the model sets ``retry_block``, the chat's
-   second decode of an answer whose code does not parse on the smallest;
+   for a first question of up to :data:`FIRST_PROMPT_TOKENS` with its template, then, where the model
+   sets ``retry_block``, the chat's second decode of a first answer whose code does not parse, then a
+   second turn of up to :data:`TALK_PROMPT_TOKENS` (the length buckets that hold them with the answer);
+   two rows at once (two chats), on the smallest of them;
 2. ``diffu generate`` on a raw prompt (the model's settings, its recommended decoder);
 3. the editors (``diffu lsp`` with its built-in settings, :data:`EDITOR`, which ``lsp.settings`` and
    ``lsp.suggest`` hold the same: a test keeps them together): each suggestion kind (the cursor line,
@@ -129,11 +129,15 @@ def default_plan(
     lengths = sorted({n for _, n in rt.info.buckets})
     # Each length bucket above the answer holds the prompts up to its length less the answer.
     first, talk = chat_prompts(lengths, chat_new)
-    ready = [Shape(p, chat_new, sampling=chat, client="the chat") for p in first + talk]
+    chats = [Shape(p, chat_new, sampling=chat, client="the chat") for p in first + talk]
+    ready = chats[:1]
+    if first and retry:
+        # Right after the first question's: a first answer whose code does not parse is decoded again at
+        # once (a newcomer's `diffu chat --once "def add(a, b):"` waited 18 s for this compile).
+        ready.append(_retry(first[0], chat, chat_new, retry))
+    ready += chats[1:]
     if first:
         ready.append(Shape(first[0], chat_new, batch=2, sampling=chat, client="two chats at once"))
-        if retry:
-            ready.append(_retry(first[0], chat, chat_new, retry))
     model = {k: v for k, v in rt.info.chat_defaults.items() if k != RETRY_KEY}
     gen_new = int(model.pop("max_new_tokens", chat_new))
     ready.append(Shape(GENERATE_PROMPT_TOKENS, gen_new, sampling=model, client="diffu generate --raw"))

@@ -64,3 +64,23 @@ def test_chunk_seconds_sums_each_chunks_tasks_for_both_settings() -> None:
     assert stats.chunk_seconds(["a", "b", "c", "d"], chunk_of, ref, this) == [(3.0, 1.0), (7.0, 1.5)]
     # Only the tasks asked for (those every setting answered, say) count.
     assert stats.chunk_seconds(["a", "c"], chunk_of, ref, this) == [(1.0, 0.5), (3.0, 1.0)]
+
+
+def test_soft_scores_tell_apart_suggestions_that_are_all_wrong() -> None:
+    from assistant.evals.stats import edit_similarity, first_line_right, soft_scores
+
+    hidden = "    if not xs:\n        return 0\n"
+    near = "    if not xs:\n        return None\n"  # wrong (fails the tests) but most of it right
+    far = "    import os\n    print(os.name)\n"
+    assert edit_similarity(hidden, hidden) == 1.0
+    assert edit_similarity("\n" + hidden + "\n\n", hidden) == 1.0  # blank lines are no difference
+    assert 0.8 < edit_similarity(near, hidden) < 1.0 and edit_similarity(far, hidden) < 0.6
+    assert first_line_right(near, hidden) and not first_line_right(far, hidden)
+    assert not first_line_right("", "")  # nothing suggested is not a right first line
+    scores = soft_scores([near, near, far], [hidden] * 3, baseline=[far, far, far])
+    low, high = scores["similarity_ci95"]
+    assert low < scores["similarity"] < high and scores["first_line"] == 2 / 3
+    mean, low, high = scores["similarity_minus_baseline"]
+    assert mean > 0.25 and low <= mean <= high
+    assert scores["first_line_minus_baseline"][0] == 2 / 3
+    assert "similarity_minus_baseline" not in soft_scores([near], [hidden])

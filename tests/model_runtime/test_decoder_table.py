@@ -60,3 +60,31 @@ def test_a_tiny_table_answers_every_task_per_setting_and_resumes(tiny_dir: Path,
     assert against["baseline"] == "sliding"
     assert against["benchmarks"]["lines"]["sliding"]["minus_baseline"] == [0.0, 0.0, 0.0]
     assert "| sliding time / this (95% CI) |" in (out / "table.md").read_text()
+
+
+def test_the_multi_line_table_scores_answers_that_are_all_wrong_softly(tmp_path: Path) -> None:
+    """Every answer wrong (as every setting's were on the bundled model's multi-line table): pass/fail
+    cannot tell two settings apart; the edit similarity and the first line can."""
+    from assistant.evals import runner
+
+    spans = [
+        lines.LineTask(f"s{i}.py:L2-3", "def f(x):\n", "    y = x + 1\n    return y\n", "\nf(1)\n")
+        for i in range(4)
+    ]
+    tasks = {t.task_id: t for t in runner.line_tasks(spans, None, single_line=False)}
+    answers = {"fast-b64": "    y = x + 2\n    return y\n", "sliding": "    import os\n    print(os)\n"}
+    with (tmp_path / "results.jsonl").open("w") as f:
+        for setting, text in answers.items():
+            records = [
+                {"task_id": t, "passed": False, "status": "failed", "seconds": 0.5, "tokens": 9}
+                | {"forwards": 9, "text": text}
+                for t in tasks
+            ]
+            row = {"benchmark": "spans", "setting": setting, "chunk": 0, "tasks": records}
+            f.write(json.dumps(row | {"load_average": 1.0, "device": "cpu"}) + "\n")
+    table = decoder_table.report(tmp_path, ["spans"], list(answers), baseline="fast-b64", tasks=tasks)
+    near, far = table["benchmarks"]["spans"]["fast-b64"], table["benchmarks"]["spans"]["sliding"]
+    assert near["right"] == far["right"] == 0 and near["similarity"] > far["similarity"] + 0.3
+    assert near["first_line"] == 0.0 and far["similarity_minus_baseline"][0] < -0.3
+    md = (tmp_path / "table.md").read_text()
+    assert "| spans (4) | sliding | " in md.split("edit similarity")[1]

@@ -262,18 +262,21 @@ def test_the_daemon_is_ready_once_the_chats_first_turns_and_second_decode_are_co
     ready, rest = default_plan(rt, Config(), accelerator=False)
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
     chats = [s for s in ready if s.client in ("the chat", "two chats at once", "the chat's second decode")]
-    # The first questions (up to 192 tokens: buckets 256 and 384) and a second turn (512), two chats at
-    # once on the smallest, and the second decode there (its canvas rounded up to blocks of 128).
+    # The shortest first question (bucket 256), then at once the second decode there (its canvas rounded
+    # up to blocks of 128): a first answer whose code does not parse is decoded again without waiting for
+    # a compile (a newcomer's first `chat --once` waited 18 s for it). Then the longer first questions
+    # (384) and a second turn (512), and two chats at once on the smallest.
     assert [(s.prompt_tokens + s.max_new_tokens, s.batch) for s in chats] == [
         (256, 1),
+        (320, 1),
         (384, 1),
         (512, 1),
         (256, 2),
-        (320, 1),
     ]
+    assert chats[1].client == "the chat's second decode"
     # The chat asks for its own settings' shapes with the same rule (tui.backend.DaemonBackend.warm).
     first, talk = chat_prompts((256, 384, 512), chat.max_new_tokens)
-    assert [s.prompt_tokens for s in chats[:3]] == first + talk
+    assert [s.prompt_tokens for s in chats[:1] + chats[2:4]] == first + talk
     for shape in chats:
         settings = chat.retry_settings() if shape.client == "the chat's second decode" else chat
         assert settings is not None
