@@ -328,13 +328,10 @@ def report(
                     [round(ratio[1], 2), round(ratio[2], 2)] if ratio else None
                 )
         if tasks and bench in MULTI_LINE:
-
-            def fills(s: str) -> list[str]:
-                return [tasks[t].completion(per[s][t]["text"]) for t in common]
-
+            fills = {s: [tasks[t].completion(per[s][t]["text"]) for t in common] for s in per}
             expected = [tasks[t].expected or "" for t in common]
             for s, entry in entries.items():
-                entry.update(soft_scores(fills(s), expected, fills(baseline) if baseline in per else None))
+                entry.update(soft_scores(fills[s], expected, fills.get(baseline)))
         table["benchmarks"][bench] = entries
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     (out / "table.md").write_text(markdown(table), encoding="utf-8")
