@@ -148,7 +148,8 @@ class Config:
         None,
         rule=_buckets,
         help="batch sizes compiled for; concurrent requests are batched up to the largest. Unset: (1, 4, 16) "
-        "on an accelerator, (1, 4) on CPU (few requests run at once there, and every bucket is a compile)",
+        "on an accelerator, (1, 2, 4) on CPU (few requests run at once there, and a forward's time grows "
+        "with its rows)",
     )
     max_programs: int = option(
         DEFAULT_MAX_PROGRAMS,
