@@ -113,8 +113,12 @@ def soft_scores(
     hidden lines: the mean edit similarity and the share whose first line is right, each with its 95%
     interval, and (given the ``baseline`` setting's fills of the same tasks) the paired difference from
     it with its interval."""
-    sim = [edit_similarity(f, e) for f, e in zip(fills, expected, strict=True)]
-    first = [float(first_line_right(f, e)) for f, e in zip(fills, expected, strict=True)]
+
+    def per_task(texts: Sequence[str]) -> tuple[list[float], list[float]]:
+        pairs = list(zip(texts, expected, strict=True))
+        return [edit_similarity(f, e) for f, e in pairs], [float(first_line_right(f, e)) for f, e in pairs]
+
+    sim, first = per_task(fills)
     n = max(len(sim), 1)
     out: dict[str, list[float] | float] = {
         "similarity": sum(sim) / n,
@@ -123,8 +127,7 @@ def soft_scores(
         "first_line_ci95": list(confidence_interval(first)),
     }
     if baseline is not None:
-        base_sim = [edit_similarity(f, e) for f, e in zip(baseline, expected, strict=True)]
-        base_first = [float(first_line_right(f, e)) for f, e in zip(baseline, expected, strict=True)]
+        base_sim, base_first = per_task(baseline)
         out["similarity_minus_baseline"] = list(paired(sim, base_sim))
         out["first_line_minus_baseline"] = list(paired(first, base_first))
     return out
