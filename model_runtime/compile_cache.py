@@ -17,6 +17,7 @@ import platformdirs
 _lock = threading.Lock()
 _counts = {"requests": 0, "hits": 0}
 _enabled_dir: Path | None = None
+_backend_threads: frozenset[int] | None = None
 
 
 def default_cache_dir() -> Path:
@@ -47,8 +48,29 @@ def enable(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     if _enabled_dir is None:
         jax.monitoring.register_event_listener(_listener)
+        _note_backend_threads()
     _enabled_dir = path
     return path
+
+
+def _note_backend_threads() -> None:
+    """Start JAX's backend and note its threads, before this process compiles anything (the first
+    runtime's load): the threads outside Python started after them are XLA's compile threads."""
+    global _backend_threads
+    if _backend_threads is not None:
+        return
+    jax.devices()
+    try:
+        _backend_threads = frozenset(int(tid) for tid in os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: nothing is known
+        _backend_threads = frozenset()
+
+
+def backend_threads() -> frozenset[int]:
+    """The native threads this process had once JAX's backend started, before the first runtime compiled
+    (Linux; empty elsewhere or before :func:`enable`). Where the process compiled before that (a test
+    process), XLA's compile threads are among them and cannot be told apart."""
+    return _backend_threads or frozenset()
 
 
 def counters() -> tuple[int, int]:

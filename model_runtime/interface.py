@@ -71,6 +71,9 @@ class RuntimeInfo:
     # Whether ``compile`` may run on another thread while ``run`` runs: the daemon then warms up on a
     # thread of its own, beside the requests.
     concurrent_compile: bool = False
+    # The process's native threads before it first compiled (``compile_cache.backend_threads``; empty:
+    # unknown): the daemon tells XLA's compile threads, started later, by them.
+    backend_threads: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         # Shared by every request of the daemon: a caller must not change the model's defaults for all.

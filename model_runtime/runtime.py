@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import decoders, processes, quant, sharding
+from model_runtime import compile_cache, decoders, processes, quant, sharding
 from model_runtime.config import DreamConfig
 from model_runtime.decoders.reference import REFERENCE
 from model_runtime.errors import InputError
@@ -116,6 +116,7 @@ class Runtime:
             # is host work; an accelerator's compile also runs kernels on it (GPU autotuning), so there it
             # stays on the device thread until measured there.
             concurrent_compile=devices[0].platform == "cpu",
+            backend_threads=compile_cache.backend_threads(),
         )
         self.rows = CanvasBuilder(tokenizer, context)
         self.programs = ProgramCache(cfg, graphdef, state, dtype_name, mesh, max_programs)

@@ -34,10 +34,11 @@ from typing import Any
 
 from assistant.server.batch_run import finish_cancelled, run_batch
 from assistant.server.batching import take_batch
+from assistant.server.compile_pool import CompilePool
 from assistant.server.job import Job, JobError
 from assistant.server.native_work import NativeWork
 from assistant.server.status import NotReady, QueueFull, SchedulerStatus, ShuttingDown
-from assistant.server.warming import WarmUp
+from assistant.server.warming import WARM_NICE, WarmUp
 from assistant.server.warmup import WarmTask
 from assistant.wire import SERVING, DaemonCounters, ErrorType, Stage
 from model_runtime.errors import DiffuError
@@ -84,7 +85,7 @@ class Scheduler:
         self.status = SchedulerStatus()
         self._listeners: list[Callable[[SchedulerStatus], None]] = []
         self._cond = threading.Condition()
-        self._work = NativeWork(self._cond, self._show_compiling)
+        self._work = NativeWork(self._cond, self._show_compiling, CompilePool(WARM_NICE))
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []
         self.warm_up = WarmUp(

@@ -74,6 +74,8 @@ class WarmUp:
     def start(self, runtime: RuntimeProtocol, plan: list[WarmTask], threads: int) -> None:
         """Queue the plan and, where the runtime allows it, start ``threads`` warm-up threads."""
         self._runtime = runtime
+        if self._work.pool is not None:
+            self._work.pool.backend = runtime.info.backend_threads
         if runtime.info.concurrent_compile:
             for i in range(max(1, threads)):
                 thread = threading.Thread(target=self._main, name=f"diffu-warmup-{i}", daemon=True)
@@ -171,6 +173,7 @@ class WarmUp:
             if runtime.program_keys(task.rows, task.params) & wanted:
                 if _set_priority(native, self._niced[native]) is not None:
                     del self._niced[native]
+                    self._work.normal(ident)
                     log.info("a request waits for the warm-up compile of %s: priority back", task.label)
 
     def _warm_up(self, task: WarmTask) -> None:
@@ -180,7 +183,8 @@ class WarmUp:
         report = None
         try:
             if not self._runtime.compiled(task.rows, task.params):
-                with self._work.working(f"warm-up: {task.label}"):
+                low = self._native.get(threading.get_ident()) in self._niced
+                with self._work.working(f"warm-up: {task.label}", low=low):
                     report = self._runtime.compile(task.rows, task.params)
         except InputError as exc:  # a shape this runtime cannot run: nothing to warm
             log.warning("warm-up skipped %s: %s", task.label, exc)
