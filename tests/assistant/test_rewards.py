@@ -209,7 +209,8 @@ def _children() -> set[int]:
 
 
 def test_hundreds_of_sandboxed_executions_leave_no_process_and_no_temp_file():
-    """201 programs (40 of each kind, one endless loop): ones fork sleepers, write files, run out of time."""
+    """201 programs (40 of each kind, one endless loop), 401 sandboxed runs (one per test case, as
+    published): ones fork sleepers, write files, run out of time."""
     procs_before, temp_before = sandbox_processes(), _sandbox_temp_entries()
     threads_before, children_before = threading.active_count(), _children()
     bodies = [
@@ -222,7 +223,7 @@ def test_hundreds_of_sandboxed_executions_leave_no_process_and_no_temp_file():
     completions, tests = [], []
     for i in range(200):
         completions.append(f"```python\ndef f(x):\n{bodies[i % len(bodies)]}\n```\n")
-        tests.append([f"assert f({j}) == {j + 1}" for j in range(4)])
+        tests.append([f"assert f({j}) == {j + 1}" for j in range(2)])
     completions.append("```python\ndef f(x):\n    while True:\n        pass\n```\n")
     tests.append(["assert f(1) == 2"])
     # the time limit is wall-clock: a right program must finish inside it on a machine at load 10
