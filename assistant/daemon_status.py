@@ -230,6 +230,8 @@ class ModelEntry:
     owned_by: str = "diffu"
     max_model_len: int | None = None
     context_length: int | None = None
+    # diffu's own: the row the model recommends for editors' suggestions (``RuntimeInfo.editor_context``).
+    editor_context: int | None = None
 
     def to_dict(self) -> JSONObject:
         return dataclasses.asdict(self)

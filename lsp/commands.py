@@ -11,6 +11,7 @@ from typing import Any
 from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp.core import DiffuLanguageServer
+from lsp.settings import context_budget, row_limit
 
 STATUS = "diffu.status"
 TOGGLE = "diffu.toggle"
@@ -59,6 +60,11 @@ def status(ls: DiffuLanguageServer, *args: Any) -> dict[str, Any]:
         "connected": link.connected,
         "model": link.model,
         "max_context": link.max_context,
+        # The prompt budget in use, and the longest row a suggestion takes (the model's recommended one
+        # for editors when the user sets no contextTokens).
+        "editor_context": link.editor_context,
+        "context_tokens": context_budget(ls.settings),
+        "row_limit": row_limit(ls.settings, link.max_context, link.editor_context),
         "daemon_features": sorted(link.features),
         "warm_request": link.warmed,
         "url": link.url,

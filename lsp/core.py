@@ -127,8 +127,8 @@ class DiffuLanguageServer(LanguageServer):
             self._configure_link()
         return self._link
 
-    def _warm_shapes(self, max_context: int | None) -> list[WarmShape]:
-        return warm_shapes(self.settings, max_context)
+    def _warm_shapes(self, max_context: int | None, recommended: int | None) -> list[WarmShape]:
+        return warm_shapes(self.settings, max_context, recommended)
 
     def _progress(self) -> Progress | None:
         window = self.client_capabilities.window

@@ -55,7 +55,7 @@ class LinkHooks:
 
     log: LogFn  # a line in the editor's log (``show``: also a message the user sees)
     changed: Callable[[], None]  # the connection state or the daemon's start-up stage changed
-    warm_shapes: Callable[[int | None], list[WarmShape]]  # the shapes typing sends, for a context length
+    warm_shapes: Callable[[int | None, int | None], list[WarmShape]]  # typing's, for context and row
     work_done: Callable[[], WorkDoneProgress | None]  # the editor's ``$/progress``; None if it has none
 
 
@@ -148,6 +148,7 @@ class DaemonLink:
         self.client: AsyncClient | None = None
         self.config: Config | None = None
         self.max_context: int | None = None
+        self.editor_context: int | None = None  # the row the daemon's model recommends for editors
         self.features: set[str] = set()
         self.model = ""
         self.url: str | None = None
@@ -259,6 +260,7 @@ class DaemonLink:
         entry = models.data[0] if models.data else ModelEntry()
         self.model = entry.id
         self.max_context = entry.context_length or entry.max_model_len
+        self.editor_context = entry.editor_context
         self.features = set(status.features)
         self.url = url
         self.connected_at = time.monotonic()
@@ -292,9 +294,8 @@ class DaemonLink:
 
     def _warm(self, client: AsyncClient) -> None:
         """Ask the daemon to compile the shapes typing will ask for (answered at once, compiled between
-        requests), so the first suggestion does not wait for a compile. A daemon without the warm route
-        (older versions answer 404) or a refusal costs nothing but a log line."""
-        shapes = self.hooks.warm_shapes(self.max_context)
+        requests), so the first suggestion waits for no compile. No warm route (404) or a refusal: a log."""
+        shapes = self.hooks.warm_shapes(self.max_context, self.editor_context)
 
         async def send() -> None:
             try:

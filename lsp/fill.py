@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from assistant.infill.context import header_line, window
 from assistant.infill.holes import MASK, Hole, HolePrompt, finish_fill, masked_prompt, target_fills
-from lsp.settings import Settings
+from lsp.settings import Settings, context_budget
 
 if TYPE_CHECKING:
     from assistant.client import AsyncClient, Done
@@ -62,7 +62,7 @@ class Filler:
         doc = self.doc
 
         def build() -> tuple[int, Awaitable[Done]]:
-            budget = self.link.budget_chars(self.settings.context_tokens, 0)
+            budget = self.link.budget_chars(context_budget(self.settings), 0)
             prompt = masked_prompt(
                 doc.text, targets, others=others, path=doc.path, language=doc.language, budget_chars=budget
             )
@@ -81,7 +81,7 @@ class Filler:
             before, after = _split_at(self.doc.text, holes, target, filled)
 
             def build(before: str = before, after: str = after, target: Hole = target) -> tuple[int, Any]:
-                budget = self.link.budget_chars(self.settings.context_tokens, target.tokens) - len(header)
+                budget = self.link.budget_chars(context_budget(self.settings), target.tokens) - len(header)
                 pre, suf, _ = window(before, after, max(budget, 0), 0.7)
                 options = self._options(target.tokens)
                 request = self.client.infill(header + pre, suf, canvas_tokens=target.tokens, **options)

@@ -60,11 +60,13 @@ class Settings:
         help="Denoising steps; unset: half the canvas for automatic requests, the whole canvas when invoked.",
     )
     temperature: float = like(SamplingParams, "temperature", default=0.0, le=10.0)
-    context_tokens: int = option(
-        1024,
+    context_tokens: int | None = option(
+        None,
         ge=16,
         le=131_072,
-        help="Token budget of the prompt: the file window around the cursor plus snippets of other files.",
+        help="Token budget of the prompt: the file window around the cursor plus snippets of other files; "
+        "unset: 1024, within the row the daemon's model recommends for editors (the bundled model: 512 "
+        "tokens with the canvas).",
     )
     prefix_fraction: float = option(
         0.75, ge=0.0, le=1.0, help="Share of the file budget that goes before the cursor (the rest after it)."
@@ -168,6 +170,25 @@ def camel(name: str) -> str:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+# The prompt's budget where the user sets none; the daemon's warm-up plans with the same
+# (assistant.server.warmup.EDITOR).
+DEFAULT_CONTEXT_TOKENS = 1024
+
+
+def context_budget(settings: Settings) -> int:
+    """The prompt's token budget: the user's ``contextTokens``, else :data:`DEFAULT_CONTEXT_TOKENS`."""
+    return settings.context_tokens or DEFAULT_CONTEXT_TOKENS
+
+
+def row_limit(settings: Settings, max_context: int | None, recommended: int | None) -> int | None:
+    """The longest row (prompt and canvas) a suggestion takes: the model's context, or the shorter row the
+    daemon's model recommends for editors (``editor_context`` in /v1/models: where more context buys no
+    quality, a shorter row is a faster forward) when the user sets no ``contextTokens``."""
+    if settings.context_tokens is not None or recommended is None:
+        return max_context
+    return recommended if max_context is None else min(max_context, recommended)
 
 
 VIEW = Flat(Settings, "sampling")

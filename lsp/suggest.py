@@ -22,7 +22,7 @@ from assistant.infill.context import Mode
 from assistant.infill.postprocess import align_indent, line_suffix_chars, postprocess, scope_of
 from assistant.wire import SamplingOptions, prompt_budget
 from lsp.cache import SuggestionCache
-from lsp.settings import Settings
+from lsp.settings import Settings, context_budget, row_limit
 from lsp.state import Timing, Timings
 
 if TYPE_CHECKING:
@@ -99,18 +99,19 @@ def mode_sampling(
     return dataclasses.replace(sampling, block_scope=scope)
 
 
-def warm_shapes(settings: Settings, max_context: int | None) -> list[WarmShape]:
+def warm_shapes(settings: Settings, max_context: int | None, recommended: int | None) -> list[WarmShape]:
     """The shapes typing and an explicit request ask for, per mode (canvas and steps as :func:`plan` makes
     them, the candidates as :func:`ask` sends them: the greedy one, and the sampled ones together or,
     reaching the daemon apart, one by one), with a prompt of the whole context budget (files longer than
-    it are the common case), for the daemon to compile when the server connects instead of on the first
-    suggestion."""
+    it are the common case) within the row the model recommends (:func:`row_limit`), for the daemon to
+    compile when the server connects instead of on the first suggestion."""
     from assistant.client import WarmShape
 
     shapes: list[WarmShape] = []
     for mode in ctx.Mode:
         canvas = ctx.canvas_tokens(mode, settings.max_tokens)
-        budget = prompt_budget(settings.context_tokens, canvas, max_context)
+        limit = row_limit(settings, max_context, recommended)
+        budget = prompt_budget(context_budget(settings), canvas, limit)
         if budget <= 0:
             continue
         asked: list[tuple[int, int, float | None, int | None]] = [
@@ -205,7 +206,8 @@ async def ask(
         )
 
     def build() -> tuple[int, Awaitable[list[Done]]]:
-        budget = prompt_budget(settings.context_tokens, p.canvas, link.max_context)
+        limit = row_limit(settings, link.max_context, link.editor_context)
+        budget = prompt_budget(context_budget(settings), p.canvas, limit)
         prompt = ctx.build_prompt(
             before=p.prompt_before,
             after=cursor.after,

@@ -1,6 +1,6 @@
 """What a model directory's ``generation_config.json`` says about generating with it.
 
-Three things are read, all checked and all optional:
+What is read, all checked and all optional:
 
 - ``diffu_decoder``: the decoder the model recommends (``reference``, ``fast`` or ``sliding``); published
   checkpoints carry no such key and get the reference decoder. ``scripts/decoder_quality.py --record``
@@ -11,6 +11,10 @@ Three things are read, all checked and all optional:
   docs/performance.md); absent, such a request gets ``diffu_decoder`` like any other.
 - ``diffu_block``: the same for a request whose answer ends where its code leaves a block
   (``block_scope``: an editor's block and empty-line suggestions).
+- ``diffu_editor_context``: the longest row in tokens (prompt and canvas) an editor's suggestion takes when
+  its user sets no prompt budget (``diffu lsp``'s ``contextTokens``): where more context buys no quality,
+  a shorter row is a faster first forward. The bundled model's 512 was measured with
+  ``scripts/repo_infill.py --budgets``: no loss against 1,024 (docs/editors.md).
 - ``diffu_chat``: the decoder of the model's chat, with its knobs (``{"decoder": "sliding", "window": 64,
   "commit_rule": "credit"}``, the bundled model's, chosen on held-out chat requests): ``diffu chat``
   layers them over the chat defaults below (a chat's settings name their decoder, so no key of the
@@ -52,6 +56,7 @@ RETRY_KEY = "retry_block"
 ONE_LINE_KEY = "diffu_one_line"
 BLOCK_KEY = "diffu_block"
 CHAT_DECODER_KEY = "diffu_chat"
+EDITOR_CONTEXT_KEY = "diffu_editor_context"
 
 
 def _read(model_dir: str | Path) -> dict[str, Any]:
@@ -105,6 +110,18 @@ def block_defaults(model_dir: str | Path) -> dict[str, Any]:
 def chat_decoder(model_dir: str | Path) -> dict[str, Any]:
     """``diffu_chat``: the decoder and its knobs a chat with the model takes."""
     return knobs_of(model_dir, CHAT_DECODER_KEY)
+
+
+def editor_context(model_dir: str | Path) -> int | None:
+    """``diffu_editor_context``: the editors' prompt budget the model recommends, else None."""
+    value = _read(model_dir).get(EDITOR_CONTEXT_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16:
+        raise ModelError(
+            f"generation_config.json: {EDITOR_CONTEXT_KEY} must be an integer >= 16, got {value!r}"
+        )
+    return value
 
 
 def chat_defaults(model_dir: str | Path) -> dict[str, Any]:

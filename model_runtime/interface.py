@@ -65,6 +65,9 @@ class RuntimeInfo:
     block_defaults: Mapping[str, Any] = field(default_factory=dict)
     # The decoder and its knobs a chat takes (``diffu_chat``; the chat layers them over chat_defaults).
     chat_decoder: Mapping[str, Any] = field(default_factory=dict)
+    # The longest row (prompt and canvas) the model recommends for an editor's suggestion when its user sets
+    # no prompt budget (``diffu_editor_context``); None: the model's context.
+    editor_context: int | None = None
     supports_holes: bool = False  # whether ``<|mask|>`` in a raw prompt is the mask token
     quantize_mode: str | None = None  # ``int8``/``int4`` when the weights are quantized
     mesh: Mapping[str, object] | None = None  # the device mesh for status reports; None without one

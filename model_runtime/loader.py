@@ -135,6 +135,7 @@ def load(
         one_line_defaults=generation_config.one_line_defaults(model_dir),
         block_defaults=generation_config.block_defaults(model_dir),
         chat_decoder=generation_config.chat_decoder(model_dir),
+        editor_context=generation_config.editor_context(model_dir),
         max_programs=max_programs,
     )
 

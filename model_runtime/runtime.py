@@ -74,6 +74,7 @@ class Runtime:
         one_line_defaults: dict[str, Any] | None = None,
         block_defaults: dict[str, Any] | None = None,
         chat_decoder: dict[str, Any] | None = None,
+        editor_context: int | None = None,
         max_programs: int = DEFAULT_MAX_PROGRAMS,
     ) -> None:
         self.config = cfg
@@ -107,6 +108,7 @@ class Runtime:
             # ... and one with a block_scope (generation_config.block_defaults); a chat's decoder.
             block_defaults=dict(block_defaults or {}),
             chat_decoder=dict(chat_decoder or {}),
+            editor_context=editor_context,
             # DiffuCoder's tokenizer reads "<|mask|>" in a raw prompt as the mask token: holes can be filled.
             supports_holes=True,
             quantize_mode=quantize.mode if quantize is not None else None,

@@ -155,7 +155,12 @@ async def editor_kinds() -> tuple[list[dict[str, Any]], list[str]]:
     def say(message: str, *, level: str = "info", show: bool = False) -> None:
         log.append(message)
 
-    hooks = LinkHooks(say, lambda: None, lambda context: warm_shapes(settings, context), lambda: None)
+    hooks = LinkHooks(
+        say,
+        lambda: None,
+        lambda context, recommended: warm_shapes(settings, context, recommended),
+        lambda: None,
+    )
     link = DaemonLink(hooks)
     # As the server configures it, but never starting a second daemon: the chat's runs.
     link.configure(url=settings.url, api_key=settings.api_key, model=settings.model, autostart=False)

@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from assistant.client import APIError, Client, SamplingOptions  # noqa: E402
 from assistant.infill import context as ctx  # noqa: E402
+from assistant.wire import prompt_budget  # noqa: E402
 from lsp.daemon_link import is_overflow, overflow_facts  # noqa: E402
 from lsp.recent import RecentChunks  # noqa: E402
-from lsp.settings import Settings  # noqa: E402
+from lsp.settings import Settings, context_budget, row_limit  # noqa: E402
 from lsp.suggest import Cursor, clean, plan  # noqa: E402
 from tests.assistant.helpers import REPO, isolated_env, start_daemon  # noqa: E402
 
@@ -113,7 +114,14 @@ def budget_of(condition: str) -> int | None:
     return int(condition.split("@", 1)[1]) if "@" in condition else None
 
 
-def prompt_for(target: Target, condition: str, settings: Settings, chars_per_token: float, max_context: int):
+def prompt_for(
+    target: Target,
+    condition: str,
+    settings: Settings,
+    chars_per_token: float,
+    max_context: int,
+    recommended: int | None = None,
+):
     lines = target.text.splitlines(keepends=True)
     line = lines[target.line]
     indent = line[: len(line) - len(line.lstrip(" \t"))]
@@ -137,7 +145,9 @@ def prompt_for(target: Target, condition: str, settings: Settings, chars_per_tok
         after=after,
         path=target.path,
         language="python",
-        budget_tokens=min(settings.context_tokens, max_context - p.canvas - 2),
+        budget_tokens=prompt_budget(
+            context_budget(settings), p.canvas, row_limit(settings, max_context, recommended)
+        ),
         prefix_fraction=settings.prefix_fraction,
         chars_per_token=chars_per_token,
         snippet_tokens=settings.snippet_tokens,
@@ -162,15 +172,25 @@ class Suggester:
     """Each target's suggestion in one condition, asked as the language server asks: a prompt fitted to
     the context by characters per token, learnt again from a refusal (as ``DaemonLink.fitting``)."""
 
-    def __init__(self, client: Client, settings: Settings, max_context: int, chars_per_token: float) -> None:
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings,
+        max_context: int,
+        chars_per_token: float,
+        recommended: int | None = None,
+    ) -> None:
         self.client, self.settings = client, settings
         self.max_context, self.chars_per_token = max_context, chars_per_token
+        self.recommended = recommended  # the model's editor_context, as the server takes it
 
     def __call__(self, job: tuple[Target, str]) -> dict[str, Any]:
         target, condition = job
         ratio = self.chars_per_token
         for attempt in range(3):
-            p, prompt = prompt_for(target, condition, self.settings, ratio, self.max_context)
+            p, prompt = prompt_for(
+                target, condition, self.settings, ratio, self.max_context, self.recommended
+            )
             try:
                 done = self.client.infill(
                     prompt.prefix,
@@ -208,14 +228,15 @@ def suggest_all(
     rows: list[dict[str, Any]] = []
     try:
         with Client(daemon.url, daemon.token, autostart=False) as client:
-            max_context = client.models().data[0].context_length
+            entry = client.models().data[0]
+            max_context = entry.context_length
             if max_context is None:
                 raise RuntimeError("the daemon's /v1/models does not say its context length")
             # The server learns characters per token from the daemon's answers; measure it once here.
             sample = items[0].text[:2000]
             probe = client.infill(sample, "", canvas_tokens=1, sampling=SamplingOptions(steps=1))
             used = probe.usage["prompt_tokens"]
-            run = Suggester(client, Settings(), max_context, len(sample) / max(used, 1))
+            run = Suggester(client, Settings(), max_context, len(sample) / max(used, 1), entry.editor_context)
             jobs = [(t, c) for t in items for c in conditions]
             start = time.perf_counter()
             with ThreadPoolExecutor(workers) as pool:

@@ -122,6 +122,7 @@ class FakeRuntime:
     one_line_defaults: dict[str, Any] = field(default_factory=dict)
     block_defaults: dict[str, Any] = field(default_factory=dict)
     chat_decoder: dict[str, Any] = field(default_factory=dict)
+    editor_context: int | None = None
     # A model directory whose generation_config.json the fake takes all of the above from (the decoder it
     # recommends, its chat's, its one-line and block knobs): a daemon that decides as that model's does.
     generation: str = ""
@@ -135,6 +136,7 @@ class FakeRuntime:
             self.one_line_defaults = gc.one_line_defaults(self.generation)
             self.block_defaults = gc.block_defaults(self.generation)
             self.chat_decoder = gc.chat_decoder(self.generation)
+            self.editor_context = gc.editor_context(self.generation)
         self.tokenizer = FakeTokenizer()
         self.runs: list[int] = []  # batch size of every run, for tests that check batching
         # What it did, in order: ("compile", keys) when a compile starts, ("compiled", keys) when it ends,
@@ -157,6 +159,7 @@ class FakeRuntime:
             one_line_defaults=self.one_line_defaults,
             block_defaults=self.block_defaults,
             chat_decoder=self.chat_decoder,
+            editor_context=self.editor_context,
             # Its tokenizer reads "<|mask|>" as plain characters, so a raw prompt has no holes to fill.
             supports_holes=False,
             concurrent_compile=True,  # its "compiles" (sleeps) build each program once, as the real ones do
@@ -327,6 +330,7 @@ _FAKE_FIELDS: dict[str, Callable[[str], Any]] = {
     "load_delay": float,
     "warmup_delay": float,
     "max_context": int,
+    "editor_context": int,
     "generation": str,
 }
 

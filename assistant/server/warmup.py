@@ -59,7 +59,9 @@ class EditorDefaults:
     """What ``diffu lsp`` sends with its built-in settings (``lsp.settings.Settings``, ``lsp.suggest``; the
     lsp package cannot be imported here: a test keeps the two in step)."""
 
-    context_tokens: int = 1024  # the prompt's budget: the file around the cursor and other files' snippets
+    # The prompt's budget (the file around the cursor and other files' snippets), within the row the model
+    # recommends for editors (``RuntimeInfo.editor_context``, which ``diffu lsp`` learns from /v1/models).
+    context_tokens: int = 1024
     # Each suggestion kind: its canvas and what ends its answer (max_lines 1; a block_scope, traced).
     kinds: tuple[tuple[str, int, dict[str, Any]], ...] = (
         ("the cursor line", 24, {"max_lines": 1}),
@@ -141,7 +143,8 @@ def default_plan(
     model = {k: v for k, v in rt.info.chat_defaults.items() if k != RETRY_KEY}
     gen_new = int(model.pop("max_new_tokens", chat_new))
     ready.append(Shape(GENERATE_PROMPT_TOKENS, gen_new, sampling=model, client="diffu generate --raw"))
-    ready += editor_shapes(rt.info.max_context)
+    row = min(rt.info.max_context, rt.info.editor_context or rt.info.max_context)
+    ready += editor_shapes(row)
     later: list[Shape] = []
     for n in lengths:
         if n - chat_new > TALK_PROMPT_TOKENS:
@@ -149,7 +152,7 @@ def default_plan(
     for p in first[1:] + talk:
         if retry:
             later.append(_retry(p, chat, chat_new, retry))
-    budget = min(EDITOR.context_tokens, rt.info.max_context)
+    budget = min(EDITOR.context_tokens, row)
     for n in lengths:
         if n < budget:  # a file shorter than the budget: a prompt that fills a shorter bucket
             later += editor_shapes(n, client="the editors, a short file")

@@ -643,11 +643,15 @@ def test_holes_in_a_raw_prompt_are_filled_in_one_run(tiny_daemon: DaemonProcess)
 
 
 def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: Path, micro_dir: Path) -> None:
-    model = with_generation_config(micro_dir, tmp_path / "model", diffu_decoder="fast")
+    model = with_generation_config(
+        micro_dir, tmp_path / "model", diffu_decoder="fast", diffu_editor_context=96
+    )
     daemon = start_daemon(tmp_path, str(model), env=isolated_env(tmp_path, **TINY_ENV))
     try:
         with daemon.client() as c:
             assert c.get("/v1/diffu/status").json()["default_decoder"] == "fast"
+            # ... and the editors' prompt budget it recommends, which diffu lsp reads here.
+            assert c.get("/v1/models").json()["data"][0]["editor_context"] == 96
             body = {"prompt": "def f(x):", "max_new_tokens": 8, "stream": False}
             assert c.post("/v1/diffu/generate", json=body).json()["stats"]["decoder"] == "fast"
             named = c.post("/v1/diffu/generate", json={**body, "decoder": "reference"}).json()

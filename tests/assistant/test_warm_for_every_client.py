@@ -22,7 +22,8 @@ import pytest
 from assistant.client import Client, Done, Waiting
 from assistant.infill.context import Mode
 from assistant.infill.postprocess import scope_of
-from lsp.settings import Settings
+from assistant.wire import prompt_budget
+from lsp.settings import Settings, context_budget, row_limit
 from lsp.suggest import CANDIDATE_TEMPERATURE, mode_sampling
 from model_runtime.bundled import bundled_model_dir
 from tests.assistant.helpers import REPO, DaemonProcess, isolated_env, start_daemon
@@ -125,8 +126,14 @@ def test_each_editor_suggestion_kind_automatic_and_invoked(
     canvas = {Mode.SINGLE_LINE: 24, Mode.EMPTY_LINE: 32, Mode.BLOCK: settings.max_tokens}[mode]
     lines = before.split("\n")
     scope = scope_of(lines[-1], lines[-2], mode)
-    # The fake tokenizer spends a token per character: a budget's worth of file around the cursor.
-    budget = settings.context_tokens - canvas - 2
+    # The fake tokenizer spends a token per character: a budget's worth of file around the cursor, within
+    # the row the model recommends (the bundled model's 512 tokens), which the server learns from
+    # /v1/models.
+    with daemon.client() as http:
+        entry = http.get("/v1/models").json()["data"][0]
+    assert (entry["context_length"], entry["editor_context"]) == (1024, 512)
+    limit = row_limit(settings, entry["context_length"], entry["editor_context"])
+    budget = prompt_budget(context_budget(settings), canvas, limit)
     prefix = "x = 1\n" * ((budget * 3 // 4) // 6) + before
     suffix = after + "# end\n" * ((budget - len(prefix) - len(after)) // 6)
     with Client(daemon.url, daemon.token, autostart=False) as client:

@@ -277,8 +277,8 @@ async def test_a_transparent_reconnection_names_the_live_daemon_and_warms_it(lsp
         await wait_for(lambda: len(asked()) == 2, what="a warm request to each daemon")
         await wait_for(lambda: second.health()["stage"] == "ready", what="the new daemon's warm-up")
         with second.client() as http:
-            context = http.get("/v1/models").json()["data"][0]["context_length"]
-            shapes = warm_shapes(Settings(temperature=0.5), context)
+            entry = http.get("/v1/models").json()["data"][0]
+            shapes = warm_shapes(Settings(temperature=0.5), entry["context_length"], entry["editor_context"])
             again = http.post("/v1/diffu/warm", json=warm_body(shapes)).json()
         assert again["queued"] == 0 and again["compiled"] == list(range(len(shapes))), (again, asked())
     finally:

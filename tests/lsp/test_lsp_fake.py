@@ -412,10 +412,43 @@ async def test_connecting_has_the_daemon_compile_the_editors_shapes_before_the_f
         # one of those shapes compiled.
         assert await wait_for(lambda: daemon.health()["stage"] == "ready", what="the warm-up's end")
         with daemon.client() as c:
-            context = c.get("/v1/models").json()["data"][0]["context_length"]
-            shapes = warm_shapes(Settings(candidates=6), context)
+            entry = c.get("/v1/models").json()["data"][0]
+            shapes = warm_shapes(Settings(candidates=6), entry["context_length"], entry["editor_context"])
             again = c.post("/v1/diffu/warm", json=warm_body(shapes)).json()
         assert len(shapes) == int(match[1]) and again["queued"] == 0
         assert again["compiled"] == list(range(len(shapes)))
+    finally:
+        daemon.stop()
+
+
+async def test_the_row_is_the_models_recommendation_unless_the_user_sets_a_budget(lsp, tmp_path) -> None:
+    """The bundled model writes no better lines with 1,024 tokens of context than with 512, and its first
+    forward is half as long at 512 (docs/editors.md): a daemon's model recommends its editors' row
+    (``diffu_editor_context``), the server keeps within it while ``contextTokens`` is unset, and a user's
+    budget wins."""
+    root = tmp_path / "daemon"
+    daemon = start_daemon(root, "fake:step_delay=0.002,editor_context=100", env=isolated_env(root))
+    try:
+        session = await lsp("neovim-0.12", daemon=daemon, settings={"minChars": 1})
+        long_file = "x = 1\n" * 400 + "def total(items):\n    result = \n" + "y = 2\n" * 400
+        uri = session.open("long.py", long_file)
+        await session.inline(uri, 401, 13, invoked=True)
+        status = await session.status()
+        assert (status["editor_context"], status["row_limit"], status["max_context"]) == (100, 100, 512)
+        # A prompt of 100 tokens less the canvas (24) and 2, at the server's first guess of characters a
+        # token (2.7; the fake model spends a token a character): 200 characters of the file's 5,000.
+        (first,) = status["timings"]
+        assert first["prompt_chars"] <= (100 - 24 - 2) * 2.7, first
+        session.configure({"contextTokens": 450})
+        for _ in range(100):
+            status = await session.status()
+            if status["context_tokens"] == 450:
+                break
+            await asyncio.sleep(0.02)
+        assert (status["context_tokens"], status["row_limit"]) == (450, 512)
+        other = session.open("long2.py", long_file)
+        await session.inline(other, 401, 13, invoked=True)
+        status = await session.status()
+        assert status["timings"][-1]["prompt_chars"] > 100 * 2.7, status["timings"]  # past the model's
     finally:
         daemon.stop()

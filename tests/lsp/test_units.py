@@ -59,7 +59,7 @@ def test_the_prompt_budget_leaves_the_canvas_its_room() -> None:
     assert prompt_budget(1024, 64, 512) == 512 - 64 - 2
     assert prompt_budget(1024, 600, 512) < 0  # no prompt fits: callers ask for none or the least
     # The warm-up's shapes: the 64-token block canvas leaves no room in a 40-token context.
-    shapes = warm_shapes(Settings(max_tokens=64), max_context=40)
+    shapes = warm_shapes(Settings(max_tokens=64), max_context=40, recommended=None)
     sizes = [(s.prompt_tokens, s.max_new_tokens) for s in shapes]
     assert list(dict.fromkeys(sizes)) == [(40 - 24 - 2, 24), (40 - 32 - 2, 32)]
     # Per canvas: typing (half the canvas in steps), invoked's greedy answer (every step) and its two
@@ -73,7 +73,8 @@ def test_the_prompt_budget_leaves_the_canvas_its_room() -> None:
         (1, 24, CANDIDATE_TEMPERATURE),
         (2, 24, CANDIDATE_TEMPERATURE),
     ]
-    assert len(warm_shapes(Settings(max_tokens=64, candidates=1, steps=8), max_context=40)) == 2
+    few = Settings(max_tokens=64, candidates=1, steps=8)
+    assert len(warm_shapes(few, max_context=40, recommended=None)) == 2
 
 
 def test_window_splits_the_budget_on_line_boundaries() -> None:

@@ -364,6 +364,19 @@ def test_a_bad_recommended_decoder_is_named(tiny_dir, tmp_path, capsys):
     assert "generation_config.json: diffu_decoder must be one of reference, fast, sliding, got 'turbo'" in err
 
 
+def test_the_recommended_editor_context_is_checked(tiny_dir, tmp_path):
+    from model_runtime import generation_config
+    from model_runtime.errors import ModelError
+
+    assert generation_config.editor_context(tiny_dir) is None
+    good = with_generation_config(tiny_dir, tmp_path / "good", diffu_editor_context=512)
+    assert generation_config.editor_context(good) == 512
+    for i, bad in enumerate((8, "512", 512.0, True)):
+        model = with_generation_config(tiny_dir, tmp_path / f"bad{i}", diffu_editor_context=bad)
+        with pytest.raises(ModelError, match="diffu_editor_context must be an integer >= 16"):
+            generation_config.editor_context(model)
+
+
 def test_a_one_line_answer_gets_the_models_one_line_decoder_unless_one_is_named(tiny_dir, tmp_path, capsys):
     one_line = {"decoder": "sliding", "window": 16}
     model = with_generation_config(tiny_dir, tmp_path / "model", eos_token_id=0, diffu_one_line=one_line)

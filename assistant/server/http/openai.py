@@ -56,6 +56,7 @@ class _OpenAI:
             created=int(self.app.started),
             max_model_len=info.max_context,
             context_length=info.max_context,
+            editor_context=info.editor_context,
         )
 
     async def models(self, request: Request) -> Response:
