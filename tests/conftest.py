@@ -8,12 +8,18 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+# Hundreds of subprocesses (daemons, CLIs, language servers) import the project's modules: with bytecode
+# writing off (PYTHONDONTWRITEBYTECODE, which these machines set) each compiled every module from source
+# again, 0.2 s of CPU for a daemon's imports. The first one writes the bytecode, the rest read it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # One persistent JAX compilation cache for the whole run, shared with subprocesses (CLI, daemon), in a
 # temp dir so runs never see a developer's cache. Set before anything imports the runtime.
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="diffu-tests-"))

@@ -61,7 +61,8 @@ COUNTER_KEYS = [
 ]
 LIMIT_KEYS = ["max_steps", "max_seconds", "max_body_bytes", "queue_size"]
 HEALTH_KEYS = ["status", *ENGINE_KEYS, "serving", "model"]
-MODEL_KEYS = ["id", "object", "created", "owned_by", "max_model_len", "context_length"]
+# editor_context: diffu's own, added in #44 (the row a model recommends for editors); the rest as always.
+MODEL_KEYS = ["id", "object", "created", "owned_by", "max_model_len", "context_length", "editor_context"]
 
 
 def _starlette_json(data: Any) -> bytes:
