@@ -48,6 +48,19 @@ def later_threads(backend: frozenset[int]) -> set[int]:
     return found
 
 
+def renice(tid: int, niceness: int, *, only_lower: bool = False) -> int | None:
+    """Set thread ``tid``'s niceness (Linux: niceness is per thread, and threads started from it inherit
+    it); with ``only_lower``, never to a higher priority than it has. Its niceness before, or None where
+    that is refused, unknown, or the thread has ended."""
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(before, niceness) if only_lower else niceness)
+    except (AttributeError, OSError) as exc:
+        log.debug("thread %d priority unchanged: %s", tid, exc)
+        return None
+    return before
+
+
 _raise_allowed: bool | None = None
 
 
@@ -94,20 +107,13 @@ class CompilePool:
         if not can_raise_priority():
             return
         for tid in self._find(self.backend) - set(self._before):
-            try:
-                before = os.getpriority(os.PRIO_PROCESS, tid)
-                os.setpriority(os.PRIO_PROCESS, tid, max(before, self.niceness))
-            except OSError as exc:  # ended meanwhile
-                log.debug("compile thread %d priority unchanged: %s", tid, exc)
-                continue
-            self._before[tid] = before
+            before = renice(tid, self.niceness, only_lower=True)
+            if before is not None:  # else it ended meanwhile
+                self._before[tid] = before
 
     def restore(self) -> None:
         """Give every lowered thread its priority back."""
         self.lowered = False
         for tid, before in self._before.items():
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, before)
-            except OSError as exc:  # ended meanwhile (raising was probed)
-                log.debug("compile thread %d priority not restored: %s", tid, exc)
+            renice(tid, before)  # None: it ended meanwhile (raising was probed)
         self._before.clear()

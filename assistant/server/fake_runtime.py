@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_runtime import decoders
@@ -332,7 +333,10 @@ _FAKE_FIELDS: dict[str, Callable[[str], Any]] = {
     "max_context": int,
     "editor_context": int,
     "generation": str,
+    "load_gate": str,
 }
+
+GATE_TIMEOUT = 120.0  # seconds a load waits for its gate file before it fails
 
 
 def parse_fake_spec(spec: str) -> dict[str, Any]:
@@ -351,6 +355,16 @@ def parse_fake_spec(spec: str) -> dict[str, Any]:
         except ValueError:
             raise ModelError(f"fake model option {key}: not a number: {value!r}") from None
     return options
+
+
+def _wait_for_gate(gate: Path) -> None:
+    """Load until ``gate`` exists: a test opens it once it has seen the loading stage, so that stage is
+    seen however slowly the machine runs the test's processes."""
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise ModelError(f"fake model option load_gate: {gate} did not appear in {GATE_TIMEOUT:.0f} s")
+        time.sleep(0.01)
 
 
 def load_fake(
@@ -376,6 +390,9 @@ def load_fake(
     if progress:
         progress("loading fake weights", 0.0)
     time.sleep(float(options.get("load_delay", 0.0)))  # stands for reading a checkpoint
+    gate = options.pop("load_gate", None)
+    if gate:
+        _wait_for_gate(Path(gate))
     runtime = FakeRuntime(**options)
     if progress:
         progress("loading fake weights", 1.0)

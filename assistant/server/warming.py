@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from assistant.server.compile_pool import renice
 from assistant.server.job import JobWaiting
 from assistant.server.native_work import NativeWork
 from assistant.server.status import QueueFull, ShuttingDown
@@ -152,7 +152,7 @@ class WarmUp:
                 self._busy[threading.get_ident()] = task
                 self._native[threading.get_ident()] = native
                 if not task.ready and native not in self._niced:
-                    before = _set_priority(native, None)
+                    before = renice(native, WARM_NICE)
                     if before is not None:
                         self._niced[native] = before
             self._warm_up(task)
@@ -171,7 +171,7 @@ class WarmUp:
             if native not in self._niced:
                 continue
             if runtime.program_keys(task.rows, task.params) & wanted:
-                if _set_priority(native, self._niced[native]) is not None:
+                if renice(native, self._niced[native]) is not None:
                     del self._niced[native]
                     self._work.normal(ident)
                     log.info("a request waits for the warm-up compile of %s: priority back", task.label)
@@ -254,15 +254,3 @@ class WarmUp:
             self._publish_status(Stage.WARMING, queue.done / max(queue.total, 1), detail, **counts)
         else:
             self._publish_status(Stage.READY, 1.0, "ready", warmed=queue.done, shapes=queue.total)
-
-
-def _set_priority(native: int, niceness: int | None) -> int | None:
-    """Set a thread's niceness (None: :data:`WARM_NICE`; Linux: niceness is per thread, and threads XLA
-    starts from it inherit it); its niceness before, or None where that is refused or unknown."""
-    try:
-        before = os.getpriority(os.PRIO_PROCESS, native)
-        os.setpriority(os.PRIO_PROCESS, native, WARM_NICE if niceness is None else niceness)
-    except (AttributeError, OSError) as exc:
-        log.debug("warm-up thread priority unchanged: %s", exc)
-        return None
-    return before

@@ -323,7 +323,8 @@ def test_serve_errors_exit_2_with_a_message(tmp_path: Path) -> None:
 
 
 def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
-    env = isolated_env(tmp_path, DIFFU_MODEL="fake:load_delay=0.3,warmup_delay=0.05")
+    gate = tmp_path / "loaded"
+    env = isolated_env(tmp_path, DIFFU_MODEL=f"fake:load_gate={gate},warmup_delay=0.05")
 
     def diffu(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -336,9 +337,20 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
         )
 
     assert diffu("daemon", "status").returncode == 3
-    start = diffu("daemon", "start", "--port", "0")
-    assert start.returncode == 0, start.stderr
-    assert "started pid" in start.stdout and "ready to serve" in start.stdout and "loading" in start.stderr
+    # The model loads until the gate file appears, which happens once `daemon start` has shown the loading
+    # stage: however slowly this machine runs, the stage is there to be seen.
+    with subprocess.Popen(
+        [sys.executable, "-m", "assistant.cli", "daemon", "start", "--port", "0"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stderr is not None
+        shown = [proc.stderr.readline()]
+        while shown[-1] and "loading" not in shown[-1]:
+            shown.append(proc.stderr.readline())
+        gate.touch()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(shown) + err
+    assert "started pid" in out and "ready to serve" in out and "loading" in shown[-1], (shown, out)
     info = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     try:
         again = diffu("daemon", "start", "--port", "0")
@@ -361,20 +373,25 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
 def test_health_stream_reports_a_failed_load(tmp_path: Path) -> None:
     from assistant.client import Client, DaemonUnavailable
 
-    daemon = start_daemon(tmp_path, "fake:load_delay=0.3,max_context=0", wait=False)
+    gate = tmp_path / "loaded"
+    spec = f"fake:load_gate={gate},max_context=0"
+    daemon = start_daemon(tmp_path, spec, wait=False)
+
+    def opens_the_gate(stage: str, fraction: float, detail: str) -> None:
+        if stage == "loading":  # the client watches the load: now let it fail
+            gate.touch()
+
     try:
         with (
-            Client(daemon.url, daemon.token, autostart=False) as client,
+            Client(daemon.url, daemon.token, autostart=False, progress=opens_the_gate) as client,
             pytest.raises(DaemonUnavailable, match="could not load its model: max_context: must be >= 2"),
         ):
             client.connect()
     finally:
+        gate.touch()
         daemon.proc.wait(30)
     assert daemon.proc.returncode == 2
-    assert (
-        "cannot serve fake:load_delay=0.3,max_context=0: max_context: must be >= 2"
-        in (tmp_path / "stderr.txt").read_text()
-    )
+    assert f"cannot serve {spec}: max_context: must be >= 2" in (tmp_path / "stderr.txt").read_text()
 
 
 def test_the_bundled_model_is_named_for_what_it_is_not_its_folder(tmp_path):

@@ -572,7 +572,8 @@ def test_steps_limit_and_context_errors_say_what_is_wrong(tiny_daemon: DaemonPro
 def test_kill_9_of_a_background_daemon_then_a_client_call_starts_a_new_one(
     tmp_path: Path, micro_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = isolated_env(tmp_path, DIFFU_MODEL=str(micro_dir), DIFFU_PORT="0", **TINY_ENV)
+    # No warm-up (both daemons): what is checked is finding, losing and restarting a daemon.
+    env = isolated_env(tmp_path, DIFFU_MODEL=str(micro_dir), DIFFU_PORT="0", DIFFU_WARMUP="0", **TINY_ENV)
     start = subprocess.run(
         [sys.executable, "-m", "assistant.cli", "daemon", "start"],
         cwd=REPO,
@@ -646,7 +647,8 @@ def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: P
     model = with_generation_config(
         micro_dir, tmp_path / "model", diffu_decoder="fast", diffu_editor_context=96
     )
-    daemon = start_daemon(tmp_path, str(model), env=isolated_env(tmp_path, **TINY_ENV))
+    # No warm-up: the defaults are the subject, and warming every client's shapes compiles what this never runs.
+    daemon = start_daemon(tmp_path, str(model), "--no-warmup", env=isolated_env(tmp_path, **TINY_ENV))
     try:
         with daemon.client() as c:
             assert c.get("/v1/diffu/status").json()["default_decoder"] == "fast"

@@ -80,13 +80,17 @@ def test_generate_clears_its_live_canvas_before_the_answer(fake_daemon, tmp_path
 def test_eval_on_a_terminal_shows_the_daemons_loading_without_escape_debris(tmp_path):
     """The daemon is still loading when eval connects: its stages are reported under eval's live bar."""
     root = tmp_path / "daemon"
-    daemon = start_daemon(root, "fake:step_delay=0.02,load_delay=3", env=isolated_env(root), wait=False)
+    gate = root / "loaded"  # the model loads until this appears: once eval has shown the load
+    daemon = start_daemon(root, f"fake:step_delay=0.02,load_gate={gate}", env=isolated_env(root), wait=False)
     try:
         env = daemon_env(daemon, tmp_path / "client")
         args = ["eval", "humaneval", "--style", "base", "--task", "HumanEval/2", "--max-new-tokens", "8"]
         with terminal(args, env) as screen:
+            screen.wait_for(lambda s: "loading fake weights" in s, "the loading stage", timeout=120)
+            gate.touch()
             shown = screen.wait_for(lambda s: "EXIT=" in s, "the command's end", timeout=120)
     finally:
+        gate.touch()
         daemon.stop()
     assert "EXIT=0" in shown and "pass@1" in shown, shown  # the table
     assert "diffu eval: loading fake weights" in shown  # the stage it waited for, as a plain line

@@ -97,9 +97,20 @@ async def test_a_setting_the_daemon_refuses_is_shown_inline(
 
 @pytest.mark.asyncio
 async def test_a_model_that_fails_to_load_is_reported_inline(
-    tmp_path: Path, make_app: Callable[..., ChatApp]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_app: Callable[..., ChatApp]
 ) -> None:
-    daemon = start_daemon(tmp_path / "bad", "fake:load_delay=1.5,max_context=0", wait=False)
+    # The model loads until the gate file appears, which the chat opens once it shows the load: its health
+    # stream is open then, however slowly this machine runs, so it hears why the load failed.
+    gate = tmp_path / "loaded"
+    daemon = start_daemon(tmp_path / "bad", f"fake:load_gate={gate},max_context=0", wait=False)
+    original = ConnectPanel.report
+
+    def report(self: ConnectPanel, stage: str, fraction: float, detail: str) -> None:
+        if stage == "loading":
+            gate.touch()
+        original(self, stage, fraction, detail)
+
+    monkeypatch.setattr(ConnectPanel, "report", report)
     try:
         app = make_app(DaemonBackend(daemon_config(daemon)))
         async with app.run_test(size=SIZE) as pilot:
@@ -111,6 +122,7 @@ async def test_a_model_that_fails_to_load_is_reported_inline(
             assert "could not load its model: max_context: must be >= 2" in shown and "Retry" in shown
             assert not app.connected and "Traceback" not in shown
     finally:
+        gate.touch()
         daemon.proc.wait(30)
 
 
@@ -118,16 +130,19 @@ async def test_a_model_that_fails_to_load_is_reported_inline(
 async def test_auto_starts_a_daemon_with_visible_progress(
     diffu_home: Path, monkeypatch: pytest.MonkeyPatch, make_app: Callable[..., ChatApp]
 ) -> None:
-    # A load long enough to be seen: the chat's health stream opens once the daemon has announced itself,
-    # and on two cores busy with the rest of the suite that can take longer than half a second, after
-    # which a 0.5 s load is over and the first state shown is "ok" (seen in a fresh-clone CI run).
-    monkeypatch.setenv("DIFFU_MODEL", "fake:load_delay=3,warmup_delay=0.1")
+    # The model loads until the gate file appears, which the chat opens once it has shown the load: on two
+    # cores busy with the rest of the suite the health stream can open seconds after the daemon announced
+    # itself, and a load of a fixed time could be over by then (a 0.5 s one was, in a fresh-clone CI run).
+    gate = diffu_home / "loaded"
+    monkeypatch.setenv("DIFFU_MODEL", f"fake:load_gate={gate},warmup_delay=0.1")
     monkeypatch.setenv("DIFFU_PORT", "0")
     shown: list[tuple[str, float, str]] = []
     original = ConnectPanel.report
 
     def report(self: ConnectPanel, stage: str, fraction: float, detail: str) -> None:
         shown.append((stage, fraction, detail))
+        if stage == "loading":
+            gate.touch()
         original(self, stage, fraction, detail)
 
     monkeypatch.setattr(ConnectPanel, "report", report)
@@ -136,7 +151,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.connected, timeout=60)
             stages = [stage for stage, _, _ in shown]
-            assert stages[1] == "starting" and "fake:load_delay=3" in shown[1][2]
+            assert stages[1] == "starting" and "fake:load_gate=" in shown[1][2]
             # Loaded, then the chat's first program compiled, and only then ready.
             assert stages.index("loading") < stages.index("compiling") < stages.index("ok") == len(stages) - 1
             # The clients' first programs (the chat's, the editors', the HTTP APIs') compile before ready.
@@ -144,6 +159,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
             assert re.fullmatch(r"compiling the clients' first programs \(0 of \d+\)", first), first
             await answered(pilot, PROMPT)
     finally:
+        gate.touch()
         stop_background_daemons(diffu_home)
 
 
@@ -258,21 +274,29 @@ def test_quitting_says_the_daemon_keeps_the_model_warm_or_stops_it_when_set(
 
 
 def test_once_on_a_daemon_it_starts_says_each_stage_on_one_line_each(diffu_home: Path) -> None:
+    gate = diffu_home / "loaded"  # the model loads until this appears: once the loading stage was said
     env = isolated_env(
         diffu_home,
-        DIFFU_MODEL="fake:load_delay=2,warmup_delay=0.5",
+        DIFFU_MODEL=f"fake:load_gate={gate},warmup_delay=0.5",
         DIFFU_PORT="0",
         DIFFU_DATA_DIR=str(diffu_home / "data"),
     )
     try:
-        once = subprocess.run(
+        with subprocess.Popen(
             [sys.executable, "-m", "assistant.cli", "chat", "--once", PROMPT],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as once:  # fmt: skip
+            assert once.stderr is not None
+            lines = [once.stderr.readline()]
+            while lines[-1] and not lines[-1].startswith("diffu: loading"):
+                lines.append(once.stderr.readline())
+            gate.touch()
+            out, err = once.communicate(timeout=60)
     finally:
+        gate.touch()
         stop_background_daemons(diffu_home)
-    assert once.returncode == 0 and once.stdout.strip(), once.stderr
-    lines = once.stderr.splitlines()
+    assert once.returncode == 0 and out.strip(), "".join(lines) + err
+    lines = "".join([*lines, err]).splitlines()
     # Not a terminal: one line per stage. Its request goes as soon as the daemon takes requests, while the
     # chat's program still compiles (it waits for that one compile, not for the rest of the warm-up), and
     # no half-ready state is reported as ready.
@@ -407,7 +431,9 @@ def fast_daemon(tmp_path_factory: pytest.TempPathFactory, micro_dir: Path):  # t
 
     root = tmp_path_factory.mktemp("fast-daemon")
     model = with_generation_config(micro_dir, root / "DiffuCoder-micro-fast", diffu_decoder="fast")
-    daemon = start_daemon(root, str(model), env=isolated_env(root, **TINY_ENV))
+    # No warm-up: what is checked here is the stream, and a warm-up of every client's shapes would compile
+    # programs this test never runs.
+    daemon = start_daemon(root, str(model), "--no-warmup", env=isolated_env(root, **TINY_ENV))
     yield daemon
     daemon.stop()
 
