@@ -647,7 +647,7 @@ def test_requests_without_a_decoder_get_the_one_the_model_recommends(tmp_path: P
     model = with_generation_config(
         micro_dir, tmp_path / "model", diffu_decoder="fast", diffu_editor_context=96
     )
-    # No warm-up: the defaults are the subject, and warming every client's shapes compiles what this never runs.
+    # No warm-up: the defaults are the subject; warming every client's shapes compiles what this never runs.
     daemon = start_daemon(tmp_path, str(model), "--no-warmup", env=isolated_env(tmp_path, **TINY_ENV))
     try:
         with daemon.client() as c:
