@@ -11,6 +11,8 @@ Denoising unmasks the canvas over ``steps`` steps in a fixed pseudo-random order
 ``step_delay`` seconds whatever the batch size, the way a step of a small batch costs about the same as
 one row on an accelerator. Its "programs" are compiled as the real runtime's are, one per bucket and
 sampler switches, each costing ``warmup_delay`` seconds the first time (``compile``, or ``run`` on demand).
+Loading takes ``load_delay`` seconds, then waits for the file ``load_gate`` where that is given: a test
+opens the gate once its client has seen the loading stage, so the stage is seen on however busy a machine.
 """
 
 from __future__ import annotations
