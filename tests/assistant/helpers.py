@@ -152,6 +152,29 @@ def stop_background_daemons(root: Path) -> None:
         wait_exit(pid, 30)
 
 
+def run_cli_opening_gate(
+    args: list[str], env: dict[str, str], gate: Path, when: Callable[[str], bool], timeout: float = 60
+) -> tuple[int, list[str], str, str]:
+    """Run ``diffu *args`` on a fake model with ``load_gate=gate``: read its stderr line by line until
+    ``when(line)`` (the stage the test must see while the model loads), then create the gate so the load
+    finishes, however slowly this machine runs. Returns the exit code, the stderr lines read before the
+    gate opened, stdout and the rest of stderr."""
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-m", "assistant.cli", *args],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as proc:  # fmt: skip
+            assert proc.stderr is not None
+            shown = [proc.stderr.readline()]
+            while shown[-1] and not when(shown[-1]):
+                shown.append(proc.stderr.readline())
+            gate.touch()
+            out, err = proc.communicate(timeout=timeout)
+    finally:
+        gate.touch()
+    return proc.returncode, shown, out, err
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.05) -> bool:
     """For tests only: wait for an outside process's state to change (nothing to subscribe to)."""
     deadline = time.monotonic() + timeout

@@ -24,6 +24,7 @@ from tests.assistant.helpers import (
     REPO,
     DaemonProcess,
     isolated_env,
+    run_cli_opening_gate,
     start_daemon,
     stop_background_daemons,
     wait_until,
@@ -339,17 +340,10 @@ def test_daemon_commands_start_status_logs_stop(tmp_path: Path) -> None:
     assert diffu("daemon", "status").returncode == 3
     # The model loads until the gate file appears, which happens once `daemon start` has shown the loading
     # stage: however slowly this machine runs, the stage is there to be seen.
-    with subprocess.Popen(
-        [sys.executable, "-m", "assistant.cli", "daemon", "start", "--port", "0"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
-        assert proc.stderr is not None
-        shown = [proc.stderr.readline()]
-        while shown[-1] and "loading" not in shown[-1]:
-            shown.append(proc.stderr.readline())
-        gate.touch()
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, "".join(shown) + err
+    code, shown, out, err = run_cli_opening_gate(
+        ["daemon", "start", "--port", "0"], env, gate, lambda line: "loading" in line
+    )
+    assert code == 0, "".join(shown) + err
     assert "started pid" in out and "ready to serve" in out and "loading" in shown[-1], (shown, out)
     info = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     try:

@@ -14,6 +14,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
@@ -28,7 +29,7 @@ from model_runtime.interface import BatchDone, BatchStep, CanvasRow
 from model_runtime.params import SamplingParams
 from model_runtime.rows import mask_runs
 from tui.settings import ChatSettings
-from tui.widgets import AnswerView, PromptInput
+from tui.widgets import AnswerView, ConnectPanel, PromptInput
 
 ANSWER = """Here is a function that adds two numbers:
 
@@ -251,6 +252,23 @@ def screen_text(app: Any) -> str:
     # The same render the SVG screenshots use, exported as text instead.
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
+
+
+def open_gate_when_loading(monkeypatch: Any, gate: Path) -> list[tuple[str, float, str]]:
+    """Create ``gate`` (a fake model's ``load_gate``) once the chat's connect panel shows the loading stage,
+    so a test sees that stage however slowly this machine runs. Returns the stages the panel showed, in
+    order, as (stage, fraction, detail)."""
+    shown: list[tuple[str, float, str]] = []
+    original = ConnectPanel.report
+
+    def report(self: ConnectPanel, stage: str, fraction: float, detail: str) -> None:
+        shown.append((stage, fraction, detail))
+        if stage == "loading":
+            gate.touch()
+        original(self, stage, fraction, detail)
+
+    monkeypatch.setattr(ConnectPanel, "report", report)
+    return shown
 
 
 async def until(pilot: Pilot, predicate: Callable[[], Any], timeout: float = 5.0) -> None:

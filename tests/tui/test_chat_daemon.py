@@ -30,18 +30,19 @@ from tests.assistant.helpers import (
     REPO,
     DaemonProcess,
     isolated_env,
+    run_cli_opening_gate,
     start_daemon,
     stop_background_daemons,
     wait_until,
 )
-from tests.tui.helpers import answered, ask, screen_text, until
+from tests.tui.helpers import answered, ask, open_gate_when_loading, screen_text, until
 from tui.app import ChatApp
 from tui.backend import DaemonBackend
 from tui.once import run_once
 from tui.render import header_text
 from tui.settings import ChatSettings
 from tui.store import ChatStore
-from tui.widgets import ConnectPanel, ErrorNotice
+from tui.widgets import ErrorNotice
 
 SIZE = (100, 34)
 PROMPT = "Write a function that adds two numbers."
@@ -103,14 +104,7 @@ async def test_a_model_that_fails_to_load_is_reported_inline(
     # stream is open then, however slowly this machine runs, so it hears why the load failed.
     gate = tmp_path / "loaded"
     daemon = start_daemon(tmp_path / "bad", f"fake:load_gate={gate},max_context=0", wait=False)
-    original = ConnectPanel.report
-
-    def report(self: ConnectPanel, stage: str, fraction: float, detail: str) -> None:
-        if stage == "loading":
-            gate.touch()
-        original(self, stage, fraction, detail)
-
-    monkeypatch.setattr(ConnectPanel, "report", report)
+    open_gate_when_loading(monkeypatch, gate)
     try:
         app = make_app(DaemonBackend(daemon_config(daemon)))
         async with app.run_test(size=SIZE) as pilot:
@@ -136,16 +130,7 @@ async def test_auto_starts_a_daemon_with_visible_progress(
     gate = diffu_home / "loaded"
     monkeypatch.setenv("DIFFU_MODEL", f"fake:load_gate={gate},warmup_delay=0.1")
     monkeypatch.setenv("DIFFU_PORT", "0")
-    shown: list[tuple[str, float, str]] = []
-    original = ConnectPanel.report
-
-    def report(self: ConnectPanel, stage: str, fraction: float, detail: str) -> None:
-        shown.append((stage, fraction, detail))
-        if stage == "loading":
-            gate.touch()
-        original(self, stage, fraction, detail)
-
-    monkeypatch.setattr(ConnectPanel, "report", report)
+    shown = open_gate_when_loading(monkeypatch, gate)
     app = make_app(DaemonBackend(load_config()[0]))
     try:
         async with app.run_test(size=SIZE) as pilot:
@@ -282,20 +267,12 @@ def test_once_on_a_daemon_it_starts_says_each_stage_on_one_line_each(diffu_home:
         DIFFU_DATA_DIR=str(diffu_home / "data"),
     )
     try:
-        with subprocess.Popen(
-            [sys.executable, "-m", "assistant.cli", "chat", "--once", PROMPT],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ) as once:  # fmt: skip
-            assert once.stderr is not None
-            lines = [once.stderr.readline()]
-            while lines[-1] and not lines[-1].startswith("diffu: loading"):
-                lines.append(once.stderr.readline())
-            gate.touch()
-            out, err = once.communicate(timeout=60)
+        code, lines, out, err = run_cli_opening_gate(
+            ["chat", "--once", PROMPT], env, gate, lambda line: line.startswith("diffu: loading")
+        )
     finally:
-        gate.touch()
         stop_background_daemons(diffu_home)
-    assert once.returncode == 0 and out.strip(), "".join(lines) + err
+    assert code == 0 and out.strip(), "".join(lines) + err
     lines = "".join([*lines, err]).splitlines()
     # Not a terminal: one line per stage. Its request goes as soon as the daemon takes requests, while the
     # chat's program still compiles (it waits for that one compile, not for the rest of the warm-up), and
