@@ -90,7 +90,13 @@ class DaemonProcess:
                         break
             else:
                 raise RuntimeError("health stream ended before ready")
-        if warm and not wait_until(lambda: self.health()["stage"] == "ready", timeout, interval=0.2):
+        if warm:
+            self.wait_warmed(timeout)
+
+    def wait_warmed(self, timeout: float = 180.0) -> None:
+        """Wait until the daemon's warm-up has nothing left to compile (stage "ready", not "warming"): its
+        generic plan, and whatever a client queued since (``POST /v1/diffu/warm``)."""
+        if not wait_until(lambda: self.health()["stage"] == "ready", timeout, interval=0.2):
             raise RuntimeError(f"the warm-up did not end within {timeout:.0f}s: {self.health()}")
 
     def health(self) -> dict[str, object]:

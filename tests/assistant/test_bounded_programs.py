@@ -12,18 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.assistant.helpers import DaemonProcess, wait_until
+from tests.assistant.helpers import DaemonProcess
 
 PROMPT = "def add(a, b):\n    "
 
 
 def _status(daemon: DaemonProcess) -> dict[str, Any]:
     return httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers, timeout=10).json()
-
-
-def _idle(engine: dict[str, Any]) -> bool:
-    """Whether the daemon's warm-up has nothing left to compile (stage "ready", not "warming")."""
-    return engine["stage"] == "ready" and engine["compiling"] is None
 
 
 def _client(daemon: DaemonProcess) -> httpx.Client:
@@ -51,7 +46,7 @@ def test_100_distinct_top_k_and_alg_temp_values_compile_nothing_and_memory_stays
         # The daemon is shared by the session: an editor of an earlier test asked it to warm its programs
         # (POST /v1/diffu/warm), which compile in the background at a low priority, slowly on a busy
         # machine. Those would count here (a run with 3 workers saw 6 -> 7): wait until none is left.
-        assert wait_until(lambda: _idle(_status(tiny_daemon)["engine"]), timeout=300)
+        tiny_daemon.wait_warmed(300)
         before = _status(tiny_daemon)["programs"]
         rss0 = _rss(tiny_daemon.proc.pid)
         for k in range(1, 101):  # the micro model's vocabulary is 320: every k filters
