@@ -9,6 +9,7 @@ programs, their abstract signatures and their callers name each input once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from model_runtime.commit import COMMITS
+from model_runtime.errors import InputError
 from model_runtime.lines import ROWS
 from model_runtime.model import DreamModel, shift_logits
 from model_runtime.params import SamplingParams
@@ -99,6 +101,37 @@ class LoopInputs:
         )
 
 
+# Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
+ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
+# Replaces them for a process (read when a program is traced; ``loader.load`` checks it up front).
+ROW_BUCKETS_ENV = "DIFFU_ROW_BUCKETS"
+
+
+def row_buckets() -> tuple[int, ...]:
+    """The row counts this process's reference programs gather: :data:`ROW_BUCKETS`, or those
+    ``DIFFU_ROW_BUCKETS`` lists (comma-separated; empty: none, every step runs ``lm_head`` and the
+    sampler on the whole window).
+
+    Every size below a program's window is one more branch of its ``lax.switch``, compiled with the
+    program: a tiny model's reference programs compile in about half the time with one size (``8``)
+    than with the 7 the default has below a 64-token window, and late steps then compute more rows than
+    they need. No size changes a result (``tests/model_runtime/test_row_buckets.py``)."""
+    raw = os.environ.get(ROW_BUCKETS_ENV)
+    if raw is None:
+        return ROW_BUCKETS
+    try:
+        sizes = sorted({int(part) for part in raw.split(",") if part.strip()})
+    except ValueError:
+        sizes = [0]
+    if sizes and sizes[0] < 1:
+        raise InputError(
+            f"{ROW_BUCKETS_ENV}={raw!r}: expected comma-separated row counts of at least 1 (e.g. 8,32,128), "
+            "or nothing for no gathering",
+            field=ROW_BUCKETS_ENV,
+        )
+    return tuple(sizes)
+
+
 def denoise_step(
     state: nnx.State,
     x: jax.Array,
@@ -110,6 +143,7 @@ def denoise_step(
     logits_hook: Hook | None,
     tokens_hook: Hook | None,
     window: int = 0,
+    rows: tuple[int, ...] = ROW_BUCKETS,
 ) -> jax.Array:
     """One step of the reference's ``_sample`` loop on a ``[B, L]`` canvas; returns the new canvas.
 
@@ -117,7 +151,8 @@ def denoise_step(
     the caller knows every mask lies there (plain generation: the appended region). The reference computes
     logits for the whole canvas and then only uses masked positions; we compute them for masked positions
     only (``_sample_masked``). Neither changes a result, only the cost: ``lm_head`` and top-k over the
-    vocabulary are a large part of a step.
+    vocabulary are a large part of a step. ``rows`` (static): the row counts it may gather
+    (:func:`row_buckets`).
     """
     model = nnx.merge(graphdef, state)
     knobs = inputs.knobs
@@ -132,7 +167,7 @@ def denoise_step(
     dist = jnp.broadcast_to(w - 1 - jnp.arange(w, dtype=jnp.int32), (b, w))
     if logits_hook is None and tokens_hook is None:
         trunk = model.trunk(canvas, inputs.attn)
-        confidence, x0 = _sample_masked(model, trunk, n - w, mask_index, k_sample, spec, knobs)
+        confidence, x0 = _sample_masked(model, trunk, n - w, mask_index, k_sample, spec, knobs, rows)
         logits = None
     else:
         hidden, _ = model.hidden(canvas, inputs.attn)
@@ -165,6 +200,7 @@ def denoise_all(
     logits_hook: Hook | None,
     tokens_hook: Hook | None,
     window: int = 0,
+    rows: tuple[int, ...] = ROW_BUCKETS,
 ) -> jax.Array:
     """All ``inputs.steps`` steps in one program; per-step keys as the streaming path, so results agree."""
     statics: dict[str, Any] = dict(
@@ -174,6 +210,7 @@ def denoise_all(
         logits_hook=logits_hook,
         tokens_hook=tokens_hook,
         window=window,
+        rows=rows,
     )
 
     def body(i: jax.Array, x: jax.Array) -> jax.Array:
@@ -229,12 +266,19 @@ def denoise_until(
     mask_id: int,
     stops: tuple[EarlyStop, ...],
     window: int = 0,
+    rows: tuple[int, ...] = ROW_BUCKETS,
 ) -> tuple[jax.Array, jax.Array]:
     """The fused loop, until every row is finished (``strategies.finished`` with ``stops``: its text has
     ended before its first mask) or the schedule ends; returns (x, the steps run). The steps it runs are
     :func:`denoise_all`'s, so a row's text up to its end is the same; what lies after it stays masked."""
     statics: dict[str, Any] = dict(
-        graphdef=graphdef, spec=spec, mask_id=mask_id, logits_hook=None, tokens_hook=None, window=window
+        graphdef=graphdef,
+        spec=spec,
+        mask_id=mask_id,
+        logits_hook=None,
+        tokens_hook=None,
+        window=window,
+        rows=rows,
     )
 
     def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
@@ -249,13 +293,10 @@ def denoise_until(
     return jax.lax.while_loop(cond, body, (x, jnp.int32(0)))
 
 
-# Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
-_ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
-
-
-def row_sizes(window: int) -> list[int]:
-    """The row counts ``_sample_masked`` may gather over a ``window``-position region, smallest first."""
-    return [m for m in _ROW_BUCKETS if m < window] + [window]
+def row_sizes(window: int, rows: tuple[int, ...] | None = None) -> list[int]:
+    """The row counts ``_sample_masked`` may gather over a ``window``-position region, smallest first, of
+    ``rows`` (default: :func:`row_buckets`)."""
+    return [m for m in (row_buckets() if rows is None else rows) if m < window] + [window]
 
 
 def gathered_rows(masks: int, window: int) -> int:
@@ -271,6 +312,7 @@ def _sample_masked(
     row_keys: jax.Array,
     spec: SamplerSpec,
     knobs: Knobs,
+    rows: tuple[int, ...],
 ) -> tuple[jax.Array, jax.Array]:
     """``sample_tokens`` of the still-masked positions only: (confidence, proposal) over ``[B, W]``.
 
@@ -282,7 +324,7 @@ def _sample_masked(
     (``row_keys`` folded with its distance from the row's end), so the row bucket changes no sample.
     """
     b, w = mask_index.shape
-    sizes = row_sizes(w)
+    sizes = row_sizes(w, rows)
     # Masked positions first, in position order (stable), so rows keep the reference's tie order.
     order = jnp.argsort(~mask_index, axis=-1, stable=True)
     batch = jnp.arange(b)[:, None]
@@ -306,7 +348,7 @@ def _sample_masked(
 
 
 # -- the programs, as the reference decoder (model_runtime/decoders/reference.py) builds and calls them ----
-_STATIC = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window")
+_STATIC = ("graphdef", "spec", "mask_id", "logits_hook", "tokens_hook", "window", "rows")
 
 
 def jitted(cache: ProgramCache) -> dict[str, Jitted]:
@@ -319,7 +361,7 @@ def jitted(cache: ProgramCache) -> dict[str, Jitted]:
         # The same loop ending once every row's text has (a request with ``max_lines``).
         "until": jax.jit(
             denoise_until,
-            static_argnames=("graphdef", "spec", "mask_id", "stops", "window"),
+            static_argnames=("graphdef", "spec", "mask_id", "stops", "window", "rows"),
             donate_argnames=("x",),
         ),
     }

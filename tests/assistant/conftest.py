@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.assistant.helpers import SUITE_SETTINGS
+
 
 @pytest.fixture
 def diffu_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point this process's diffu directories (and config env) at a temp dir."""
     for key in list(os.environ):
-        if key.startswith("DIFFU_") and key not in ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER"):
+        if key.startswith("DIFFU_") and key not in SUITE_SETTINGS:
             monkeypatch.delenv(key)
     monkeypatch.setenv("DIFFU_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("DIFFU_RUNTIME_DIR", str(tmp_path / "run"))

@@ -38,13 +38,14 @@ MICRO_MODEL = {
 }
 
 
+# The suite's own settings (tests/conftest.py), which every process of a test run keeps.
+SUITE_SETTINGS = ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER", "DIFFU_ROW_BUCKETS")
+
+
 def isolated_env(root: Path, **extra: str) -> dict[str, str]:
-    """Environment for a daemon or client confined to ``root``; no inherited DIFFU_* settings leak in."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("DIFFU_") or k in ("DIFFU_JAX_CACHE_DIR", "DIFFU_CODE_EXECUTED_MARKER")
-    }
+    """Environment for a daemon or client confined to ``root``; no inherited DIFFU_* settings leak in
+    but the suite's own (:data:`SUITE_SETTINGS`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFU_") or k in SUITE_SETTINGS}
     env.update(
         DIFFU_CONFIG_DIR=str(root / "config"),
         DIFFU_RUNTIME_DIR=str(root / "run"),
