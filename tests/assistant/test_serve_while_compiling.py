@@ -73,7 +73,7 @@ def test_ready_waits_for_the_clients_programs_and_a_request_is_answered_while_th
         # Answered before the warm-up ended: its own compile only, not the warm-up's queue.
         assert during["stage"] == "warming" and during["warmed"] < total
         assert done["stats"]["compile_seconds"] >= 0.5 and done["stats"]["compiled_programs"] == 1
-        assert wait_until(lambda: daemon.health()["stage"] == "ready", 60)
+        daemon.wait_warmed(60)
         status = httpx.get(daemon.url + "/v1/diffu/status", headers=daemon.headers).json()["engine"]
         assert status["warmed"] == status["shapes"] == total and status["compiling"] is None
     finally:
@@ -89,12 +89,12 @@ def test_the_warm_route_compiles_a_clients_shapes_ahead(tmp_path: Path) -> None:
             first = c.post("/v1/diffu/warm", json={"shapes": [shape]})
             assert first.status_code == 202  # answered at once, compiled in the background
             assert first.json()["queued"] == 1 and first.json()["compiled"] == []
-            assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+            daemon.wait_warmed(10)
             # Top-p on is another program; another top_k is not (a traced value, issue #17).
             shapes = [shape, {**shape, "top_k": 5}, {**shape, "top_p": 0.9}]
             again = c.post("/v1/diffu/warm", json={"shapes": shapes}).json()
             assert again["queued"] == 1 and again["compiled"] == [0, 1]
-            assert wait_until(lambda: daemon.health()["stage"] == "ready", 10)
+            daemon.wait_warmed(10)
             # A request of the warmed shape runs at once: no compile waited for, none done.
             events = stream(
                 daemon,
