@@ -21,11 +21,16 @@ NEW = 48
 LADDERS = {"shipped": None, "one size": "8", "none": ""}
 
 
-def _decodes(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, ladder: str | None) -> dict[str, object]:
-    if ladder is None:
+def _set_sizes(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    """``DIFFU_ROW_BUCKETS`` set to ``value`` for this test, or unset (None: the shipped sizes)."""
+    if value is None:
         monkeypatch.delenv(ROW_BUCKETS_ENV, raising=False)
     else:
-        monkeypatch.setenv(ROW_BUCKETS_ENV, ladder)
+        monkeypatch.setenv(ROW_BUCKETS_ENV, value)
+
+
+def _decodes(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, ladder: str | None) -> dict[str, object]:
+    _set_sizes(monkeypatch, ladder)
     # A fresh runtime: its programs are traced (and their branches made) under this ladder.
     rt = model_runtime.load(tiny_dir, length_buckets=(64,), batch_buckets=(2,))
     tok = rt.tokenizer
@@ -42,7 +47,7 @@ def _decodes(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, ladder: str | None
 
 
 def test_the_shipped_sizes_one_size_and_none_decode_the_same_tokens(tiny_dir, monkeypatch) -> None:
-    monkeypatch.delenv(ROW_BUCKETS_ENV, raising=False)
+    _set_sizes(monkeypatch, None)
     assert row_sizes(NEW) == [8, 12, 16, 24, 32, 48]  # the shipped sizes this decode goes through
     got = {name: _decodes(tiny_dir, monkeypatch, ladder) for name, ladder in LADDERS.items()}
     assert len(got["shipped"]["greedy steps"]) == NEW  # type: ignore[arg-type]
@@ -56,10 +61,7 @@ def test_the_shipped_sizes_one_size_and_none_decode_the_same_tokens(tiny_dir, mo
     [(None, ROW_BUCKETS), ("8", (8,)), ("", ()), (" 32, 8,8 ", (8, 32)), ("16,", (16,))],
 )
 def test_the_setting_reads_comma_separated_sizes(monkeypatch, value, sizes) -> None:
-    if value is None:
-        monkeypatch.delenv(ROW_BUCKETS_ENV, raising=False)
-    else:
-        monkeypatch.setenv(ROW_BUCKETS_ENV, value)
+    _set_sizes(monkeypatch, value)
     assert row_buckets() == sizes
     assert row_sizes(64) == [m for m in sizes if m < 64] + [64]
 
