@@ -243,13 +243,12 @@ class WarmUp:
         if self._stopping():
             return  # a compile that outlived stop() must not turn "stopping" back into "ready"
         queue = self.queue
-        busy = bool(self._busy) or bool(self._priming)
-        counts: dict[str, Any] = {**queue.counts(busy=busy), "compiling": self._work.compiling}
+        counts: dict[str, Any] = {**queue.counts(busy=bool(queue.running)), "compiling": self._work.compiling}
         if queue.ready_left:
             done = queue.ready_total - queue.ready_left
             detail = f"compiling the clients' first programs ({done} of {queue.ready_total})"
             self._publish_status(Stage.COMPILING, done / max(queue.ready_total, 1), detail, **counts)
-        elif queue.tasks or busy:
+        elif not queue.over:  # queued, compiling, or a first run to come (on the device thread or under way)
             detail = f"warming ({queue.done} of {queue.total})"
             self._publish_status(Stage.WARMING, queue.done / max(queue.total, 1), detail, **counts)
         else:

@@ -206,7 +206,9 @@ class WarmQueue:
     """Programs waiting to be compiled in order, and how the current warm-up goes (k of n, estimate).
 
     The clients' first programs (``WarmTask.ready``) stay at the front; ``ready_left`` counts those not
-    compiled yet (queued or being compiled). Not thread-safe: the scheduler holds its lock around every
+    compiled yet (queued or being compiled). ``running`` counts the tasks taken from the queue and not
+    finished yet (compiling, or waiting for or having their first run): the warm-up is over only when it
+    and the queue are both empty. Not thread-safe: the scheduler holds its lock around every
     call.
     """
 
@@ -216,13 +218,14 @@ class WarmQueue:
     total: int = 0
     ready_left: int = 0
     ready_total: int = 0
+    running: int = 0
     seconds: list[float] = field(default_factory=list)  # what each real compile (or cache read) took
 
     def add(self, tasks: Iterable[WarmTask], *, first: bool = False) -> int:
         """Queue ``tasks`` (``first``: ahead of those waiting but the clients' first programs, in their
         order); returns how many fit."""
         new = list(tasks)[: max(0, self.limit - len(self.tasks))]
-        if not self.tasks and not self.ready_left:
+        if not self.tasks and not self.running:
             self.done = self.total = 0  # a new warm-up: "k of n" counts from here
         if first:
             at = next((i for i, t in enumerate(self.tasks) if not t.ready), len(self.tasks))
@@ -237,11 +240,20 @@ class WarmQueue:
         return len(new)
 
     def pop(self) -> WarmTask | None:
-        return self.tasks.popleft() if self.tasks else None
+        if not self.tasks:
+            return None
+        self.running += 1
+        return self.tasks.popleft()
+
+    @property
+    def over(self) -> bool:
+        """Nothing queued and nothing taken that has not finished."""
+        return not self.tasks and not self.running
 
     def finished(self, task: WarmTask, seconds: float | None) -> None:
         """``task`` done; ``seconds`` when it compiled (None: it was compiled already, or failed)."""
         self.done += 1
+        self.running -= 1
         self.ready_left -= task.ready
         if seconds is not None:
             self.seconds.append(seconds)

@@ -21,6 +21,7 @@ from assistant.server.status import NotReady, QueueFull, ShuttingDown
 from assistant.server.warmup import Shape, WarmTask
 from model_runtime.errors import ModelError
 from model_runtime.params import SamplingParams
+from tests.assistant.helpers import wait_until
 
 
 def make_job(
@@ -298,6 +299,39 @@ def test_warmup_progress_goes_from_loading_through_compiling_and_warming_to_read
         # Each program compiled by the warm-up ran once on made-up rows (its first run costs more than the
         # next, so a request does not pay it); the chat's before "warming" (ready) was said.
         assert rt.runs == [1, 1, 2] and runs_when["warming"] == 1
+
+    asyncio.run(main())
+
+
+def test_ready_is_said_only_once_every_warm_up_task_is_done() -> None:
+    # The last task is found compiled already (the first's program) while the first still has its first
+    # run on the device thread: "ready" must wait for that run, not come with 1 of 2 warmed.
+    async def main() -> None:
+        class FirstRunFirst(FakeRuntime):
+            def compiled(self, rows: Any, params: SamplingParams, *, stream: bool = True) -> bool:
+                if self.programs:  # the second task: checked once the first one's first run is under way
+                    assert wait_until(lambda: ("run", 1) in self.log, 5)
+                return super().compiled(rows, params, stream=stream)
+
+        rt = FirstRunFirst(step_delay=0.3, warmup_delay=0.05, length_buckets=(16, 32))
+        plan = warm_tasks(rt, Shape(8, 8), Shape(8, 8))
+        engine = Scheduler(lambda progress: rt, queue_size=4, max_batch=4, planner=lambda runtime: plan)
+        seen: list[tuple[str, int, int]] = []
+        ready = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def listen(st: Any) -> None:
+            seen.append((st.stage, st.warmed, st.shapes))
+            if st.stage == "ready":
+                loop.call_soon_threadsafe(ready.set)
+
+        engine.add_listener(listen)
+        engine.start()
+        await ready.wait()
+        assert engine.status.warmed == engine.status.shapes == 2
+        engine.stop()
+        assert [s for s in seen if s[0] == "ready"] == [("ready", 2, 2)]
+        assert rt.runs == [1]  # the program ran once: the second task found it compiled and primed
 
     asyncio.run(main())
 
