@@ -9,7 +9,6 @@ programs, their abstract signatures and their callers name each input once.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,10 +19,10 @@ import numpy as np
 from flax import nnx
 
 from model_runtime.commit import COMMITS
-from model_runtime.errors import InputError
 from model_runtime.lines import ROWS
 from model_runtime.model import DreamModel, shift_logits
 from model_runtime.params import SamplingParams
+from model_runtime.programs import ROW_BUCKETS
 from model_runtime.sampling import position_keys, sample_tokens, split_rows, transfer_ratios
 from model_runtime.specs import SamplerSpec
 from model_runtime.strategies import EarlyStop, finished
@@ -101,37 +100,6 @@ class LoopInputs:
         )
 
 
-# Row counts the sampler may gather: the smallest that holds a step's masks is used (see _sample_masked).
-ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
-# Replaces them for a process (read when a program is traced; ``loader.load`` checks it up front).
-ROW_BUCKETS_ENV = "DIFFU_ROW_BUCKETS"
-
-
-def row_buckets() -> tuple[int, ...]:
-    """The row counts this process's reference programs gather: :data:`ROW_BUCKETS`, or those
-    ``DIFFU_ROW_BUCKETS`` lists (comma-separated; empty: none, every step runs ``lm_head`` and the
-    sampler on the whole window).
-
-    Every size below a program's window is one more branch of its ``lax.switch``, compiled with the
-    program: a tiny model's reference programs compile in about half the time with one size (``8``)
-    than with the 7 the default has below a 64-token window, and late steps then compute more rows than
-    they need. No size changes a result (``tests/model_runtime/test_row_buckets.py``)."""
-    raw = os.environ.get(ROW_BUCKETS_ENV)
-    if raw is None:
-        return ROW_BUCKETS
-    try:
-        sizes = sorted({int(part) for part in raw.split(",") if part.strip()})
-    except ValueError:
-        sizes = [0]
-    if sizes and sizes[0] < 1:
-        raise InputError(
-            f"{ROW_BUCKETS_ENV}={raw!r}: expected comma-separated row counts of at least 1 (e.g. 8,32,128), "
-            "or nothing for no gathering",
-            field=ROW_BUCKETS_ENV,
-        )
-    return tuple(sizes)
-
-
 def denoise_step(
     state: nnx.State,
     x: jax.Array,
@@ -152,7 +120,7 @@ def denoise_step(
     logits for the whole canvas and then only uses masked positions; we compute them for masked positions
     only (``_sample_masked``). Neither changes a result, only the cost: ``lm_head`` and top-k over the
     vocabulary are a large part of a step. ``rows`` (static): the row counts it may gather
-    (:func:`row_buckets`).
+    (``ProgramCache.row_buckets``).
     """
     model = nnx.merge(graphdef, state)
     knobs = inputs.knobs
@@ -293,15 +261,15 @@ def denoise_until(
     return jax.lax.while_loop(cond, body, (x, jnp.int32(0)))
 
 
-def row_sizes(window: int, rows: tuple[int, ...] | None = None) -> list[int]:
+def row_sizes(window: int, rows: tuple[int, ...]) -> list[int]:
     """The row counts ``_sample_masked`` may gather over a ``window``-position region, smallest first, of
-    ``rows`` (default: :func:`row_buckets`)."""
-    return [m for m in (row_buckets() if rows is None else rows) if m < window] + [window]
+    ``rows`` (a runtime's: ``ProgramCache.row_buckets``)."""
+    return [m for m in rows if m < window] + [window]
 
 
-def gathered_rows(masks: int, window: int) -> int:
+def gathered_rows(masks: int, window: int, rows: tuple[int, ...]) -> int:
     """Rows a reference step gathers when its fullest row holds ``masks`` masks (for FLOP counts)."""
-    return next(m for m in row_sizes(window) if m >= masks)
+    return next(m for m in row_sizes(window, rows) if m >= masks)
 
 
 def _sample_masked(

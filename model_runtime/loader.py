@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from model_runtime import compile_cache, generation_config, kernels, quant, sharding
+from model_runtime import compile_cache, generation_config, programs, quant, sharding
 from model_runtime.checkpoint import (
     TensorInfo,
     check_names,
@@ -91,7 +91,7 @@ def load(
     programs are kept (least recently used evicted; ``programs.py``).
     """
     qspec = quantize if isinstance(quantize, quant.QuantSpec) else quant.parse(quantize)
-    kernels.row_buckets()  # a bad DIFFU_ROW_BUCKETS is refused before anything is read
+    programs.row_buckets()  # a bad DIFFU_ROW_BUCKETS is refused before anything is read
     if batch_buckets is None:
         batch_buckets = daemon_batch_buckets()
     compile_cache.enable(cache_dir)

@@ -26,6 +26,7 @@ the bounds leave for more programs, which the machine's memory bounds in turn.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from model_runtime import compile_cache
 from model_runtime.config import DreamConfig
+from model_runtime.errors import InputError
 from model_runtime.inflight import InFlight
 from model_runtime.interface import CompileReport
 from model_runtime.memory import resident_bytes
@@ -58,6 +60,38 @@ class Built(NamedTuple):
     hits: int
 
 
+# Row counts the reference sampler may gather: the smallest that holds a step's masks is used
+# (``kernels._sample_masked``).
+ROW_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
+# Replaces them for a process (read when a ProgramCache is made; ``loader.load`` checks it up front).
+ROW_BUCKETS_ENV = "DIFFU_ROW_BUCKETS"
+
+
+def row_buckets() -> tuple[int, ...]:
+    """The row counts this process's reference programs gather: :data:`ROW_BUCKETS`, or those
+    ``DIFFU_ROW_BUCKETS`` lists (comma-separated; empty: none, every step runs ``lm_head`` and the
+    sampler on the whole window).
+
+    Every size below a program's window is one more branch of its ``lax.switch``, compiled with the
+    program: a tiny model's reference programs compile in about half the time with one size (``8``)
+    than with the 7 the default has below a 64-token window, and late steps then compute more rows than
+    they need. No size changes a result (``tests/model_runtime/test_row_buckets.py``)."""
+    raw = os.environ.get(ROW_BUCKETS_ENV)
+    if raw is None:
+        return ROW_BUCKETS
+    try:
+        sizes = sorted({int(part) for part in raw.split(",") if part.strip()})
+    except ValueError:
+        sizes = [0]
+    if sizes and sizes[0] < 1:
+        raise InputError(
+            f"{ROW_BUCKETS_ENV}={raw!r}: expected comma-separated row counts of at least 1 (e.g. 8,32,128), "
+            "or nothing for no gathering",
+            field=ROW_BUCKETS_ENV,
+        )
+    return tuple(sizes)
+
+
 class ProgramCache:
     """Compiled programs of one model's parameters (``graphdef``/``state``) on one device or mesh."""
 
@@ -76,6 +110,9 @@ class ProgramCache:
             raise ValueError(f"max_programs: must be >= 2, got {max_programs}")
         self.max_programs = max_programs
         self.max_bytes = max_bytes if max_bytes is not None else default_max_bytes()
+        # The row counts the reference programs gather (DIFFU_ROW_BUCKETS), read once, with the cache: a
+        # static of those programs, so a later change of the variable never mixes two ladders in one cache.
+        self.row_buckets = row_buckets()
         self.compiled = 0  # programs built since start (fresh or from the persistent cache)
         self.evicted = 0
         self.largest_bytes = 0  # the most resident memory one build added (the first one left out)

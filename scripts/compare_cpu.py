@@ -110,7 +110,8 @@ def executed_flops(rt: Any, length: int) -> float:
     window = rt.window_for(NEW_TOKENS, rt.bucket_for(1, length)[1]) or length
     left, executed = NEW_TOKENS, []
     for count in schedule_counts(NEW_TOKENS, STEPS, 1e-3):
-        executed.append(bench.reference_step_flops(rt.config, 1, length, gathered_rows(left, window)))
+        rows = gathered_rows(left, window, rt.programs.row_buckets)
+        executed.append(bench.reference_step_flops(rt.config, 1, length, rows))
         left -= count
     return statistics.mean(executed)
 

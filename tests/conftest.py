@@ -43,7 +43,7 @@ tempfile.tempdir = str(_WORKER_TMP)
 # Shared with subprocesses; tests that need virtual devices append
 # --xla_force_host_platform_device_count.
 # The reference sampler's programs gather a step's masked rows into one of 7 sizes below a 64-token window
-# (model_runtime.kernels.ROW_BUCKETS), each a branch every such program compiles; the suite runs one size,
+# (model_runtime.programs.ROW_BUCKETS), each a branch every such program compiles; the suite runs one size,
 # which compiles them in about half the time (26.7 -> 14.5 s of CPU for a streamed and a fused program of
 # each decoder, 32 tokens). No size changes a token: tests/model_runtime/test_row_buckets.py decodes with
 # the shipped sizes, this one and none, and compares every step.

@@ -135,8 +135,8 @@ class Reference:
         from model_runtime import kernels
 
         kind, shape, spec, logits_hook, tokens_hook, n_ratios, window, stops = key
-        # The process's row counts, a static: a program traced under other counts is another program.
-        statics: dict[str, Any] = {"window": window, "rows": kernels.row_buckets()}
+        # The cache's row counts, a static: a program traced under other counts is another program.
+        statics: dict[str, Any] = {"window": window, "rows": device.programs.row_buckets}
         statics |= (
             {"stops": stops} if kind == "until" else {"logits_hook": logits_hook, "tokens_hook": tokens_hook}
         )

@@ -1,4 +1,4 @@
-"""The rows the reference sampler gathers (``kernels.row_buckets``, ``DIFFU_ROW_BUCKETS``): the shipped
+"""The rows the reference sampler gathers (``programs.row_buckets``, ``DIFFU_ROW_BUCKETS``): the shipped
 sizes, a single size (what the test line runs: tests/conftest.py) and none decode the same tokens.
 
 Each size is a branch every reference program compiles; the suite runs one size to compile half as much,
@@ -14,7 +14,8 @@ import model_runtime
 from model_runtime import SamplingParams
 from model_runtime.errors import InputError
 from model_runtime.interface import BatchDone, BatchStep
-from model_runtime.kernels import ROW_BUCKETS, ROW_BUCKETS_ENV, row_buckets, row_sizes
+from model_runtime.kernels import row_sizes
+from model_runtime.programs import ROW_BUCKETS, ROW_BUCKETS_ENV, row_buckets
 
 # A 48-token answer, one token a step: a row's masks go 48 -> 1, through every shipped size below 48.
 NEW = 48
@@ -33,6 +34,9 @@ def _decodes(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, ladder: str | None
     _set_sizes(monkeypatch, ladder)
     # A fresh runtime: its programs are traced (and their branches made) under this ladder.
     rt = model_runtime.load(tiny_dir, length_buckets=(64,), batch_buckets=(2,))
+    sizes = row_buckets()
+    _set_sizes(monkeypatch, "12")  # read once, at load: a later change reaches no program of this runtime
+    assert rt.programs.row_buckets == sizes
     tok = rt.tokenizer
     prompts = [tok.encode("def add(a, b):\n    return"), tok.encode("import os")]  # left padding
     greedy = SamplingParams(max_new_tokens=NEW, steps=NEW)
@@ -48,7 +52,8 @@ def _decodes(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, ladder: str | None
 
 def test_the_shipped_sizes_one_size_and_none_decode_the_same_tokens(tiny_dir, monkeypatch) -> None:
     _set_sizes(monkeypatch, None)
-    assert row_sizes(NEW) == [8, 12, 16, 24, 32, 48]  # the shipped sizes this decode goes through
+    # The shipped sizes this decode goes through.
+    assert row_sizes(NEW, row_buckets()) == [8, 12, 16, 24, 32, 48]
     got = {name: _decodes(tiny_dir, monkeypatch, ladder) for name, ladder in LADDERS.items()}
     assert len(got["shipped"]["greedy steps"]) == NEW  # type: ignore[arg-type]
     for name in ("one size", "none"):
@@ -63,7 +68,7 @@ def test_the_shipped_sizes_one_size_and_none_decode_the_same_tokens(tiny_dir, mo
 def test_the_setting_reads_comma_separated_sizes(monkeypatch, value, sizes) -> None:
     _set_sizes(monkeypatch, value)
     assert row_buckets() == sizes
-    assert row_sizes(64) == [m for m in sizes if m < 64] + [64]
+    assert row_sizes(64, row_buckets()) == [m for m in sizes if m < 64] + [64]
 
 
 @pytest.mark.parametrize("value", ["x", "0", "8,-16", "8;16", "1.5"])
