@@ -51,7 +51,7 @@ os.environ.setdefault("DIFFU_ROW_BUCKETS", "8")
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false",
+    " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1",
 )
 
 
