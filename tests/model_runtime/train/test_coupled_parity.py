@@ -126,11 +126,12 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         """Iteration k's draw for every row: one device, its [chunk, T] draws repeated per micro-batch."""
         return jnp.full(rows, draws[k].t), jnp.tile(draws[k].r, (rows // chunk, 1))
 
+    # Jitted as the trainer runs it (one program, not one compile per operation).
+    scored = jax.jit(coupled.coupled_logps, static_argnames=("graphdef", "mask_id"))
+
     def logps(name: str, k: int) -> jax.Array:
         # No attention mask: the hand-made pads are attended, as the published get_logits does.
-        return coupled.coupled_logps(
-            jx[name].graphdef, jx[name].state, jnp.asarray(ids), None, *per_row(k), mask_id
-        )
+        return scored(jx[name].graphdef, jx[name].state, jnp.asarray(ids), None, *per_row(k), mask_id)
 
     for k in range(num_iterations):
         assert rel_err(logps("ref", k), ref_t[:, k].numpy()) < 1e-5
@@ -176,7 +177,7 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
                 cur, old_k, jnp.asarray(ref_t[:, k].numpy()), jnp.asarray(adv), jnp.asarray(cmask), settings
             )
 
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(jx["cur"].state)
+        (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(jx["cur"].state)
         assert abs(float(loss) - total) <= 1e-5 * abs(total), (float(loss), total)
         assert float(metrics["kl"]) == pytest.approx(np.mean(kls), rel=1e-5)
         assert float(metrics["clip_ratio"]) == pytest.approx(np.mean(clips), rel=1e-5, abs=1e-7)
