@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from functools import partial
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
 from model_runtime.model import positions_and_mask, shift_logits
+from tests.model_runtime.logits import logits as our_logits
 from tests.reference import dream_torch
 
 
@@ -22,17 +19,6 @@ def reference(tiny_dir):
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-
-
-@partial(jax.jit, static_argnums=0)
-def _forward(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask: jax.Array | None) -> jax.Array:
-    return nnx.merge(graphdef, state)(ids, mask)
-
-
-def our_logits(runtime, ids: np.ndarray, attn: np.ndarray | None = None) -> np.ndarray:
-    """The model's logits, jitted as the runtime runs it (one program a shape, not a compile an op)."""
-    mask = None if attn is None else jnp.asarray(attn)
-    return np.asarray(_forward(runtime.graphdef, runtime.state, jnp.asarray(ids), mask))
 
 
 def test_unpadded_logits_match_reference(runtime, reference):

@@ -20,6 +20,7 @@ from model_runtime.errors import InputError
 from model_runtime.model import DreamModel, named_arrays
 from model_runtime.sharding import weight_bytes_per_device
 from model_runtime.weights import by_path, param_table
+from tests.model_runtime.logits import logits
 
 KW = dict(length_buckets=(32, 64, 128), batch_buckets=(1, 2, 4))
 PROMPTS = ["def add(a, b):", "import os", "class Stack:", "for i in range(3):"]
@@ -36,8 +37,7 @@ def _bytes(arr: jax.Array) -> int:
 
 
 def _logits(rt, ids: np.ndarray) -> np.ndarray:
-    f = jax.jit(lambda s, x: nnx.merge(rt.graphdef, s)(x))
-    return np.asarray(f(rt.state, jnp.asarray(ids)), np.float64)
+    return logits(rt, ids).astype(np.float64)
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:

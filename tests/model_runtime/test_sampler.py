@@ -10,13 +10,16 @@ import torch
 
 from model_runtime import SamplingParams
 from model_runtime.sampling import SamplerSpec, sample_tokens, top_p_logits
+from tests.model_runtime.logits import logits
 from tests.reference import dream_torch
 
 
 def sample_many(logits: np.ndarray, spec: SamplerSpec, temperature=1.0, top_p=1.0, n=20000) -> np.ndarray:
     keys = jax.random.split(jax.random.key(0), n)
     batch = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, logits.shape[-1]))
-    f = jax.vmap(lambda k, lg: sample_tokens(lg, k, spec, jnp.float32(temperature), jnp.float32(top_p))[1])
+    f = jax.jit(
+        jax.vmap(lambda k, lg: sample_tokens(lg, k, spec, jnp.float32(temperature), jnp.float32(top_p))[1])
+    )
     return np.asarray(f(keys, batch))
 
 
@@ -210,11 +213,8 @@ def test_bfloat16_checkpoint_converts_and_stays_close(tmp_path):
     rt32 = model_runtime.load(d, dtype="float32", length_buckets=(32,), batch_buckets=(1,))
     rt16 = model_runtime.load(d, dtype="bfloat16", length_buckets=(32,), batch_buckets=(1,))
     assert rt16.info.dtype == "bfloat16" and jax.tree.leaves(rt16.state)[0].dtype == jnp.bfloat16
-    from flax import nnx
-
     ids = jnp.asarray([rt32.tokenizer.encode("def add(a, b):\n    return a + b")])
-    l32 = np.asarray(nnx.merge(rt32.graphdef, rt32.state)(ids))
-    l16 = np.asarray(nnx.merge(rt16.graphdef, rt16.state)(ids).astype(jnp.float32))
+    l32, l16 = logits(rt32, ids), logits(rt16, ids).astype(np.float32)
     # bf16 keeps ~3 significant digits; the top prediction agrees almost everywhere.
     assert np.mean(np.argmax(l32, -1) == np.argmax(l16, -1)) > 0.9
     list(rt16.generate([rt16.tokenizer.encode("x")], SamplingParams(max_new_tokens=8, steps=4), chat=False))
@@ -259,7 +259,7 @@ def test_chunked_top_k_equals_lax_top_k(vocab):
     from model_runtime.sampling import top_k_values
 
     x = jnp.asarray(np.random.default_rng(vocab).standard_normal((3, 7, vocab)), jnp.float32)
-    values, index = top_k_values(x, 50)
+    values, index = jax.jit(top_k_values, static_argnums=1)(x, 50)
     want_values, want_index = jax.lax.top_k(x, 50)
     np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
     np.testing.assert_array_equal(np.asarray(index), np.asarray(want_index))
@@ -275,7 +275,7 @@ def test_chunked_top_k_with_many_equal_values(dtype):
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.integers(-20, 8, (16, 8192)), dtype)
     x = x.at[3].set(-jnp.inf).at[3, 100:140].set(1.0)  # fewer than k finite entries in row 3
-    values, index = map(np.asarray, top_k_values(x, 50))
+    values, index = map(np.asarray, jax.jit(top_k_values, static_argnums=1)(x, 50))
     want_values, want_index = map(np.asarray, jax.lax.top_k(x, 50))
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(index[:, 0], want_index[:, 0])

@@ -13,18 +13,13 @@ if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS",
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
 
 import model_runtime  # noqa: E402
 from model_runtime import SamplingParams  # noqa: E402
 from model_runtime.errors import InputError  # noqa: E402
 from model_runtime.model import named_arrays  # noqa: E402
-
-
-def logits(rt, ids):
-    return np.asarray(jax.jit(lambda s, x: nnx.merge(rt.graphdef, s)(x))(rt.state, jnp.asarray(ids)))
+from tests.model_runtime.logits import logits  # noqa: E402
 
 
 def main(model_dir: str) -> None:

@@ -7,21 +7,20 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from model_runtime.sharding import MeshSpec, logical_to_spec
-from tests.assistant.helpers import virtual_devices_env
+from tests.assistant.helpers import REPO, virtual_devices_env
 
-HERE = Path(__file__).parent
 EIGHT = virtual_devices_env(8)
 
 
 @pytest.fixture(scope="module")
 def report(shard_dir):
     proc = subprocess.run(
-        [sys.executable, str(HERE / "shard_check.py"), str(shard_dir)],
+        [sys.executable, "-m", "tests.model_runtime.sharded.shard_check", str(shard_dir)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
