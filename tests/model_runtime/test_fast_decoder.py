@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,9 +37,22 @@ def test_factor_rule_commits_the_longest_confident_prefix():
     assert on_host.tolist() == chosen.tolist()
 
 
+# The model's passes jitted, as the decoder's programs run them (op by op, each operation would compile).
+@partial(jax.jit, static_argnums=(0, 1))
+def _pass(graphdef: nnx.GraphDef, name: str, state: nnx.State, *args: Any, **kw: Any) -> Any:
+    return getattr(nnx.merge(graphdef, state), name)(*args, **kw)
+
+
+def _model(runtime: Any) -> Any:
+    """``runtime``'s model with ``hidden`` and ``hidden_at`` jitted."""
+    return SimpleNamespace(
+        **{name: partial(_pass, runtime.graphdef, name, runtime.state) for name in ("hidden", "hidden_at")}
+    )
+
+
 def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
     """DualCache: a block's queries over the refreshed keys/values reproduce the full forward there."""
-    model = nnx.merge(runtime.graphdef, runtime.state)
+    model = _model(runtime)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40))
     attn = np.ones((2, 40), bool)
@@ -52,7 +69,7 @@ def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
 
 def test_a_refresh_that_asks_for_a_few_rows_gets_those_rows_of_the_full_forward(runtime):
     """hidden_at runs the last layer's queries for the refresh's window only: same outputs, same cache."""
-    model = nnx.merge(runtime.graphdef, runtime.state)
+    model = _model(runtime)
     rng = np.random.default_rng(1)
     ids = jnp.asarray(rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40)))
     attn = np.ones((2, 40), bool)
