@@ -157,29 +157,9 @@ def denoise_step(
     return new if head is None else jnp.concatenate([head, new], axis=1)
 
 
-def denoise_all(
-    state: nnx.State,
-    x: jax.Array,
-    inputs: LoopInputs,
-    *,
-    graphdef: nnx.GraphDef,
-    spec: SamplerSpec,
-    mask_id: int,
-    logits_hook: Hook | None,
-    tokens_hook: Hook | None,
-    window: int = 0,
-    rows: tuple[int, ...] = ROW_BUCKETS,
-) -> jax.Array:
-    """All ``inputs.steps`` steps in one program; per-step keys as the streaming path, so results agree."""
-    statics: dict[str, Any] = dict(
-        graphdef=graphdef,
-        spec=spec,
-        mask_id=mask_id,
-        logits_hook=logits_hook,
-        tokens_hook=tokens_hook,
-        window=window,
-        rows=rows,
-    )
+def denoise_all(state: nnx.State, x: jax.Array, inputs: LoopInputs, **statics: Any) -> jax.Array:
+    """All ``inputs.steps`` steps in one program; per-step keys as the streaming path, so results agree.
+    ``statics``: :func:`denoise_step`'s (graph, sampler, mask id, hooks, window, rows)."""
 
     def body(i: jax.Array, x: jax.Array) -> jax.Array:
         return denoise_step(state, x, inputs.step(i), **statics)
@@ -229,25 +209,14 @@ def denoise_until(
     fill: jax.Array,
     limits: Limits,
     *,
-    graphdef: nnx.GraphDef,
-    spec: SamplerSpec,
-    mask_id: int,
     stops: tuple[EarlyStop, ...],
-    window: int = 0,
-    rows: tuple[int, ...] = ROW_BUCKETS,
+    **statics: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """The fused loop, until every row is finished (``strategies.finished`` with ``stops``: its text has
     ended before its first mask) or the schedule ends; returns (x, the steps run). The steps it runs are
-    :func:`denoise_all`'s, so a row's text up to its end is the same; what lies after it stays masked."""
-    statics: dict[str, Any] = dict(
-        graphdef=graphdef,
-        spec=spec,
-        mask_id=mask_id,
-        logits_hook=None,
-        tokens_hook=None,
-        window=window,
-        rows=rows,
-    )
+    :func:`denoise_all`'s (no hooks; ``statics`` as there), so a row's text up to its end is the same;
+    what lies after it stays masked."""
+    mask_id = statics["mask_id"]
 
     def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
         x, i = carry
@@ -256,7 +225,8 @@ def denoise_until(
 
     def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         x, i = carry
-        return denoise_step(state, x, inputs.step(i), **statics), i + 1
+        step = denoise_step(state, x, inputs.step(i), logits_hook=None, tokens_hook=None, **statics)
+        return step, i + 1
 
     return jax.lax.while_loop(cond, body, (x, jnp.int32(0)))
 
