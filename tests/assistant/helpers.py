@@ -8,12 +8,14 @@ compiling its buckets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,8 +149,10 @@ def start_daemon(
 
 
 def stop_background_daemons(root: Path) -> None:
-    """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it."""
-    from assistant.client.spawn import wait_exit
+    """Test cleanup: SIGTERM every daemon whose discovery file is under ``root`` and wait for it. One still
+    running 30 s later is killed, with a warning that quotes the end of its log (one such daemon outlived a
+    run of the suite, its log gone with the test's directory)."""
+    from assistant.client.spawn import tail_lines, wait_exit
 
     for path in (root / "run").glob("*.json"):
         try:
@@ -156,7 +160,12 @@ def stop_background_daemons(root: Path) -> None:
             os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError, KeyError):
             continue
-        wait_exit(pid, 30)
+        if not wait_exit(pid, 30):
+            logs = "\n".join(tail_lines(log, 20) for log in sorted((root / "log").glob("*")) if log.is_file())
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            message = f"daemon {pid} ignored SIGTERM for 30 s and was killed; its log ends:\n{logs}"
+            warnings.warn(message, stacklevel=2)
 
 
 def run_cli_opening_gate(
