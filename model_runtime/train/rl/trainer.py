@@ -137,8 +137,8 @@ class RLTrainer:
         graphdef, mask_id = rt.graphdef, self.mask_id
         # The process's programs (module level, keyed by their statics): a trainer made again in the same
         # process (a resumed run, a test's) traces and compiles them once, not once per trainer.
-        self._logps = lambda params, *args: _LOGPS(graphdef, params, *args, mask_id=mask_id)
-        self._grad = partial(_GRAD, graphdef, mask_id, self.settings)
+        self._logps = lambda params, *args: LOGPS(graphdef, params, *args, mask_id=mask_id)
+        self._grad = partial(LOSS_AND_GRAD, graphdef, mask_id, self.settings)
         self._apply = jax.jit(self._apply_fn, donate_argnums=(0,))
         alpha = cfg.ref_mixup_alpha
         self._mix = jax.jit(lambda ref, p: jax.tree.map(lambda a, b: (1 - alpha) * a + alpha * b, ref, p))
@@ -442,5 +442,6 @@ def _loss_and_grad(
     return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
 
-_LOGPS = jax.jit(coupled.coupled_logps, static_argnames=("graphdef", "mask_id"))
-_GRAD = jax.jit(_loss_and_grad, static_argnums=(0, 1, 2))
+# The trainer's scoring and gradient programs (the parity tests run these very ones).
+LOGPS = jax.jit(coupled.coupled_logps, static_argnames=("graphdef", "mask_id"))
+LOSS_AND_GRAD = jax.jit(_loss_and_grad, static_argnums=(0, 1, 2))

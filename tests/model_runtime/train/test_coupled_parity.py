@@ -37,7 +37,7 @@ from model_runtime.train.rl import coupled
 from model_runtime.train.rl.config import Reward, RLConfig, RLOptions
 from model_runtime.train.rl.run import load_policy
 from model_runtime.train.rl.tasks import Task
-from model_runtime.train.rl.trainer import RLTrainer
+from model_runtime.train.rl.trainer import LOGPS, LOSS_AND_GRAD, RLTrainer
 from tests.reference.coupled_grpo_torch import PublishedCoupledGRPO, completion_mask
 from tests.reference.dream_torch import DreamReference
 
@@ -126,12 +126,10 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
         """Iteration k's draw for every row: one device, its [chunk, T] draws repeated per micro-batch."""
         return jnp.full(rows, draws[k].t), jnp.tile(draws[k].r, (rows // chunk, 1))
 
-    # Jitted as the trainer runs it (one program, not one compile per operation).
-    scored = jax.jit(coupled.coupled_logps, static_argnames=("graphdef", "mask_id"))
-
     def logps(name: str, k: int) -> jax.Array:
-        # No attention mask: the hand-made pads are attended, as the published get_logits does.
-        return scored(jx[name].graphdef, jx[name].state, jnp.asarray(ids), None, *per_row(k), mask_id)
+        # The trainer's program. No attention mask: the hand-made pads are attended, as the published
+        # get_logits does.
+        return LOGPS(jx[name].graphdef, jx[name].state, jnp.asarray(ids), None, *per_row(k), mask_id=mask_id)
 
     for k in range(num_iterations):
         assert rel_err(logps("ref", k), ref_t[:, k].numpy()) < 1e-5
@@ -169,15 +167,11 @@ def test_logps_advantages_and_loss_match_the_published_trainer(
 
         old_k = None if num_iterations == 1 else jnp.asarray(old_t[:, k].numpy())
 
-        def loss_fn(params, k=k, old_k=old_k):
-            cur = coupled.coupled_logps(
-                jx["cur"].graphdef, params, jnp.asarray(ids), None, *per_row(k), mask_id
-            )
-            return coupled.grpo_loss(
-                cur, old_k, jnp.asarray(ref_t[:, k].numpy()), jnp.asarray(adv), jnp.asarray(cmask), settings
-            )
-
-        (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(jx["cur"].state)
+        # The trainer's loss and gradient program, on the whole batch (one device, no attention mask).
+        (loss, metrics), grads = LOSS_AND_GRAD(
+            jx["cur"].graphdef, mask_id, settings, jx["cur"].state, jnp.asarray(ids), None, *per_row(k),
+            old_k, jnp.asarray(ref_t[:, k].numpy()), jnp.asarray(adv), jnp.asarray(cmask),
+        )  # fmt: skip
         assert abs(float(loss) - total) <= 1e-5 * abs(total), (float(loss), total)
         assert float(metrics["kl"]) == pytest.approx(np.mean(kls), rel=1e-5)
         assert float(metrics["clip_ratio"]) == pytest.approx(np.mean(clips), rel=1e-5, abs=1e-7)
