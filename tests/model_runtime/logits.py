@@ -1,4 +1,5 @@
-"""The model's logits, for tests that compare them: one jitted forward, as the runtime runs its programs.
+"""The model's logits (and its other passes), for tests that compare them: jitted, as the runtime runs its
+programs.
 
 Called op by op (``nnx.merge(graphdef, state)(ids)`` outside ``jit``) every operation of the forward
 compiles a program of its own, for every new shape: the forward and coupled-GRPO parity files took 36-40 s
@@ -9,6 +10,7 @@ compiles once, whatever calls it.
 from __future__ import annotations
 
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -17,12 +19,17 @@ import numpy as np
 from flax import nnx
 
 
-@partial(jax.jit, static_argnums=0)
-def _forward(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, mask: jax.Array | None) -> jax.Array:
-    return nnx.merge(graphdef, state)(ids, mask)
+@partial(jax.jit, static_argnums=(0, 1))
+def _call(graphdef: nnx.GraphDef, method: str, state: nnx.State, *args: Any, **kw: Any) -> Any:
+    return getattr(nnx.merge(graphdef, state), method)(*args, **kw)
 
 
 def logits(rt: Any, ids: Any, attn: Any = None) -> np.ndarray:
     """``rt``'s logits ``[B, L, V]`` for token ids ``[B, L]`` (``attn``: which positions are real)."""
     mask = None if attn is None else jnp.asarray(attn)
-    return np.asarray(_forward(rt.graphdef, rt.state, jnp.asarray(ids), mask))
+    return np.asarray(_call(rt.graphdef, "__call__", rt.state, jnp.asarray(ids), mask))
+
+
+def jitted_model(rt: Any, *methods: str) -> SimpleNamespace:
+    """``rt``'s model with ``methods`` (``hidden``, ``hidden_at``, ...) jitted the same way."""
+    return SimpleNamespace(**{m: partial(_call, rt.graphdef, m, rt.state) for m in methods})

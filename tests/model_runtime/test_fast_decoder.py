@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from functools import partial
-from types import SimpleNamespace
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from model_runtime import SamplingParams
 from model_runtime.errors import InputError
 from model_runtime.strategies import Factor, Threshold
+from tests.model_runtime.logits import jitted_model
 
 NEG = -np.inf
 
@@ -37,22 +33,9 @@ def test_factor_rule_commits_the_longest_confident_prefix():
     assert on_host.tolist() == chosen.tolist()
 
 
-# The model's passes jitted, as the decoder's programs run them (op by op, each operation would compile).
-@partial(jax.jit, static_argnums=(0, 1))
-def _pass(graphdef: nnx.GraphDef, name: str, state: nnx.State, *args: Any, **kw: Any) -> Any:
-    return getattr(nnx.merge(graphdef, state), name)(*args, **kw)
-
-
-def _model(runtime: Any) -> Any:
-    """``runtime``'s model with ``hidden`` and ``hidden_at`` jitted."""
-    return SimpleNamespace(
-        **{name: partial(_pass, runtime.graphdef, name, runtime.state) for name in ("hidden", "hidden_at")}
-    )
-
-
 def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
     """DualCache: a block's queries over the refreshed keys/values reproduce the full forward there."""
-    model = _model(runtime)
+    model = jitted_model(runtime, "hidden", "hidden_at")
     rng = np.random.default_rng(0)
     ids = rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40))
     attn = np.ones((2, 40), bool)
@@ -69,7 +52,7 @@ def test_block_forward_over_a_fresh_cache_equals_the_full_forward(runtime):
 
 def test_a_refresh_that_asks_for_a_few_rows_gets_those_rows_of_the_full_forward(runtime):
     """hidden_at runs the last layer's queries for the refresh's window only: same outputs, same cache."""
-    model = _model(runtime)
+    model = jitted_model(runtime, "hidden", "hidden_at")
     rng = np.random.default_rng(1)
     ids = jnp.asarray(rng.integers(0, runtime.config.vocab_size - 64, size=(2, 40)))
     attn = np.ones((2, 40), bool)
